@@ -1,0 +1,163 @@
+"""``Pipeline``: the public Python API. The CLI is a thin layer over it.
+
+A pipeline holds settings and lazily loaded models; it opens the store (and so
+takes the store's process lock) only for the duration of each call, so a
+long-lived application does not block ``rag`` commands between calls.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from . import models
+from .config import Config, load_config
+from .ingest import IngestReport, Progress, ingest
+from .retrieve import Hit, search
+from .store import Store
+
+
+@dataclass(frozen=True)
+class CollectionStatus:
+    """What a collection holds."""
+
+    collection: str
+    store: str
+    exists: bool
+    documents: int = 0
+    chunks: int = 0
+    tokens: int = 0
+    dense_chunks: int = 0
+    embedder: str | None = None
+    dim: int | None = None
+    chunk_size: int | None = None
+    chunk_overlap: int | None = None
+    collections: tuple[str, ...] = ()
+    generator: str | None = None
+    sources: tuple[dict, ...] = ()
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        d = asdict(self)
+        d["collections"] = list(self.collections)
+        d["sources"] = list(self.sources)
+        return d
+
+
+class Pipeline:
+    """Ingest, search and (later) ask over one collection, with settings from :mod:`.config`."""
+
+    def __init__(self, config: Config, *, log: Callable[[str], None] | None = None):
+        self.config = config.validate()
+        self._log = log
+
+    @classmethod
+    def from_config(cls, path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
+                    environ: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None
+                    ) -> "Pipeline":
+        """Settings from a TOML file (or the embedded defaults), the environment and ``overrides``."""
+        return cls(load_config(path, environ=environ, overrides=overrides), log=log)
+
+    # -- resources ----------------------------------------------------------------------------
+
+    @cached_property
+    def embedder(self):
+        from .embed import Embedder
+
+        path = models.resolve(self.config.models.embedder, home=self.config.home_path,
+                              what="embedder", log=self._log)
+        e = self.config.embed
+        return Embedder(path, threads=e.threads, flash_attn=e.flash_attn, gpu_layers=e.gpu_layers,
+                        batch_tokens=e.batch_tokens)
+
+    @cached_property
+    def chunker(self):
+        from .chunking import Chunker
+
+        c = self.config.chunking
+        return Chunker(self.embedder.tokenize, size=c.size, overlap=c.overlap,
+                       max_tokens=self.embedder.max_tokens)
+
+    @contextmanager
+    def store(self) -> Iterator[Store]:
+        """The collection's store, open and locked for the duration of the ``with`` block."""
+        with Store(self.config.store_path, self.config.store.collection, wait=self.config.store.wait) as s:
+            yield s
+
+    def pull_models(self) -> dict[str, str]:
+        """Provision the configured models (download, convert) and return their local paths."""
+        out = {}
+        for role in ("embedder", "generator"):
+            ref = getattr(self.config.models, role)
+            out[role] = str(models.resolve(ref, home=self.config.home_path, what=role, log=self._log))
+        return out
+
+    # -- operations ---------------------------------------------------------------------------
+
+    def ingest(self, paths: Iterable[str | Path], *, prune: bool = False,
+               progress: Progress | None = None) -> IngestReport:
+        """Embed new and changed files under ``paths`` into the collection (see :func:`.ingest.ingest`)."""
+        from .ingest import scan
+
+        paths = list(paths)
+        scan(paths)  # a missing path fails before any model loads or the store opens
+        with self.store() as store:
+            return ingest(paths, store=store, embedder=self.embedder, chunker=self.chunker,
+                          embedder_ref=self.config.models.embedder, prune=prune, progress=progress)
+
+    def search(self, query: str, *, top_k: int | None = None) -> list[Hit]:
+        """The best chunks for ``query`` by hybrid retrieval."""
+        r = self.config.retrieval
+        with self.store() as store:
+            store.require()
+            return search(query, store=store, embedder=self.embedder if r.dense else None,
+                          top_k=top_k or r.top_k, dense=r.dense, lexical=r.lexical,
+                          candidates=max(r.candidates, top_k or 0), rrf_k=r.rrf_k)
+
+    def status(self) -> CollectionStatus:
+        """What the collection holds; never creates anything."""
+        path = self.config.store_path
+        name = self.config.store.collection
+        if not (path / "catalog.sqlite").exists():
+            return CollectionStatus(collection=name, store=str(path), exists=False,
+                                    generator=self.config.models.generator)
+        with self.store() as store:
+            info = store.info
+            if info is None:
+                return CollectionStatus(collection=name, store=str(path), exists=False,
+                                        collections=tuple(store.catalog.collections()),
+                                        generator=self.config.models.generator)
+            docs, chunks, tokens = store.catalog.totals(name)
+            sources = tuple(
+                {"source": r.source, "format": r.format, "chunks": r.n_chunks, "tokens": r.n_tokens,
+                 "pages": r.pages, "title": r.title}
+                for r in sorted(store.documents().values(), key=lambda r: r.source))
+            return CollectionStatus(
+                collection=name, store=str(path), exists=True, documents=docs, chunks=chunks,
+                tokens=tokens, dense_chunks=store.chunk_count(), embedder=info.embedder, dim=info.dim,
+                chunk_size=info.chunk_size, chunk_overlap=info.chunk_overlap,
+                collections=tuple(store.catalog.collections()), generator=self.config.models.generator,
+                sources=sources)
+
+    def drop(self) -> bool:
+        """Delete the collection; False if it did not exist."""
+        with self.store() as store:
+            if store.info is None:
+                return False
+            store.drop()
+            return True
+
+    def close(self) -> None:
+        emb = self.__dict__.get("embedder")
+        if emb is not None:
+            emb.close()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

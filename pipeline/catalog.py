@@ -1,0 +1,231 @@
+"""The catalog: which documents are committed, their chunks, and the BM25 index over them.
+
+One SQLite file per store. A document becomes visible to queries in exactly one
+transaction that writes its row, its chunks and their full-text entries
+together, so the lexical side can never hold half a document, and the dense
+side (Chroma) is filtered against this record: the catalog is the single source
+of truth about which documents exist. SQLite FTS5 ships with Python; Chroma's
+own sparse index is refused in embedded mode.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from .chunking import Chunk
+from .errors import StoreError
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS collections (
+    name TEXT PRIMARY KEY, embedder TEXT, embedder_id TEXT, dim INTEGER,
+    chunk_size INTEGER, chunk_overlap INTEGER, created_at REAL);
+CREATE TABLE IF NOT EXISTS documents (
+    collection TEXT, source TEXT, content_hash TEXT, size INTEGER, mtime_ns INTEGER,
+    format TEXT, title TEXT, pages INTEGER, n_chunks INTEGER, n_tokens INTEGER, ingested_at REAL,
+    PRIMARY KEY (collection, source));
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY, chunk_id TEXT UNIQUE, collection TEXT, source TEXT, content_hash TEXT,
+    idx INTEGER, page INTEGER, start INTEGER, "end" INTEGER, tokens INTEGER, text TEXT);
+CREATE INDEX IF NOT EXISTS chunks_by_doc ON chunks (collection, source, idx);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
+    text, content='chunks', content_rowid='id', tokenize="unicode61 tokenchars '_'");
+CREATE TRIGGER IF NOT EXISTS chunks_ai AFTER INSERT ON chunks BEGIN
+    INSERT INTO chunks_fts(rowid, text) VALUES (new.id, new.text); END;
+CREATE TRIGGER IF NOT EXISTS chunks_ad AFTER DELETE ON chunks BEGIN
+    INSERT INTO chunks_fts(chunks_fts, rowid, text) VALUES ('delete', old.id, old.text); END;
+CREATE TABLE IF NOT EXISTS pending (collection TEXT, source TEXT, PRIMARY KEY (collection, source));
+"""
+
+
+@dataclass(frozen=True)
+class DocumentRecord:
+    """A committed document as the catalog knows it."""
+
+    source: str
+    content_hash: str
+    size: int
+    mtime_ns: int
+    format: str
+    title: str | None = None
+    pages: int | None = None
+    n_chunks: int = 0
+    n_tokens: int = 0
+    ingested_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class StoredChunk:
+    """A chunk of a committed document, as stored on either side."""
+
+    chunk_id: str
+    source: str
+    content_hash: str
+    index: int
+    page: int | None
+    start: int
+    end: int
+    tokens: int
+    text: str
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    name: str
+    embedder: str
+    embedder_id: str
+    dim: int
+    chunk_size: int
+    chunk_overlap: int
+    created_at: float
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def fts_query(text: str) -> str | None:
+    """An FTS5 query matching any word of ``text``: quoted so that no user input is FTS syntax."""
+    words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
+    if not words:
+        return None
+    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+
+
+class Catalog:
+    """SQLite catalog of one store. Not shared between threads; the store lock serialises processes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.db = sqlite3.connect(path, isolation_level=None, timeout=30)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(_SCHEMA)
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open the catalog {path}: {exc}") from None
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- collections ------------------------------------------------------------------------
+
+    def collection(self, name: str) -> CollectionInfo | None:
+        row = self.db.execute("SELECT * FROM collections WHERE name = ?", (name,)).fetchone()
+        return CollectionInfo(*row) if row else None
+
+    def collections(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT name FROM collections ORDER BY name")]
+
+    def create_collection(self, info: CollectionInfo) -> None:
+        self.db.execute("INSERT INTO collections VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (info.name, info.embedder, info.embedder_id, info.dim,
+                         info.chunk_size, info.chunk_overlap, info.created_at))
+
+    def drop_collection(self, name: str) -> None:
+        with self._tx():
+            self.db.execute("DELETE FROM chunks WHERE collection = ?", (name,))
+            self.db.execute("DELETE FROM documents WHERE collection = ?", (name,))
+            self.db.execute("DELETE FROM pending WHERE collection = ?", (name,))
+            self.db.execute("DELETE FROM collections WHERE name = ?", (name,))
+
+    # -- documents --------------------------------------------------------------------------
+
+    def documents(self, collection: str) -> dict[str, DocumentRecord]:
+        rows = self.db.execute(
+            "SELECT source, content_hash, size, mtime_ns, format, title, pages, n_chunks, n_tokens,"
+            " ingested_at FROM documents WHERE collection = ?", (collection,))
+        return {r[0]: DocumentRecord(*r) for r in rows}
+
+    def committed_hashes(self, collection: str) -> dict[str, str]:
+        return dict(self.db.execute(
+            "SELECT source, content_hash FROM documents WHERE collection = ?", (collection,)))
+
+    def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence[Chunk],
+                        chunk_ids: Sequence[str]) -> None:
+        """Replace ``doc.source``'s record and chunks in one transaction: the commit point."""
+        with self._tx():
+            self.db.execute("DELETE FROM chunks WHERE collection = ? AND source = ?",
+                            (collection, doc.source))
+            self.db.executemany(
+                "INSERT INTO chunks (chunk_id, collection, source, content_hash, idx, page, start,"
+                ' "end", tokens, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+                [(cid, collection, doc.source, doc.content_hash, c.index, c.page, c.start, c.end,
+                  c.tokens, c.text) for cid, c in zip(chunk_ids, chunks)])
+            self.db.execute(
+                "INSERT OR REPLACE INTO documents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (collection, doc.source, doc.content_hash, doc.size, doc.mtime_ns, doc.format,
+                 doc.title, doc.pages, len(chunks), sum(c.tokens for c in chunks), time.time()))
+
+    def touch_document(self, collection: str, source: str, *, size: int, mtime_ns: int) -> None:
+        """Record a new size/mtime for a document whose content did not change."""
+        self.db.execute("UPDATE documents SET size = ?, mtime_ns = ? WHERE collection = ? AND source = ?",
+                        (size, mtime_ns, collection, source))
+
+    def remove_document(self, collection: str, source: str) -> None:
+        with self._tx():
+            self.db.execute("DELETE FROM chunks WHERE collection = ? AND source = ?", (collection, source))
+            self.db.execute("DELETE FROM documents WHERE collection = ? AND source = ?", (collection, source))
+
+    # -- the reconcile journal ----------------------------------------------------------------
+
+    def mark_pending(self, collection: str, source: str) -> None:
+        self.db.execute("INSERT OR IGNORE INTO pending VALUES (?, ?)", (collection, source))
+
+    def clear_pending(self, collection: str, source: str) -> None:
+        self.db.execute("DELETE FROM pending WHERE collection = ? AND source = ?", (collection, source))
+
+    def pending(self, collection: str) -> list[str]:
+        return [r[0] for r in self.db.execute(
+            "SELECT source FROM pending WHERE collection = ?", (collection,))]
+
+    # -- reading chunks -----------------------------------------------------------------------
+
+    def search(self, collection: str, query: str, *, limit: int) -> list[tuple[StoredChunk, float]]:
+        """BM25 hits, best first, with the BM25 score as a positive number (higher is better)."""
+        match = fts_query(query)
+        if match is None:
+            return []
+        rows = self.db.execute(
+            "SELECT c.chunk_id, c.source, c.content_hash, c.idx, c.page, c.start, c.\"end\", c.tokens,"
+            " c.text, bm25(chunks_fts) AS score FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
+            " WHERE chunks_fts MATCH ? AND c.collection = ? ORDER BY score LIMIT ?",
+            (match, collection, limit))
+        return [(StoredChunk(*r[:9]), -float(r[9])) for r in rows]
+
+    def chunks(self, collection: str, source: str, *, first: int = 0, last: int | None = None
+               ) -> list[StoredChunk]:
+        """A committed document's chunks with index in [first, last], in order."""
+        rows = self.db.execute(
+            "SELECT chunk_id, source, content_hash, idx, page, start, \"end\", tokens, text FROM chunks"
+            " WHERE collection = ? AND source = ? AND idx >= ? AND idx <= ? ORDER BY idx",
+            (collection, source, first, last if last is not None else 2**62))
+        return [StoredChunk(*r) for r in rows]
+
+    def totals(self, collection: str) -> tuple[int, int, int]:
+        """(documents, chunks, tokens) committed in ``collection``."""
+        row = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(n_chunks), 0), COALESCE(SUM(n_tokens), 0) FROM documents"
+            " WHERE collection = ?", (collection,)).fetchone()
+        return int(row[0]), int(row[1]), int(row[2])
+
+    def _tx(self):
+        return _Transaction(self.db)
+
+
+class _Transaction:
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self):
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type, *_):
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,100 @@
+"""Text units → chunks sized in tokens of the embedder's own tokenizer.
+
+Chunks never cross a page boundary, so every chunk has one page number, and
+never exceed the embedder's maximum sequence length: a piece the recursive
+splitter cannot break at a separator is cut on token boundaries instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from langchain_text_splitters import Language, RecursiveCharacterTextSplitter
+
+from .errors import ConfigError
+from .loaders import TextUnit
+
+Tokenize = Callable[[str], Sequence[int]]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One piece of a document as it is embedded and stored."""
+
+    text: str
+    index: int  # position in the document, from 0
+    page: int | None
+    start: int  # character offsets in the page's (or document's) text
+    end: int
+    tokens: int
+
+
+class Chunker:
+    """Splits text units into chunks of at most ``size`` tokens with ``overlap`` tokens shared."""
+
+    def __init__(self, tokenize: Tokenize, *, size: int, overlap: int, max_tokens: int):
+        if size > max_tokens:
+            raise ConfigError(
+                f"chunking.size ({size}) is above the embedder's maximum of {max_tokens} tokens")
+        self._tokenize = tokenize
+        self.size = size
+        self.overlap = overlap
+        self.max_tokens = max_tokens
+        self._splitters = {
+            fmt: RecursiveCharacterTextSplitter(
+                separators=seps, chunk_size=size, chunk_overlap=overlap,
+                length_function=self.count, add_start_index=True, strip_whitespace=True,
+                is_separator_regex=fmt == "markdown",
+            )
+            for fmt, seps in {
+                "markdown": RecursiveCharacterTextSplitter.get_separators_for_language(Language.MARKDOWN),
+                "plain": ["\n\n", "\n", ". ", "; ", ", ", " ", ""],
+            }.items()
+        }
+
+    def count(self, text: str) -> int:
+        return len(self._tokenize(text))
+
+    def split(self, units: Iterable[TextUnit], *, fmt: str = "text") -> list[Chunk]:
+        """All chunks of one document, in reading order."""
+        splitter = self._splitters["markdown" if fmt == "markdown" else "plain"]
+        chunks: list[Chunk] = []
+        for unit in units:
+            for doc in splitter.create_documents([unit.text]):
+                text = doc.page_content
+                start = int(doc.metadata.get("start_index", -1))
+                if start < 0:
+                    start = max(unit.text.find(text), 0)
+                for piece, offset in self._enforce_max(text):
+                    if not piece.strip():
+                        continue
+                    chunks.append(Chunk(text=piece, index=len(chunks), page=unit.page,
+                                        start=start + offset, end=start + offset + len(piece),
+                                        tokens=self.count(piece)))
+        return chunks
+
+    def _enforce_max(self, text: str) -> list[tuple[str, int]]:
+        """``text`` cut on token boundaries where it is still longer than the hard maximum."""
+        if self.count(text) <= self.max_tokens:
+            return [(text, 0)]
+        pieces: list[tuple[str, int]] = []
+        rest, offset = text, 0
+        while rest:
+            if self.count(rest) <= self.max_tokens:
+                pieces.append((rest, offset))
+                break
+            # Binary search for the longest prefix that fits: works with any tokenizer.
+            lo, hi = 1, len(rest)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self.count(rest[:mid]) <= self.size:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            cut = rest.rfind(" ", 0, lo)
+            cut = lo if cut <= 0 else cut
+            pieces.append((rest[:cut], offset))
+            offset += cut
+            rest = rest[cut:]
+        return pieces

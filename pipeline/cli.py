@@ -1,0 +1,269 @@
+"""The ``rag`` command: options map to keyword arguments of one :class:`pipeline.Pipeline` call.
+
+No logic lives here beyond presentation: progress bars, tables, JSON, and
+turning :class:`pipeline.errors.RagError` into a message and an exit status.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from .errors import RagError
+
+
+class UserError(click.ClickException):
+    """A :class:`RagError` shown as ``Error: message`` with the error's exit status."""
+
+    def __init__(self, err: RagError):
+        super().__init__(str(err))
+        self.exit_code = err.exit_code
+
+
+def _pipeline(ctx: click.Context, **overrides: Any):
+    from .api import Pipeline
+
+    config_path = ctx.find_root().params.get("config_path")
+    return Pipeline.from_config(config_path, overrides=overrides, log=lambda m: click.echo(m, err=True))
+
+
+def handles_errors(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RagError as err:
+            raise UserError(err) from None
+    return wrapper
+
+
+def store_options(fn: Callable) -> Callable:
+    """--collection and --store, shared by every command that opens a store."""
+    fn = click.option("-c", "--collection", help="Collection (corpus) name. [default: from config, 'default']")(fn)
+    fn = click.option("--store", "store_path", type=click.Path(file_okay=False, path_type=Path),
+                      help="Store directory. [default: $RAG_HOME/store]")(fn)
+    return fn
+
+
+def json_option(fn: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
+
+
+def _store_overrides(collection: str | None, store_path: Path | None) -> dict[str, Any]:
+    return {"store.collection": collection, "store.path": str(store_path) if store_path else None}
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rag-pipeline", prog_name="rag")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              envvar="RAG_CONFIG", help="TOML settings file. [env: RAG_CONFIG]")
+def cli(config_path: Path | None) -> None:
+    """RAG over long documents with the shortest time-to-first-token.
+
+    Settings come from the embedded defaults, a TOML file (--config), RAG_SECTION_KEY
+    environment variables (e.g. RAG_STORE_COLLECTION), then the options of each command.
+    """
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@store_options
+@click.option("--prune", is_flag=True, help="Remove documents whose files disappeared from the given folders.")
+@click.option("--strict", is_flag=True, help="Exit with status 1 if any file could not be read.")
+@json_option
+@click.pass_context
+@handles_errors
+def ingest(ctx, paths, collection, store_path, prune, strict, as_json):
+    """Load, chunk, embed and store the documents under PATHS.
+
+    PDF, Markdown, text and HTML files are indexed; other files are skipped. Unchanged
+    files are not embedded again; changed files replace their old chunks.
+    """
+    rag = _pipeline(ctx, **_store_overrides(collection, store_path))
+    bar = _IngestBar(enabled=not as_json)
+    try:
+        report = rag.ingest(paths, prune=prune, progress=bar.event)
+    finally:
+        bar.close()
+        rag.close()
+    if as_json:
+        _echo_json(report.to_dict())
+    else:
+        for f in report.failed:
+            click.echo(f"failed: {f.path}: {f.reason}", err=True)
+        click.echo(report.summary())
+    if strict and report.failed:
+        ctx.exit(1)
+
+
+class _IngestBar:
+    """A progress bar on stderr driven by the library's ingest events."""
+
+    def __init__(self, *, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+
+    def event(self, ev) -> None:
+        if not self.enabled:
+            return
+        if ev.kind == "plan":
+            self.bar = click.progressbar(length=ev.total, label="embedding", file=sys.stderr,
+                                         show_pos=True, item_show_func=lambda s: s)
+            self.bar.__enter__()
+        elif self.bar is not None and ev.kind == "chunks":
+            self.bar.current_item = f"{Path(ev.path).name} ({ev.chunks} chunks)"
+            self.bar.render_progress()
+        elif self.bar is not None and ev.kind == "file":
+            self.bar.update(1, Path(ev.path).name)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+@cli.command()
+@click.argument("query")
+@click.option("-k", "--top-k", type=click.IntRange(min=1), help="Number of hits. [default: from config, 5]")
+@click.option("--dense/--no-dense", default=None, help="Use the vector (dense) side.")
+@click.option("--lexical/--no-lexical", default=None, help="Use the BM25 (lexical) side.")
+@store_options
+@json_option
+@click.pass_context
+@handles_errors
+def search(ctx, query, top_k, dense, lexical, collection, store_path, as_json):
+    """Retrieve the chunks that best match QUERY (hybrid dense + BM25), without generating."""
+    overrides = _store_overrides(collection, store_path)
+    overrides.update({"retrieval.dense": dense, "retrieval.lexical": lexical})
+    with _pipeline(ctx, **overrides) as rag:
+        hits = rag.search(query, top_k=top_k)
+    if as_json:
+        _echo_json([{"source": h.source, "page": h.page, "score": h.score, "text": h.text,
+                     "found_by": list(h.found_by), "chunk": h.index, "dense_rank": h.dense_rank,
+                     "lexical_rank": h.lexical_rank} for h in hits])
+        return
+    if not hits:
+        click.echo("no matches", err=True)
+        return
+    for i, h in enumerate(hits, start=1):
+        where = _display_path(h.source) + (f", page {h.page}" if h.page else "")
+        click.secho(f"[{i}] {where}  score {h.score:.4f}  ({' + '.join(h.found_by)})", bold=True)
+        click.echo(_indent(h.text))
+        click.echo()
+
+
+def _display_path(source: str) -> str:
+    try:
+        return str(Path(source).relative_to(Path.cwd()))
+    except ValueError:
+        return source
+
+
+def _indent(text: str, width: int = 600) -> str:
+    text = " ".join(text.split())
+    if len(text) > width:
+        text = text[:width].rsplit(" ", 1)[0] + " …"
+    return "    " + text
+
+
+@cli.command()
+@store_options
+@json_option
+@click.pass_context
+@handles_errors
+def status(ctx, collection, store_path, as_json):
+    """Show what a collection holds: documents, chunks, models and the store path."""
+    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+        st = rag.status()
+    if as_json:
+        _echo_json(st.to_dict())
+        return
+    click.echo(f"store:       {st.store}")
+    if not st.exists:
+        others = f" (collections here: {', '.join(st.collections)})" if st.collections else ""
+        click.echo(f"collection:  {st.collection} (does not exist yet{others})")
+        return
+    click.echo(f"collection:  {st.collection}")
+    click.echo(f"documents:   {st.documents:,}")
+    click.echo(f"chunks:      {st.chunks:,} ({st.tokens:,} tokens; chunk size {st.chunk_size}, overlap {st.chunk_overlap})")
+    click.echo(f"embedder:    {st.embedder} ({st.dim} dimensions)")
+    click.echo(f"generator:   {st.generator}")
+    if len(st.collections) > 1:
+        click.echo(f"collections: {', '.join(st.collections)}")
+    for s in st.sources:
+        pages = f", {s['pages']} pages" if s["pages"] else ""
+        click.echo(f"  {_display_path(s['source'])}  ({s['format']}{pages}, {s['chunks']} chunks)")
+
+
+@cli.command()
+@store_options
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+@handles_errors
+def drop(ctx, collection, store_path, yes):
+    """Delete a collection (its vectors, chunks and lexical index)."""
+    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+        name = rag.config.store.collection
+        if not yes:
+            click.confirm(f"Delete the collection '{name}'?", abort=True)
+        if rag.drop():
+            click.echo(f"dropped collection '{name}'")
+        else:
+            raise click.ClickException(f"collection '{name}' does not exist")
+
+
+@cli.group()
+def models():
+    """Show or provision the configured models."""
+
+
+@models.command("list")
+@json_option
+@click.pass_context
+@handles_errors
+def models_list(ctx, as_json):
+    """Show where each configured model is and whether it is ready."""
+    from .models import describe
+
+    rag = _pipeline(ctx)
+    rows = {role: describe(getattr(rag.config.models, role), home=rag.config.home_path)
+            for role in ("embedder", "generator")}
+    if as_json:
+        _echo_json(rows)
+        return
+    for role, info in rows.items():
+        state = info["path"] if info["ready"] else f"not ready: {info['reason']}"
+        click.echo(f"{role:9}  {info['ref']}\n           {state}")
+
+
+@models.command("pull")
+@click.pass_context
+@handles_errors
+def models_pull(ctx):
+    """Download and convert the configured models into $RAG_HOME/models."""
+    rag = _pipeline(ctx)
+    for role, path in rag.pull_models().items():
+        click.echo(f"{role:9}  {path}")
+
+
+@cli.command("config")
+@click.pass_context
+@handles_errors
+def show_config(ctx):
+    """Print the effective settings as TOML."""
+    from .config import to_toml
+
+    click.echo(to_toml(_pipeline(ctx).config), nl=False)
+
+
+def main() -> None:
+    cli(prog_name="rag")

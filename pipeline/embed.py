@@ -1,0 +1,163 @@
+"""Chunks → unit vectors, through llama.cpp.
+
+How chunks are grouped per decode follows the hardware. On a CPU an encoder's
+attention spans the whole micro-batch, so packing many chunks into one decode
+costs more than it saves: one chunk per decode with flash attention was the
+fastest grouping measured here (see ``benchmarks/ingest.py``). On a GPU the
+per-decode overhead dominates and packing chunks up to a large micro-batch wins.
+``embed.batch_tokens`` overrides the choice.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from functools import cached_property
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import EngineError, ModelError
+
+# Tokens per decode when chunks are packed on a GPU.
+GPU_GROUP_TOKENS = 4096
+
+
+def default_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+class Embedder:
+    """A BERT-style embedding model in llama.cpp. The model loads on first use."""
+
+    def __init__(self, model_path: Path, *, threads: int = 0, flash_attn: bool = True,
+                 gpu_layers: int = 0, batch_tokens: int = 0):
+        self.model_path = Path(model_path)
+        self.threads = threads or default_threads()
+        self.flash_attn = flash_attn
+        self.gpu_layers = gpu_layers
+        self._batch_tokens = batch_tokens
+        self._lock = threading.Lock()
+
+    @cached_property
+    def gpu(self) -> bool:
+        import llama_cpp
+
+        return self.gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload())
+
+    @cached_property
+    def group_tokens(self) -> int:
+        """Tokens packed per decode; 0 means one chunk per decode."""
+        if self._batch_tokens:
+            return self._batch_tokens
+        return GPU_GROUP_TOKENS if self.gpu else 0
+
+    @cached_property
+    def llm(self):
+        import llama_cpp
+
+        n_ctx_train = _gguf_context_length(self.model_path)
+        window = max(n_ctx_train, self.group_tokens)
+        try:
+            return llama_cpp.Llama(
+                model_path=str(self.model_path), embedding=True, n_ctx=window, n_batch=window,
+                n_ubatch=window,  # an encoder must see each batch in one micro-batch
+                n_threads=self.threads, n_threads_batch=self.threads, flash_attn=self.flash_attn,
+                n_gpu_layers=self.gpu_layers, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(f"llama.cpp could not load the embedder {self.model_path}: {exc}") from None
+
+    @cached_property
+    def dim(self) -> int:
+        return int(self.llm.n_embd())
+
+    @cached_property
+    def max_tokens(self) -> int:
+        """The longest text, in tokens without the [CLS]/[SEP] pair, that one embedding covers."""
+        return int(self.llm._model.n_ctx_train()) - 2
+
+    def tokenize(self, text: str) -> list[int]:
+        """Content tokens of ``text`` (no special tokens): what chunk sizes are measured in."""
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenize(text))
+
+    def _sequence(self, text: str) -> list[int]:
+        tokens = self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+        limit = self.max_tokens + 2
+        if len(tokens) > limit:  # the encoder would abort the process, not raise
+            tokens = tokens[: limit - 1] + tokens[-1:]
+        return tokens
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """L2-normalised embeddings, one row per text, in order."""
+        seqs = [self._sequence(t) for t in texts]
+        return self.embed_tokens(seqs)
+
+    def embed_tokens(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
+        out = np.empty((len(seqs), self.dim), dtype=np.float32)
+        group_limit = self.group_tokens
+        n_seq_max = int(self.llm.context_params.n_seq_max)
+        with self._lock:
+            start = 0
+            while start < len(seqs):
+                end, used = start + 1, len(seqs[start])
+                if group_limit:
+                    while (end < len(seqs) and end - start < n_seq_max
+                           and used + len(seqs[end]) <= group_limit):
+                        used += len(seqs[end])
+                        end += 1
+                out[start:end] = self._decode(seqs[start:end])
+                start = end
+        norms = np.linalg.norm(out, axis=1, keepdims=True)
+        return out / np.maximum(norms, 1e-12)
+
+    def _decode(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
+        import llama_cpp
+
+        llm = self.llm
+        batch = llm._batch
+        batch.reset()
+        for i, tokens in enumerate(seqs):
+            batch.add_sequence(list(tokens), i, True)
+        llm._ctx.kv_cache_clear()
+        try:
+            llm._ctx.decode(batch)
+        except RuntimeError as exc:
+            raise EngineError(f"llama.cpp failed to embed a batch: {exc}") from None
+        rows = np.empty((len(seqs), self.dim), dtype=np.float32)
+        for i in range(len(seqs)):
+            ptr = llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, i)
+            rows[i] = np.ctypeslib.as_array(ptr, shape=(self.dim,))
+        return rows
+
+    @cached_property
+    def identity(self) -> str:
+        from .models import file_identity
+
+        return file_identity(self.model_path)
+
+    def close(self) -> None:
+        llm = self.__dict__.pop("llm", None)
+        if llm is not None:
+            llm.close()
+
+
+def _gguf_context_length(path: Path) -> int:
+    """The trained context length from a GGUF's metadata, read without loading weights."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as exc:  # gguf raises ValueError/struct.error/... on a damaged file
+        raise ModelError(f"cannot read the GGUF metadata of {path}: {exc}") from None
+    arch_field = reader.fields.get("general.architecture")
+    arch = bytes(arch_field.parts[-1]).decode() if arch_field else ""
+    field = reader.fields.get(f"{arch}.context_length")
+    if field is None:
+        return 512
+    return int(field.parts[-1][0])

