@@ -57,12 +57,13 @@ class Embedder:
     def llm(self):
         import llama_cpp
 
-        n_ctx_train = _gguf_context_length(self.model_path)
-        window = max(n_ctx_train, self.group_tokens)
+        # An encoder must see each batch in one micro-batch: n_ubatch = n_batch, and no input
+        # longer than that is ever sent (see max_tokens). n_ctx 0 = the trained length.
+        window = self.group_tokens or 512
         try:
             return llama_cpp.Llama(
-                model_path=str(self.model_path), embedding=True, n_ctx=window, n_batch=window,
-                n_ubatch=window,  # an encoder must see each batch in one micro-batch
+                model_path=str(self.model_path), embedding=True, n_ctx=0,
+                n_batch=window, n_ubatch=window,
                 n_threads=self.threads, n_threads_batch=self.threads, flash_attn=self.flash_attn,
                 n_gpu_layers=self.gpu_layers, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
                 verbose=False,
@@ -77,7 +78,8 @@ class Embedder:
     @cached_property
     def max_tokens(self) -> int:
         """The longest text, in tokens without the [CLS]/[SEP] pair, that one embedding covers."""
-        return int(self.llm._model.n_ctx_train()) - 2
+        llm = self.llm
+        return min(int(llm._model.n_ctx_train()), int(llm.context_params.n_ubatch)) - 2
 
     def tokenize(self, text: str) -> list[int]:
         """Content tokens of ``text`` (no special tokens): what chunk sizes are measured in."""
@@ -146,18 +148,3 @@ class Embedder:
         if llm is not None:
             llm.close()
 
-
-def _gguf_context_length(path: Path) -> int:
-    """The trained context length from a GGUF's metadata, read without loading weights."""
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(str(path))
-    except Exception as exc:  # gguf raises ValueError/struct.error/... on a damaged file
-        raise ModelError(f"cannot read the GGUF metadata of {path}: {exc}") from None
-    arch_field = reader.fields.get("general.architecture")
-    arch = bytes(arch_field.parts[-1]).decode() if arch_field else ""
-    field = reader.fields.get(f"{arch}.context_length")
-    if field is None:
-        return 512
-    return int(field.parts[-1][0])

@@ -158,6 +158,9 @@ def ingest(paths: Iterable[str | Path], *, store: Store, embedder: Embedder, chu
     emit = progress or (lambda event: None)
     files, folders = scan(paths)
     report = IngestReport(collection=store.name)
+    store.check_compatible(embedder=embedder_ref or str(embedder.model_path),
+                           embedder_id=embedder.identity, chunk_size=chunker.size,
+                           chunk_overlap=chunker.overlap)
     known = store.documents()
     todo: list[_Todo] = []
     present: set[str] = set()

@@ -149,17 +149,26 @@ class Store:
             self.catalog.create_collection(info)
             self._col(create=True)
             return info
-        if info.embedder_id != embedder_id or info.dim != dim:
+        self.check_compatible(embedder=embedder, embedder_id=embedder_id, chunk_size=chunk_size,
+                              chunk_overlap=chunk_overlap)
+        return info
+
+    def check_compatible(self, *, embedder: str, embedder_id: str, chunk_size: int,
+                         chunk_overlap: int) -> None:
+        """Refuse to mix vectors of two embedders, or chunks of two sizes, in one collection."""
+        info = self.info
+        if info is None:
+            return
+        if info.embedder_id != embedder_id:
             raise StoreError(
-                f"collection '{self.name}' was built with the embedder {info.embedder} "
-                f"({info.dim} dimensions); the configured one is {embedder} ({dim} dimensions). "
-                "Use another --collection, or `rag drop` this one first")
+                f"collection '{self.name}' was built with the embedder {info.embedder}; the configured "
+                f"one is {embedder} (a different model file). Use another --collection, or "
+                "`rag drop` this one first")
         if (info.chunk_size, info.chunk_overlap) != (chunk_size, chunk_overlap):
             raise StoreError(
                 f"collection '{self.name}' was chunked with size {info.chunk_size} / overlap "
                 f"{info.chunk_overlap}; the configuration says {chunk_size} / {chunk_overlap}. "
                 "Use another --collection, or `rag drop` this one first")
-        return info
 
     def drop(self) -> None:
         """Delete the collection: from the catalog first (the commit point), then from Chroma."""

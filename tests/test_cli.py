@@ -1,0 +1,147 @@
+"""The ``rag`` command through click's CliRunner: output, JSON, exit statuses."""
+
+from __future__ import annotations
+
+import json
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import cli
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
+
+
+def walk(group: click.Group, prefix=()):
+    for name, cmd in group.commands.items():
+        yield prefix + (name,), cmd
+        if isinstance(cmd, click.Group):
+            yield from walk(cmd, prefix + (name,))
+
+
+@pytest.mark.parametrize("path,cmd", list(walk(cli)), ids=lambda v: " ".join(v) if isinstance(v, tuple) else "")
+def test_every_command_has_help(path, cmd):
+    assert cmd.help and cmd.help.strip()
+    result = run(*path, "--help")
+    assert result.exit_code == 0
+    assert cmd.help.strip().splitlines()[0][:30] in " ".join(result.output.split())
+
+
+def test_help_does_not_load_heavy_modules():
+    import subprocess
+    import sys
+
+    code = ("import sys; from pipeline.cli import cli\n"
+            "from click.testing import CliRunner\n"
+            "CliRunner().invoke(cli, ['--help'])\n"
+            "heavy = [m for m in ('llama_cpp', 'chromadb', 'langchain_text_splitters', 'numpy') if m in sys.modules]\n"
+            "print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_ingest_search_status_round_trip(store_dir, corpus):
+    result = run("ingest", str(corpus))
+    assert result.exit_code == 0, result.output
+    assert "4 new, 0 changed, 0 unchanged, 1 skipped, 0 failed" in result.output
+    again = run("ingest", str(corpus))
+    assert "0 new, 0 changed, 4 unchanged, 1 skipped, 0 failed; nothing to embed" in again.output
+
+    hits = json.loads(run("search", "ERR_SOCKET_ZX81", "--top-k", "2", "--json").output)
+    assert len(hits) == 2
+    assert set(hits[0]) >= {"source", "page", "score", "text", "found_by"}
+    assert hits[0]["source"].endswith("notes.txt") and "lexical" in hits[0]["found_by"]
+
+    text = run("search", "bananas potassium", "-k", "1").output
+    assert "manual.pdf, page 2" in text and "bananas" in text
+
+    st = json.loads(run("status", "--json").output)
+    assert st["documents"] == 4 and st["exists"] and st["store"] == str(store_dir)
+    human = run("status").output
+    assert "documents:   4" in human and "all-MiniLM-L6-v2" in human
+
+
+def test_ingest_json_report(store_dir, corpus):
+    data = json.loads(run("ingest", str(corpus), "--json").output)
+    assert data["counts"] == {"new": 4, "changed": 0, "unchanged": 0, "skipped": 1, "failed": 0,
+                              "removed": 0, "missing": 0}
+    assert data["chunks"] > 0 and data["tokens"] > 0 and data["seconds"] > 0
+    assert {f["status"] for f in data["files"]} == {"new", "skipped"}
+
+
+def test_missing_path_exits_nonzero_with_a_message(store_dir, corpus):
+    result = run("ingest", str(corpus / "nope"))
+    assert result.exit_code == 2
+    assert "Error: path does not exist" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_unreadable_file_is_reported_but_exit_is_zero_unless_strict(store_dir, corpus):
+    from pdfs import make_corrupt_pdf
+
+    make_corrupt_pdf(corpus / "broken.pdf")
+    result = run("ingest", str(corpus))
+    assert result.exit_code == 0
+    assert "failed: " in result.output and "broken.pdf" in result.output
+    assert "1 failed" in result.output
+    (corpus / "broken2.pdf").write_bytes(b"%PDF-1.4 garbage")
+    assert run("ingest", str(corpus), "--strict").exit_code == 1
+
+
+def test_search_before_ingest_is_a_clear_error(store_dir):
+    result = run("search", "anything")
+    assert result.exit_code == 4
+    assert "collection 'default' does not exist" in result.output and "rag ingest" in result.output
+
+
+def test_status_of_an_empty_store(store_dir):
+    result = run("status")
+    assert result.exit_code == 0 and "does not exist yet" in result.output
+    assert not store_dir.exists()  # status never creates anything
+
+
+def test_bad_config_key_names_the_key(store_dir, tmp_path, monkeypatch):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[retrieval]\ntop_kk = 3\n")
+    result = run("--config", str(cfg), "status")
+    assert result.exit_code == 2 and "unknown setting 'retrieval.top_kk'" in result.output
+    monkeypatch.setenv("RAG_STORE_COLECTION", "x")
+    result = run("status")
+    assert result.exit_code == 2 and "RAG_STORE_COLECTION" in result.output
+
+
+def test_invalid_collection_name(store_dir, corpus):
+    result = run("ingest", str(corpus), "--collection", "a b")
+    assert result.exit_code == 2 and "invalid collection name" in result.output
+
+
+def test_drop(store_dir, corpus):
+    run("ingest", str(corpus / "notes.txt"))
+    assert run("drop").exit_code == 1  # confirmation refused (no input)
+    result = run("drop", "--yes")
+    assert result.exit_code == 0 and "dropped collection 'default'" in result.output
+    assert "does not exist yet" in run("status").output
+    assert run("drop", "--yes").exit_code == 1
+
+
+def test_models_list(store_dir):
+    data = json.loads(run("models", "list", "--json").output)
+    assert data["embedder"]["ready"] and data["embedder"]["path"].endswith(".gguf")
+    assert data["generator"]["ready"]
+
+
+def test_config_prints_effective_settings(store_dir, monkeypatch):
+    monkeypatch.setenv("RAG_RETRIEVAL_TOP_K", "9")
+    out = run("config").output
+    assert "top_k = 9" in out and f'path = "{store_dir}"' in out
+
+
+def test_python_dash_m_works(store_dir):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pipeline", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "ingest" in out.stdout
