@@ -24,8 +24,20 @@ from .errors import EngineError, ModelError
 GPU_GROUP_TOKENS = 4096
 
 
+def usable_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    """Every usable core but one, which the ingest's loader thread needs.
+
+    ggml's threads synchronise at a barrier after every operation; with more
+    runnable threads than cores, each barrier waits for a scheduler slice and a
+    decode was seen to slow down 10-50×. One core less costs far less than that.
+    """
+    return max(1, usable_cpus() - 1)
 
 
 class Embedder:
