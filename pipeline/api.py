@@ -106,8 +106,10 @@ class Pipeline:
         paths = list(paths)
         scan(paths)  # a missing path fails before any model loads or the store opens
         with self.store() as store:
-            return ingest(paths, store=store, embedder=self.embedder, chunker=self.chunker,
-                          embedder_ref=self.config.models.embedder, prune=prune, progress=progress)
+            c = self.config.chunking
+            return ingest(paths, store=store, embedder=self.embedder, chunk_size=c.size,
+                          chunk_overlap=c.overlap, embedder_ref=self.config.models.embedder,
+                          prune=prune, progress=progress)
 
     def search(self, query: str, *, top_k: int | None = None) -> list[Hit]:
         """The best chunks for ``query`` by hybrid retrieval."""

@@ -15,10 +15,12 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from .chunking import Chunk
 from .errors import StoreError
+
+if TYPE_CHECKING:
+    from .chunking import Chunk
 
 SCHEMA_VERSION = 1
 
@@ -148,7 +150,7 @@ class Catalog:
         return dict(self.db.execute(
             "SELECT source, content_hash FROM documents WHERE collection = ?", (collection,)))
 
-    def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence[Chunk],
+    def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence["Chunk"],
                         chunk_ids: Sequence[str]) -> None:
         """Replace ``doc.source``'s record and chunks in one transaction: the commit point."""
         with self._tx():

@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from langchain_text_splitters import Language, RecursiveCharacterTextSplitter
-
 from .errors import ConfigError
 from .loaders import TextUnit
 
@@ -34,6 +32,8 @@ class Chunker:
     """Splits text units into chunks of at most ``size`` tokens with ``overlap`` tokens shared."""
 
     def __init__(self, tokenize: Tokenize, *, size: int, overlap: int, max_tokens: int):
+        from langchain_text_splitters import Language, RecursiveCharacterTextSplitter
+
         if size > max_tokens:
             raise ConfigError(
                 f"chunking.size ({size}) is above the embedder's maximum of {max_tokens} tokens")

@@ -89,7 +89,7 @@ def ingest(ctx, paths, collection, store_path, prune, strict, as_json):
     files are not embedded again; changed files replace their old chunks.
     """
     rag = _pipeline(ctx, **_store_overrides(collection, store_path))
-    bar = _IngestBar(enabled=not as_json)
+    bar = _IngestBar(enabled=not as_json and sys.stderr.isatty())
     try:
         report = rag.ingest(paths, prune=prune, progress=bar.event)
     finally:

@@ -113,6 +113,7 @@ def convert_bert(model_dir: Path, out_path: Path, *, dtype: str = "f16") -> Path
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+    writer = None
     try:
         writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.BERT])
         writer.add_name(model_dir.name)
@@ -155,6 +156,8 @@ def convert_bert(model_dir: Path, out_path: Path, *, dtype: str = "f16") -> Path
         writer.close()
         os.replace(tmp, out_path)
     except BaseException:
+        if writer is not None:
+            writer.close()
         tmp.unlink(missing_ok=True)
         raise
     return out_path

@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
+import numpy as np  # light (~0.1 s); llama_cpp loads only with the model
 
 from .errors import EngineError, ModelError
 

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+import numpy as np
+
 from .catalog import DocumentRecord
 from .chunking import Chunk, Chunker
 from .embed import Embedder
@@ -151,16 +153,21 @@ def file_hash(path: Path) -> str:
     return h.hexdigest()
 
 
-def ingest(paths: Iterable[str | Path], *, store: Store, embedder: Embedder, chunker: Chunker,
-           embedder_ref: str = "", prune: bool = False, progress: Progress | None = None) -> IngestReport:
-    """Bring the store's collection in line with the files under ``paths``. ``store`` must be open."""
+def ingest(paths: Iterable[str | Path], *, store: Store, embedder: Embedder, chunk_size: int,
+           chunk_overlap: int, embedder_ref: str = "", prune: bool = False,
+           progress: Progress | None = None) -> IngestReport:
+    """Bring the store's collection in line with the files under ``paths``. ``store`` must be open.
+
+    Nothing is loaded (no model, no splitter) unless some file needs embedding, so a run
+    over an unchanged corpus costs a directory scan and one catalog read.
+    """
     started = time.perf_counter()
     emit = progress or (lambda event: None)
     files, folders = scan(paths)
     report = IngestReport(collection=store.name)
     store.check_compatible(embedder=embedder_ref or str(embedder.model_path),
-                           embedder_id=embedder.identity, chunk_size=chunker.size,
-                           chunk_overlap=chunker.overlap)
+                           embedder_id=embedder.identity, chunk_size=chunk_size,
+                           chunk_overlap=chunk_overlap)
     known = store.documents()
     todo: list[_Todo] = []
     present: set[str] = set()
@@ -196,9 +203,11 @@ def ingest(paths: Iterable[str | Path], *, store: Store, embedder: Embedder, chu
             report.files.append(FileOutcome(source, "missing"))
 
     if todo:
+        chunker = Chunker(embedder.tokenize, size=chunk_size, overlap=chunk_overlap,
+                          max_tokens=embedder.max_tokens)
         store.ensure_collection(embedder=embedder_ref or str(embedder.model_path),
                                 embedder_id=embedder.identity, dim=embedder.dim,
-                                chunk_size=chunker.size, chunk_overlap=chunker.overlap)
+                                chunk_size=chunk_size, chunk_overlap=chunk_overlap)
         emit(IngestEvent("plan", total=len(todo)))
         for item, loaded in _prepared(todo, chunker, embedder):
             outcome = _commit(item, loaded, store=store, embedder=embedder, report=report, emit=emit)
@@ -263,8 +272,6 @@ def _commit(item: _Todo, loaded: object, *, store: Store, embedder: Embedder,
     for lo in range(0, len(seqs), _SLICE):
         vectors.append(embedder.embed_tokens(seqs[lo:lo + _SLICE]))
         emit(IngestEvent("chunks", path=str(item.path), chunks=min(lo + _SLICE, len(seqs))))
-    import numpy as np
-
     matrix = np.concatenate(vectors)
     report.embed_seconds += time.perf_counter() - t0
     pages = max((u.page or 0 for u in doc.units), default=0) or None

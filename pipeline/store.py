@@ -22,14 +22,16 @@ import hashlib
 import re
 import time
 from pathlib import Path
-from typing import Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Sequence
 
 from .catalog import Catalog, CollectionInfo, DocumentRecord, StoredChunk
-from .chunking import Chunk
 from .errors import ConfigError, StoreError
 from .lock import StoreLock
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .chunking import Chunk
 
 _COLLECTION_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{1,510}[a-zA-Z0-9]$")
 
@@ -184,8 +186,10 @@ class Store:
     def documents(self) -> dict[str, DocumentRecord]:
         return self.catalog.documents(self.name)
 
-    def write_document(self, doc: DocumentRecord, chunks: Sequence[Chunk], vectors: np.ndarray) -> None:
+    def write_document(self, doc: DocumentRecord, chunks: Sequence["Chunk"], vectors: "np.ndarray") -> None:
         """Make ``doc`` with these chunks and vectors the committed version of its source."""
+        import numpy as np
+
         if len(chunks) != len(vectors):
             raise ValueError("one vector per chunk")
         ids = [chunk_id(doc.source, doc.content_hash, c.index) for c in chunks]
@@ -226,8 +230,10 @@ class Store:
 
     # -- queries ----------------------------------------------------------------------------
 
-    def dense(self, vector: np.ndarray, *, limit: int) -> list[tuple[StoredChunk, float]]:
+    def dense(self, vector: "np.ndarray", *, limit: int) -> list[tuple[StoredChunk, float]]:
         """Nearest committed chunks with their cosine similarity, best first."""
+        import numpy as np
+
         col = self._col()
         n = min(limit, col.count())
         if n == 0:
