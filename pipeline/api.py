@@ -11,13 +11,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from . import models
 from .config import Config, load_config
 from .ingest import IngestReport, Progress, ingest
 from .retrieve import Hit, search
 from .store import Store
+
+if TYPE_CHECKING:
+    from .context import Prompt
+    from .engine import EngineStats, Generation
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,51 @@ class CollectionStatus:
         d["collections"] = list(self.collections)
         d["sources"] = list(self.sources)
         return d
+
+
+@dataclass
+class Answer:
+    """An answer with the numbered sources it may cite as [1], [2] and the engine's figures."""
+
+    question: str
+    text: str
+    sources: list[dict]
+    stats: "EngineStats"
+    dropped_passages: int = 0
+    truncated: bool = False
+    notes: list[str] | None = None
+
+    def to_dict(self) -> dict:
+        return {"question": self.question, "answer": self.text, "sources": self.sources,
+                "stats": self.stats.to_dict(), "dropped_passages": self.dropped_passages,
+                "truncated": self.truncated, "notes": list(self.notes or [])}
+
+
+class AnswerStream:
+    """Text pieces as the model writes them; ``answer`` is complete once iteration ends."""
+
+    def __init__(self, question: str, prompt: "Prompt", generation: "Generation", notes: list[str]):
+        self.question = question
+        self.prompt = prompt
+        self._generation = generation
+        self._notes = notes
+        self.answer: Answer | None = None
+
+    @property
+    def sources(self) -> list[dict]:
+        return self.prompt.sources
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._generation
+        stats = self._generation.stats
+        self.answer = Answer(self.question, self._generation.text.strip(), self.prompt.sources, stats,
+                             self.prompt.dropped, self.prompt.truncated, self._notes + stats.notes)
+
+    def result(self) -> Answer:
+        for _ in self:
+            pass
+        assert self.answer is not None
+        return self.answer
 
 
 class Pipeline:
@@ -81,6 +130,14 @@ class Pipeline:
         c = self.config.chunking
         return Chunker(self.embedder.tokenize, size=c.size, overlap=c.overlap,
                        max_tokens=self.embedder.max_tokens)
+
+    @cached_property
+    def engine(self):
+        from .engine import Engine
+
+        path = models.resolve(self.config.models.generator, home=self.config.home_path,
+                              what="generator", log=self._log)
+        return Engine(path, self.config.engine, log=self._log)
 
     @contextmanager
     def store(self) -> Iterator[Store]:
@@ -120,6 +177,64 @@ class Pipeline:
                           top_k=top_k or r.top_k, dense=r.dense, lexical=r.lexical,
                           candidates=max(r.candidates, top_k or 0), rrf_k=r.rrf_k)
 
+    def ask(self, question: str, *, doc: str | Path | None = None, top_k: int | None = None) -> Answer:
+        """Answer ``question`` from retrieved passages (or from one whole document with ``doc``)."""
+        return self.ask_stream(question, doc=doc, top_k=top_k).result()
+
+    def ask_stream(self, question: str, *, doc: str | Path | None = None,
+                   top_k: int | None = None) -> AnswerStream:
+        """Like :meth:`ask`, streaming: iterate the result for text pieces as they are generated."""
+        from .errors import InputError
+
+        if not question.strip():
+            raise InputError("the question is empty")
+        prompt, notes = self._prompt(question, doc=doc, top_k=top_k)
+        a = self.config.ask
+        generation = self.engine.generate(prompt.tokens, max_tokens=a.max_tokens, temperature=a.temperature,
+                                          repeat_penalty=a.repeat_penalty)
+        return AnswerStream(question, prompt, generation, notes)
+
+    def _prompt(self, question: str, *, doc, top_k: int | None) -> "tuple[Prompt, list[str]]":
+        from .context import pack
+        from .errors import InputError, StoreError
+        from .retrieve import expand, whole_document
+
+        a, r = self.config.ask, self.config.retrieval
+        engine = self.engine
+        notes: list[str] = []
+
+        def packed(passages):
+            return pack(passages, question, chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
+                        n_ctx=engine.n_ctx, reserve=a.max_tokens, system=a.system_prompt)
+
+        def retrieve(store, *, k, source=None):
+            hits = search(question, store=store, embedder=self.embedder if r.dense else None, top_k=k,
+                          dense=r.dense, lexical=r.lexical, candidates=max(r.candidates, k), rrf_k=r.rrf_k,
+                          source=source, use_mmr=a.mmr, mmr_lambda=a.mmr_lambda)
+            return expand(hits, store=store, neighbours=a.neighbours)
+
+        with self.store() as store:
+            store.require()
+            docs = store.documents()
+            if not docs:
+                raise StoreError(f"collection '{store.name}' is empty; run `rag ingest PATH` first")
+            if doc is None:
+                prompt = packed(retrieve(store, k=top_k or a.top_k))
+            else:
+                source = str(Path(doc).expanduser().resolve())
+                if source not in docs:
+                    raise InputError(f"{doc} is not in collection '{store.name}' (ingest it first)")
+                prompt = packed(whole_document(source, store=store))
+                if prompt.dropped or prompt.truncated:
+                    notes.append(f"{Path(source).name} ({docs[source].n_tokens:,} tokens) does not fit the "
+                                 f"context of {engine.n_ctx:,} tokens: answering from its most relevant passages")
+                    prompt = packed(retrieve(store, k=max(4 * (top_k or a.top_k), 16), source=source))
+        if prompt.dropped:
+            notes.append(f"{prompt.dropped} lower-ranked passage(s) did not fit the context and were left out")
+        if prompt.truncated:
+            notes.append("the best passage alone exceeds the context: it was cut at a sentence boundary")
+        return prompt, notes
+
     def status(self) -> CollectionStatus:
         """What the collection holds; never creates anything."""
         path = self.config.store_path
@@ -154,9 +269,10 @@ class Pipeline:
             return True
 
     def close(self) -> None:
-        emb = self.__dict__.get("embedder")
-        if emb is not None:
-            emb.close()
+        for name in ("embedder", "engine"):
+            resource = self.__dict__.pop(name, None)
+            if resource is not None:
+                resource.close()
 
     def __enter__(self) -> "Pipeline":
         return self

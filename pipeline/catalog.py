@@ -190,7 +190,8 @@ class Catalog:
 
     # -- reading chunks -----------------------------------------------------------------------
 
-    def search(self, collection: str, query: str, *, limit: int) -> list[tuple[StoredChunk, float]]:
+    def search(self, collection: str, query: str, *, limit: int, source: str | None = None
+               ) -> list[tuple[StoredChunk, float]]:
         """BM25 hits, best first, with the BM25 score as a positive number (higher is better)."""
         match = fts_query(query)
         if match is None:
@@ -198,8 +199,9 @@ class Catalog:
         rows = self.db.execute(
             "SELECT c.chunk_id, c.source, c.content_hash, c.idx, c.page, c.start, c.\"end\", c.tokens,"
             " c.text, bm25(chunks_fts) AS score FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
-            " WHERE chunks_fts MATCH ? AND c.collection = ? ORDER BY score LIMIT ?",
-            (match, collection, limit))
+            " WHERE chunks_fts MATCH ? AND c.collection = ? AND (? IS NULL OR c.source = ?)"
+            " ORDER BY score LIMIT ?",
+            (match, collection, source, source, limit))
         return [(StoredChunk(*r[:9]), -float(r[9])) for r in rows]
 
     def chunks(self, collection: str, source: str, *, first: int = 0, last: int | None = None

@@ -176,6 +176,51 @@ def _indent(text: str, width: int = 600) -> str:
 
 
 @cli.command()
+@click.argument("question")
+@click.option("--doc", type=click.Path(path_type=Path), help="Answer from this ingested document as a whole.")
+@click.option("-k", "--top-k", type=click.IntRange(min=1), help="Passages to retrieve. [default: from config, 8]")
+@click.option("--stats", "show_stats", is_flag=True, help="Print the engine's figures (prefill, TTFT, decode).")
+@click.option("--ctx", "n_ctx", type=click.IntRange(min=0), help="Context length in tokens (engine.n_ctx).")
+@click.option("--max-tokens", type=click.IntRange(min=1), help="Longest answer in tokens (ask.max_tokens).")
+@store_options
+@json_option
+@click.pass_context
+@handles_errors
+def ask(ctx, question, doc, top_k, show_stats, n_ctx, max_tokens, collection, store_path, as_json):
+    """Answer QUESTION from the collection, streaming the answer, then its sources.
+
+    Retrieves passages (hybrid search plus neighbouring chunks), packs as many as fit
+    the context with the question last, and runs them through llama.cpp.
+    """
+    overrides = _store_overrides(collection, store_path)
+    overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
+    with _pipeline(ctx, **overrides) as rag:
+        stream = rag.ask_stream(question, doc=doc, top_k=top_k)
+        if as_json:
+            _echo_json(stream.result().to_dict())
+            return
+        for piece in stream:
+            click.echo(piece, nl=False)
+        answer = stream.answer
+    click.echo()
+    if answer.sources:
+        click.echo("\nSources:")
+        for src in answer.sources:
+            pages = src["pages"]
+            where = "" if not pages else (f", page {pages[0]}" if len(pages) == 1 else f", pages {pages[0]}-{pages[-1]}")
+            click.echo(f"  [{src['n']}] {_display_path(src['source'])}{where}")
+    for note in answer.notes or []:
+        click.echo(f"note: {note}", err=True)
+    if show_stats:
+        st = answer.stats
+        click.echo(
+            f"\nprompt {st.prompt_tokens:,} tokens ({st.cached_tokens:,} reused, cache: {st.cache}) | "
+            f"prefill {st.prefill_seconds:.2f} s at {st.prefill_tokens_per_second:,.0f} tok/s | "
+            f"TTFT {st.ttft_seconds:.2f} s | decode {st.decode_tokens} tokens at "
+            f"{st.decode_tokens_per_second:.1f} tok/s | model load {st.load_seconds:.2f} s", err=True)
+
+
+@cli.command()
 @store_options
 @json_option
 @click.pass_context

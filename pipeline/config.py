@@ -69,6 +69,51 @@ class RetrievalConfig:
 
 
 @dataclass(frozen=True)
+class EngineConfig:
+    """The generator in llama.cpp, configured for fast prefill.
+
+    ``n_ctx`` above the model's trained context is clamped (with a warning) unless
+    ``rope_scaling`` is set. Expert offload has llama.cpp's meaning: ``n_cpu_moe``
+    layers' experts in CPU memory (the first or last ``cpu_moe_from``), ``cpu_moe``
+    for all of them, and ``override_tensors`` for ``-ot``-style ``regex=BUFFER`` lists.
+    """
+
+    n_ctx: int = 4096
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    flash_attn: bool = True
+    type_k: str = "f16"
+    type_v: str = "f16"
+    gpu_layers: int = -1
+    threads: int = 0
+    threads_batch: int = 0
+    mmap: bool = True
+    n_cpu_moe: int = 0
+    cpu_moe: bool = False
+    cpu_moe_from: str = "last"
+    override_tensors: str = ""
+    rope_scaling: str = ""
+    rope_freq_scale: float = 0.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class AskConfig:
+    """How questions are answered: retrieval breadth, packing and sampling."""
+
+    top_k: int = 8
+    neighbours: int = 1
+    mmr: bool = False
+    mmr_lambda: float = 0.7
+    max_tokens: int = 256
+    temperature: float = 0.0
+    repeat_penalty: float = 1.1
+    system_prompt: str = (
+        "You answer questions using only the numbered documents provided. Cite the documents you "
+        "use as [1], [2]. If the documents do not contain the answer, say so.")
+
+
+@dataclass(frozen=True)
 class Config:
     """All settings. ``home`` empty means ``$RAG_HOME`` or the per-user cache directory."""
 
@@ -78,6 +123,8 @@ class Config:
     embed: EmbedConfig = field(default_factory=EmbedConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    ask: AskConfig = field(default_factory=AskConfig)
 
     @property
     def home_path(self) -> Path:
@@ -109,7 +156,29 @@ class Config:
             raise ConfigError(f"retrieval.candidates ({r.candidates}) must be >= retrieval.top_k ({r.top_k})")
         if self.store.wait < 0:
             raise ConfigError("store.wait must be >= 0 seconds")
+        e = self.engine
+        for key in ("type_k", "type_v"):
+            if getattr(e, key) not in KV_TYPES:
+                raise ConfigError(f"engine.{key} must be one of {', '.join(KV_TYPES)}, got {getattr(e, key)!r}")
+        if e.n_ctx < 0 or e.n_batch < 1 or e.n_ubatch < 1:
+            raise ConfigError("engine.n_ctx must be >= 0 (0 = trained context), n_batch and n_ubatch >= 1")
+        if e.n_ubatch > e.n_batch:
+            raise ConfigError(f"engine.n_ubatch ({e.n_ubatch}) cannot exceed engine.n_batch ({e.n_batch})")
+        if e.cpu_moe_from not in ("first", "last"):
+            raise ConfigError(f"engine.cpu_moe_from must be 'first' or 'last', got {e.cpu_moe_from!r}")
+        if e.rope_scaling not in ("", "none", "linear", "yarn"):
+            raise ConfigError(f"engine.rope_scaling must be '', 'linear' or 'yarn', got {e.rope_scaling!r}")
+        if e.n_cpu_moe < 0 or e.threads < 0 or e.threads_batch < 0:
+            raise ConfigError("engine.n_cpu_moe, engine.threads and engine.threads_batch must be >= 0")
+        a = self.ask
+        if a.top_k < 1 or a.neighbours < 0 or a.max_tokens < 1:
+            raise ConfigError("ask.top_k and ask.max_tokens must be >= 1, ask.neighbours >= 0")
+        if not 0.0 <= a.mmr_lambda <= 1.0 or a.temperature < 0 or a.repeat_penalty <= 0:
+            raise ConfigError("ask.mmr_lambda must be in [0, 1], ask.temperature >= 0, ask.repeat_penalty > 0")
         return self
+
+
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 
 
 def resolve_home(home: str = "") -> Path:
@@ -295,5 +364,6 @@ def _toml_value(value: Any) -> str:
 
 __all__ = [
     "Config", "ModelsConfig", "ChunkingConfig", "EmbedConfig", "StoreConfig", "RetrievalConfig",
+    "EngineConfig", "AskConfig",
     "load_config", "read_toml", "env_settings", "resolve_home", "to_toml",
 ]

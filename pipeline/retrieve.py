@@ -1,4 +1,5 @@
-"""Query → hits: dense (Chroma) and lexical (BM25) candidates fused by reciprocal rank.
+"""Query → hits: dense (Chroma) and lexical (BM25) candidates fused by reciprocal rank,
+optionally diversified by MMR, then expanded with neighbouring chunks into passages.
 
 A small embedder misses exact technical terms (function names, header files,
 error codes, flags) that a lexical index finds, and finds paraphrases that BM25
@@ -37,6 +38,26 @@ class Hit:
         return d
 
 
+@dataclass(frozen=True)
+class Passage:
+    """Consecutive chunks of one document, merged without repeating their overlaps."""
+
+    source: str
+    content_hash: str
+    first: int  # chunk indexes, inclusive
+    last: int
+    pages: tuple[int, ...]
+    text: str
+    rank: int  # best (lowest) rank of the hits inside it, from 0
+
+    @property
+    def page_label(self) -> str:
+        if not self.pages:
+            return ""
+        lo, hi = min(self.pages), max(self.pages)
+        return f"page {lo}" if lo == hi else f"pages {lo}-{hi}"
+
+
 def rrf(rankings: dict[str, list[tuple[StoredChunk, float]]], *, k: int) -> list[tuple[StoredChunk, float, dict]]:
     """Reciprocal-rank fusion: score = Σ 1 / (k + rank), rank from 1, over the sides that found a chunk."""
     fused: dict[str, tuple[StoredChunk, float, dict]] = {}
@@ -50,18 +71,43 @@ def rrf(rankings: dict[str, list[tuple[StoredChunk, float]]], *, k: int) -> list
     return sorted(fused.values(), key=lambda e: (-e[1], e[0].source, e[0].index))
 
 
+def mmr(query_vector, candidates: list, vectors: dict, *, k: int, lam: float) -> list:
+    """Maximal marginal relevance: trade relevance to the query against redundancy with what is chosen."""
+    import numpy as np
+
+    pool = [c for c in candidates if c[0].chunk_id in vectors]
+    chosen: list = []
+    while pool and len(chosen) < k:
+        best, best_score = None, -np.inf
+        for cand in pool:
+            v = vectors[cand[0].chunk_id]
+            rel = float(v @ query_vector)
+            red = max((float(v @ vectors[c[0].chunk_id]) for c in chosen), default=0.0)
+            score = lam * rel - (1 - lam) * red
+            if score > best_score:
+                best, best_score = cand, score
+        chosen.append(best)
+        pool.remove(best)
+    return chosen
+
+
 def search(query: str, *, store: Store, embedder: Embedder | None, top_k: int, dense: bool = True,
-           lexical: bool = True, candidates: int = 40, rrf_k: int = 60) -> list[Hit]:
+           lexical: bool = True, candidates: int = 40, rrf_k: int = 60, source: str | None = None,
+           use_mmr: bool = False, mmr_lambda: float = 0.7) -> list[Hit]:
     """The ``top_k`` best chunks for ``query`` from the enabled sides. ``store`` must be open."""
     store.require()
     rankings: dict[str, list[tuple[StoredChunk, float]]] = {}
+    vector = None
     if dense and embedder is not None:
         vector = embedder.embed([query])[0]
-        rankings["dense"] = store.dense(vector, limit=candidates)
+        rankings["dense"] = store.dense(vector, limit=candidates, source=source)
     if lexical:
-        rankings["lexical"] = store.lexical(query, limit=candidates)
+        rankings["lexical"] = store.lexical(query, limit=candidates, source=source)
+    fused = rrf(rankings, k=rrf_k)
+    if use_mmr and vector is not None and len(fused) > top_k:
+        fused = mmr(vector, fused, store.vectors([c[0].chunk_id for c in fused]), k=top_k, lam=mmr_lambda)
     hits = []
-    for chunk, score, detail in rrf(rankings, k=rrf_k)[:top_k]:
+    for chunk, score, detail in fused[:top_k]:
         d_rank, d_score = detail.get("dense", (None, None))
         l_rank, l_score = detail.get("lexical", (None, None))
         hits.append(Hit(source=chunk.source, page=chunk.page, score=round(score, 6), text=chunk.text,
@@ -70,3 +116,56 @@ def search(query: str, *, store: Store, embedder: Embedder | None, top_k: int, d
                         dense_rank=d_rank, dense_similarity=None if d_score is None else round(d_score, 4),
                         lexical_rank=l_rank, bm25=None if l_score is None else round(l_score, 4)))
     return hits
+
+
+def merge_chunks(chunks: list[StoredChunk], *, rank: int = 0) -> list[Passage]:
+    """Consecutive chunks (sorted by index) as passages; overlapping text appears once."""
+    passages: list[Passage] = []
+    run: list[StoredChunk] = []
+
+    def flush() -> None:
+        if not run:
+            return
+        text = run[0].text
+        for prev, cur in zip(run, run[1:]):
+            if cur.page == prev.page and cur.start < prev.end <= cur.end:
+                text += cur.text[prev.end - cur.start:]  # offsets index the same page text
+            else:
+                text += "\n\n" + cur.text
+        pages = tuple(sorted({c.page for c in run if c.page is not None}))
+        passages.append(Passage(run[0].source, run[0].content_hash, run[0].index, run[-1].index, pages,
+                                text.strip(), rank))
+        run.clear()
+
+    for chunk in chunks:
+        if run and (chunk.source != run[-1].source or chunk.index != run[-1].index + 1):
+            flush()
+        run.append(chunk)
+    flush()
+    return passages
+
+
+def expand(hits: list[Hit], *, store: Store, neighbours: int) -> list[Passage]:
+    """Each hit widened by ``neighbours`` chunks on either side; overlapping windows merged.
+
+    A merged passage keeps the best rank of the hits inside it, so packing can
+    drop the least relevant passages first.
+    """
+    windows: dict[str, dict[int, int]] = {}  # source -> chunk index -> best rank
+    for rank, hit in enumerate(hits):
+        ranks = windows.setdefault(hit.source, {})
+        for i in range(max(0, hit.index - neighbours), hit.index + neighbours + 1):
+            ranks[i] = min(ranks.get(i, rank), rank)
+    passages: list[Passage] = []
+    for source, ranks in windows.items():
+        lo, hi = min(ranks), max(ranks)
+        chunks = [c for c in store.catalog.chunks(store.name, source, first=lo, last=hi) if c.index in ranks]
+        for p in merge_chunks(chunks):
+            best = min(ranks[i] for i in range(p.first, p.last + 1) if i in ranks)
+            passages.append(Passage(p.source, p.content_hash, p.first, p.last, p.pages, p.text, best))
+    return passages
+
+
+def whole_document(source: str, *, store: Store) -> list[Passage]:
+    """Every chunk of one document, in order, as passages (one per run of consecutive chunks)."""
+    return merge_chunks(store.catalog.chunks(store.name, source))

@@ -230,7 +230,8 @@ class Store:
 
     # -- queries ----------------------------------------------------------------------------
 
-    def dense(self, vector: "np.ndarray", *, limit: int) -> list[tuple[StoredChunk, float]]:
+    def dense(self, vector: "np.ndarray", *, limit: int, source: str | None = None
+              ) -> list[tuple[StoredChunk, float]]:
         """Nearest committed chunks with their cosine similarity, best first."""
         import numpy as np
 
@@ -239,7 +240,8 @@ class Store:
         if n == 0:
             return []
         res = col.query(query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
-                        n_results=n, include=["metadatas", "documents", "distances"])
+                        n_results=n, include=["metadatas", "documents", "distances"],
+                        where={"source": source} if source else None)
         committed = self.catalog.committed_hashes(self.name)
         hits = []
         for cid, meta, text, dist in zip(res["ids"][0], res["metadatas"][0], res["documents"][0],
@@ -252,8 +254,18 @@ class Store:
                                      int(meta["tokens"]), text), 1.0 - float(dist)))
         return hits
 
-    def lexical(self, query: str, *, limit: int) -> list[tuple[StoredChunk, float]]:
-        return self.catalog.search(self.name, query, limit=limit)
+    def lexical(self, query: str, *, limit: int, source: str | None = None
+                ) -> list[tuple[StoredChunk, float]]:
+        return self.catalog.search(self.name, query, limit=limit, source=source)
+
+    def vectors(self, chunk_ids: list[str]) -> dict[str, "np.ndarray"]:
+        """The stored embeddings of these chunks (for MMR)."""
+        import numpy as np
+
+        if not chunk_ids:
+            return {}
+        got = self._col().get(ids=chunk_ids, include=["embeddings"])
+        return {cid: np.asarray(v, dtype=np.float32) for cid, v in zip(got["ids"], got["embeddings"])}
 
     def chunk_count(self) -> int:
         """Chunks on the dense side, committed or not (for status and consistency checks)."""

@@ -1,0 +1,205 @@
+"""Hardware profiles: the few figures the planner's speed and memory models need.
+
+A :class:`HardwareProfile` holds the GPU's memory and effective speeds, the
+host-to-device copy bandwidth and the host's CPU speed and memory. Built-in
+profiles (:data:`PROFILES`) give defaults for common cards; ``rag tune`` can
+measure the real values on a machine and save them with :func:`save_profile`
+(a small TOML file, read back with :func:`load_profile`).
+
+What the figures mean (all in SI units: bytes, bytes/s, FLOP/s):
+
+* ``gpu_flops``: *effective* FLOP/s of llama.cpp's prefill matrix products on
+  this GPU (quantized or f16 weights, large batches), not the datasheet peak.
+  Attention FLOPs are charged at ``gpu_flops * attn_efficiency``.
+* ``h2d_pinned`` / ``h2d_pageable``: host-to-device copy bandwidth from pinned
+  memory (llama.cpp pins host buffers when mmap is off on a CUDA build) and from
+  ordinary pageable memory (mmap on).
+* ``gpu_mem_bw`` / ``cpu_mem_bw``: memory bandwidth, for the decode estimate.
+* ``gpu_reserved``: VRAM the driver and the CUDA context take before llama.cpp
+  allocates anything (not usable by the model).
+
+The RTX 3090 figures are *calibrated* (``gpu_flops`` 46e12, ``h2d_pinned``
+25.3e9, solved from two measurements): with them the planner's speed model
+reproduces the recipe's two measurements on that card (Qwen3.6-35B-A3B Q6_K at
+64K context: 564 prompt tokens/s at ``-b 512 -ub 128``, 1330 at ``-b 1024 -ub 512``
+with 8 layers' experts on the CPU) within 20%; see :mod:`pipeline.plan`. The other
+cards scale the 3090's efficiency (effective / datasheet dense f16 tensor FLOP/s)
+to their own datasheet figures: estimates, to be replaced by ``rag tune``.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from .errors import ConfigError
+
+GiB = 1024**3
+GB = 1e9
+
+#: Effective / datasheet dense f16 tensor FLOP/s, from the 3090 calibration (46 / 71 TFLOP/s).
+#: Hopper cards get about half of it: llama.cpp's CUDA kernels do not use Hopper's wgmma path.
+_EFFICIENCY = 0.65
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One machine: a GPU (``vram == 0`` for none) and its host."""
+
+    name: str
+    gpu_name: str
+    vram: int  # bytes of GPU memory in total
+    gpu_flops: float  # effective FLOP/s for prefill matrix products
+    h2d_pinned: float  # host-to-device bytes/s from pinned memory
+    h2d_pageable: float  # host-to-device bytes/s from pageable memory
+    cpu_flops: float  # effective FLOP/s of llama.cpp's CPU matrix products (all threads)
+    ram: int  # bytes of host memory
+    gpu_mem_bw: float = 900 * GB  # bytes/s
+    cpu_mem_bw: float = 50 * GB  # bytes/s
+    gpu_reserved: int = 300 * 1024**2  # bytes taken by driver + CUDA context
+    attn_efficiency: float = 0.5  # attention FLOP/s as a fraction of gpu_flops
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.vram > 0
+
+    def h2d(self, *, pinned: bool) -> float:
+        return self.h2d_pinned if pinned else self.h2d_pageable
+
+    def with_ram(self, ram: int | None = None) -> HardwareProfile:
+        """This profile with the host RAM of this machine (``/proc/meminfo``), or ``ram`` bytes."""
+        return replace(self, ram=int(ram if ram is not None else detect_ram()))
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def to_toml(self) -> str:
+        lines = ["[hardware]"]
+        for key, value in self.to_dict().items():
+            if isinstance(value, str):
+                lines.append(f'{key} = "{_escape(value)}"')
+            elif isinstance(value, float):
+                lines.append(f"{key} = {value!r}")
+            else:
+                lines.append(f"{key} = {int(value)}")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> HardwareProfile:
+        known = {f.name: f for f in fields(cls)}
+        unknown = set(data) - set(known)
+        if unknown:
+            raise ConfigError(f"Unknown hardware profile key(s): {', '.join(sorted(unknown))}.")
+        base = PROFILES.get(str(data.get("name", "")), None)
+        values: dict[str, object] = base.to_dict() if base else {}
+        values.update(data)
+        missing = [n for n in known if n not in values]
+        if missing:
+            raise ConfigError(f"The hardware profile lacks: {', '.join(missing)}.")
+        out: dict[str, object] = {}
+        for name, f in known.items():
+            v = values[name]
+            try:
+                if f.type in ("int", int):
+                    out[name] = int(v)  # type: ignore[arg-type]
+                elif f.type in ("float", float):
+                    out[name] = float(v)  # type: ignore[arg-type]
+                else:
+                    out[name] = str(v)
+            except (TypeError, ValueError):
+                raise ConfigError(f"Hardware profile key {name} has a bad value {v!r}.") from None
+            if isinstance(out[name], (int, float)) and out[name] < 0:  # type: ignore[operator]
+                raise ConfigError(f"Hardware profile key {name} cannot be negative ({v!r}).")
+        return cls(**out)  # type: ignore[arg-type]
+
+
+def _escape(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _gpu(name: str, gpu_name: str, vram_gib: float, peak_tflops: float, pcie_gen: int, mem_bw_gbs: float,
+         efficiency: float = _EFFICIENCY, **kw: object) -> HardwareProfile:
+    pinned = {4: 25.0, 5: 50.0}[pcie_gen] * GB
+    return HardwareProfile(
+        name=name, gpu_name=gpu_name, vram=int(vram_gib * GiB),
+        gpu_flops=peak_tflops * 1e12 * efficiency,
+        h2d_pinned=pinned, h2d_pageable=pinned / 2,
+        cpu_flops=1.0e12, ram=128 * GiB, gpu_mem_bw=mem_bw_gbs * GB, cpu_mem_bw=60 * GB,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+#: Built-in profiles. ``rtx3090`` is calibrated (see the module docstring); the
+#: others scale the same efficiency to datasheet figures. Host figures (CPU FLOP/s,
+#: RAM, CPU memory bandwidth) are typical of the machines these cards sit in; use
+#: :meth:`HardwareProfile.with_ram` or a saved profile for the real ones.
+PROFILES: dict[str, HardwareProfile] = {
+    "rtx3090": HardwareProfile(
+        name="rtx3090", gpu_name="NVIDIA GeForce RTX 3090", vram=24 * GiB,
+        gpu_flops=46.0e12, h2d_pinned=25.3 * GB, h2d_pageable=12.6 * GB,
+        cpu_flops=1.0e12, ram=64 * GiB, gpu_mem_bw=936 * GB, cpu_mem_bw=50 * GB,
+    ),
+    "rtx4090": _gpu("rtx4090", "NVIDIA GeForce RTX 4090", 24, 165.2, 4, 1008),
+    "a100-40gb": _gpu("a100-40gb", "NVIDIA A100-SXM4-40GB", 40, 312, 4, 1555),
+    "a100-80gb": _gpu("a100-80gb", "NVIDIA A100-SXM4-80GB", 80, 312, 4, 2039),
+    "h100": _gpu("h100", "NVIDIA H100 80GB HBM3", 80, 989, 5, 3350, efficiency=0.3, attn_efficiency=0.4),
+    "h200": _gpu("h200", "NVIDIA H200", 143771 / 1024, 989, 5, 4800, efficiency=0.3, attn_efficiency=0.4),
+    "cpu": HardwareProfile(
+        name="cpu", gpu_name="", vram=0, gpu_flops=0.0, h2d_pinned=0.0, h2d_pageable=0.0,
+        cpu_flops=0.3e12, ram=32 * GiB, gpu_mem_bw=0.0, cpu_mem_bw=40 * GB, gpu_reserved=0,
+    ),
+}
+
+
+def get_profile(name: str) -> HardwareProfile:
+    """A built-in profile by name (``rtx3090``, ``rtx4090``, ``a100-40gb``, ``a100-80gb``, ``h100``, ``h200``, ``cpu``)."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ConfigError(f"Unknown hardware profile {name!r}; built in: {', '.join(PROFILES)}.") from None
+
+
+def load_profile(path: str | os.PathLike[str]) -> HardwareProfile:
+    """Read a profile TOML (a ``[hardware]`` table; keys missing there come from the built-in profile of that ``name``)."""
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"Cannot read the hardware profile {path}: {exc}") from None
+    table = data.get("hardware", data)
+    if not isinstance(table, dict):
+        raise ConfigError(f"The hardware profile {path} has no [hardware] table.")
+    return HardwareProfile.from_dict(table)
+
+
+def save_profile(profile: HardwareProfile, path: str | os.PathLike[str]) -> Path:
+    """Write ``profile`` as TOML to ``path`` (atomically) and return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(profile.to_toml(), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def _meminfo(key: str, text: str | None = None) -> int:
+    if text is None:
+        text = Path("/proc/meminfo").read_text()
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name.strip() == key:
+            parts = rest.split()
+            scale = 1024 if len(parts) > 1 and parts[1].lower() == "kb" else 1
+            return int(parts[0]) * scale
+    raise ConfigError(f"/proc/meminfo has no {key}.")
+
+
+def detect_ram(*, available: bool = False, meminfo: str | None = None) -> int:
+    """Bytes of host RAM from ``/proc/meminfo``: ``MemTotal``, or ``MemAvailable`` with ``available=True``."""
+    return _meminfo("MemAvailable" if available else "MemTotal", meminfo)
+
+
+__all__ = ["GB", "GiB", "HardwareProfile", "PROFILES", "detect_ram", "get_profile", "load_profile", "save_profile"]
