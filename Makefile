@@ -1,4 +1,4 @@
-# `make demo` sets everything up and runs rag on samples/; `make test` runs the whole test suite.
+# `make demo` sets everything up and answers a question about samples/; `make test` runs the whole test suite.
 .PHONY: setup demo test bench clean
 
 setup:
@@ -6,13 +6,14 @@ setup:
 
 demo: setup
 	.venv/bin/rag ingest samples/
-	.venv/bin/rag search "How many layers' experts were kept on the CPU, and what did -ub change?"
+	.venv/bin/rag ask --stats "How much faster was prefill with 8 layers' experts on the CPU?"
 
 test: setup
 	.venv/bin/python -m pytest -q
 
 bench: setup
 	.venv/bin/python benchmarks/ingest.py
+	.venv/bin/python benchmarks/prefill.py
 
 clean:
 	rm -rf .venv
