@@ -237,3 +237,119 @@ def tensor_names(path: str | os.PathLike[str]) -> list[str]:
 
 
 __all__ = ["CHATML_TEMPLATE", "byte_vocab", "moe_tensor_shapes", "tensor_names", "write_moe_model"]
+
+
+def write_timing_moe_model(
+    path: str | os.PathLike[str],
+    *,
+    qtype: str = "q8_0",
+    n_layers: int = 4,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    head_dim: int = 16,
+    n_experts: int = 8,
+    n_experts_used: int = 2,
+    expert_ff: int = 32,
+    n_ctx_train: int = 65536,
+    vocab: str | int = "bytes",
+    seed: int = 0,
+) -> Path:
+    """A timing-only qwen3moe model with quantized (``q8_0``/``q4_0``) or ``f16`` zero matrices.
+
+    Unlike ``write_moe_model(zero=True)``, routing still varies from token to token:
+    the token embeddings (f16) and the routers (f32) are random, every other matrix is
+    zero (a zero q8_0/q4_0 block is all zero bytes), so the residual stream stays the
+    embedding and each token picks its own experts, as with a real model (this matters
+    where llama.cpp copies only the experts a micro-batch uses). Sizes match a real
+    model quantized to ``qtype`` throughout. Written atomically; returns the path.
+    """
+    import gguf
+
+    qtypes = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0,
+              "f16": gguf.GGMLQuantizationType.F16}
+    if qtype not in qtypes:
+        raise ConfigError(f"qtype must be one of {', '.join(qtypes)}, not {qtype!r}.")
+    block, type_size = gguf.GGML_QUANT_SIZES[qtypes[qtype]]
+    if n_embd % block or expert_ff % block or (n_head * head_dim) % block:
+        raise ConfigError(f"{qtype} needs every matrix row to be a multiple of {block} values.")
+    tokens, types, merges = byte_vocab() if vocab == "bytes" else byte_vocab(int(vocab))
+    shapes = moe_tensor_shapes(
+        n_layers=n_layers, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+        n_experts=n_experts, expert_ff=expert_ff, n_vocab=len(tokens),
+    )
+    rng = np.random.default_rng(seed)
+
+    def kind(name: str, shape: tuple[int, ...]) -> str:
+        if len(shape) == 1 or ".ffn_gate_inp." in name:
+            return "f32"
+        if name == "token_embd.weight":
+            return "f16"
+        return qtype
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        writer = gguf.GGUFWriter(tmp, "qwen3moe")
+        try:
+            writer.add_name("synthetic-moe-timing")
+            writer.add_context_length(n_ctx_train)
+            writer.add_embedding_length(n_embd)
+            writer.add_block_count(n_layers)
+            writer.add_feed_forward_length(expert_ff)
+            writer.add_expert_feed_forward_length(expert_ff)
+            writer.add_head_count(n_head)
+            writer.add_head_count_kv(n_head_kv)
+            writer.add_key_length(head_dim)
+            writer.add_value_length(head_dim)
+            writer.add_rope_freq_base(1_000_000.0)
+            writer.add_layer_norm_rms_eps(1e-6)
+            writer.add_expert_count(n_experts)
+            writer.add_expert_used_count(n_experts_used)
+            writer.add_tokenizer_model("gpt2")
+            writer.add_tokenizer_pre("qwen2")
+            writer.add_token_list(tokens)
+            writer.add_token_types(types)
+            writer.add_token_merges(merges)
+            writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+            writer.add_eos_token_id(tokens.index("<|im_end|>"))
+            writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+            writer.add_add_bos_token(False)
+            writer.add_chat_template(CHATML_TEMPLATE)
+            for name, shape in shapes:
+                k = kind(name, shape)
+                if k == "f32":
+                    writer.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+                elif k == "f16" or qtype == "f16":
+                    writer.add_tensor_info(name, shape, np.dtype(np.float16), int(np.prod(shape)) * 2)
+                else:
+                    byte_shape = (*shape[:-1], shape[-1] // block * type_size)
+                    writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
+                                           raw_dtype=qtypes[qtype])
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            for name, shape in shapes:
+                k = kind(name, shape)
+                if name.endswith("norm.weight"):
+                    data = np.ones(shape, dtype=np.float32)
+                elif k == "f32":
+                    data = (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(np.float32)
+                elif name == "token_embd.weight":
+                    data = rng.standard_normal(shape, dtype=np.float32).astype(np.float16)
+                elif qtype == "f16":
+                    data = np.zeros(shape, dtype=np.float16)
+                else:
+                    data = np.zeros((*shape[:-1], shape[-1] // block * type_size), dtype=np.uint8)
+                writer.write_tensor_data(data)
+        finally:
+            writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+__all__ = [*__all__, "write_timing_moe_model"]
