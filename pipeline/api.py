@@ -137,7 +137,17 @@ class Pipeline:
 
         path = models.resolve(self.config.models.generator, home=self.config.home_path,
                               what="generator", log=self._log)
-        return Engine(path, self.config.engine, log=self._log)
+        return Engine(path, self.config.engine, log=self._log, cache=self.prefix_cache,
+                      cache_min_tokens=self.config.cache.min_tokens)
+
+    @cached_property
+    def prefix_cache(self):
+        """The on-disk prefix KV cache, or None when ``cache.enabled`` is off."""
+        if not self.config.cache.enabled:
+            return None
+        from .cache import PrefixCache
+
+        return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
 
     @contextmanager
     def store(self) -> Iterator[Store]:
@@ -191,7 +201,7 @@ class Pipeline:
         prompt, notes = self._prompt(question, doc=doc, top_k=top_k)
         a = self.config.ask
         generation = self.engine.generate(prompt.tokens, max_tokens=a.max_tokens, temperature=a.temperature,
-                                          repeat_penalty=a.repeat_penalty)
+                                          repeat_penalty=a.repeat_penalty, prefix_len=len(prompt.prefix_tokens))
         return AnswerStream(question, prompt, generation, notes)
 
     def _prompt(self, question: str, *, doc, top_k: int | None) -> "tuple[Prompt, list[str]]":
@@ -235,6 +245,38 @@ class Pipeline:
             notes.append("the best passage alone exceeds the context: it was cut at a sentence boundary")
         return prompt, notes
 
+    def warm(self, *, progress: Callable[[str, str], None] | None = None) -> dict[str, str]:
+        """Save the prefix state of every document's whole-document prompt (the ``ask --doc`` layout).
+
+        Returns ``{source: outcome}`` with outcome "saved", "cached" (already there) or
+        "too long" (does not fit the context; questions about it use retrieved passages).
+        """
+        from .context import pack
+        from .retrieve import whole_document
+
+        if self.prefix_cache is None:
+            from .errors import ConfigError
+
+            raise ConfigError("the prefix cache is off (cache.enabled = false): nothing to warm")
+        engine, a = self.engine, self.config.ask
+        with self.store() as store:
+            store.require()
+            prompts = {}
+            for source in sorted(store.documents()):
+                prompts[source] = pack(whole_document(source, store=store), "", chat=engine.chat,
+                                       tokenize=engine.tokenize, bos=engine.bos, n_ctx=engine.n_ctx,
+                                       reserve=a.max_tokens, system=a.system_prompt)
+        outcomes = {}
+        for source, prompt in prompts.items():
+            if prompt.dropped or prompt.truncated:
+                outcome = "too long"
+            else:
+                outcome = "saved" if engine.warm(prompt.prefix_tokens) else "cached"
+            outcomes[source] = outcome
+            if progress:
+                progress(source, outcome)
+        return outcomes
+
     def status(self) -> CollectionStatus:
         """What the collection holds; never creates anything."""
         path = self.config.store_path
@@ -269,7 +311,7 @@ class Pipeline:
             return True
 
     def close(self) -> None:
-        for name in ("embedder", "engine"):
+        for name in ("embedder", "engine", "prefix_cache"):
             resource = self.__dict__.pop(name, None)
             if resource is not None:
                 resource.close()

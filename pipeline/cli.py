@@ -79,10 +79,11 @@ def cli(config_path: Path | None) -> None:
 @store_options
 @click.option("--prune", is_flag=True, help="Remove documents whose files disappeared from the given folders.")
 @click.option("--strict", is_flag=True, help="Exit with status 1 if any file could not be read.")
+@click.option("--warm", is_flag=True, help="Then save each document's prompt state (see `rag warm`).")
 @json_option
 @click.pass_context
 @handles_errors
-def ingest(ctx, paths, collection, store_path, prune, strict, as_json):
+def ingest(ctx, paths, collection, store_path, prune, strict, warm, as_json):
     """Load, chunk, embed and store the documents under PATHS.
 
     PDF, Markdown, text and HTML files are indexed; other files are skipped. Unchanged
@@ -92,17 +93,95 @@ def ingest(ctx, paths, collection, store_path, prune, strict, as_json):
     bar = _IngestBar(enabled=not as_json and sys.stderr.isatty())
     try:
         report = rag.ingest(paths, prune=prune, progress=bar.event)
+        bar.close()
+        if not as_json:
+            for f in report.failed:
+                click.echo(f"failed: {f.path}: {f.reason}", err=True)
+            click.echo(report.summary())
+        warmed = _warm(rag, quiet=as_json) if warm else None
     finally:
         bar.close()
         rag.close()
     if as_json:
-        _echo_json(report.to_dict())
-    else:
-        for f in report.failed:
-            click.echo(f"failed: {f.path}: {f.reason}", err=True)
-        click.echo(report.summary())
+        data = report.to_dict()
+        if warmed is not None:
+            data["warm"] = warmed
+        _echo_json(data)
     if strict and report.failed:
         ctx.exit(1)
+
+
+def _warm(rag, *, quiet: bool) -> dict[str, str]:
+    def show(source: str, outcome: str) -> None:
+        if not quiet:
+            click.echo(f"warm: {_display_path(source)}: {outcome}", err=True)
+
+    outcomes = rag.warm(progress=show)
+    if not quiet:
+        counts = {k: list(outcomes.values()).count(k) for k in ("saved", "cached", "too long")}
+        click.echo(f"warmed {len(outcomes)} documents: {counts['saved']} saved, {counts['cached']} already "
+                   f"cached, {counts['too long']} too long for the context")
+    return outcomes
+
+
+@cli.command()
+@store_options
+@json_option
+@click.pass_context
+@handles_errors
+def warm(ctx, collection, store_path, as_json):
+    """Prefill and save each document's whole-document prompt, so the first question is fast too.
+
+    Uses the layout of `rag ask --doc`; documents longer than the context are skipped.
+    """
+    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+        outcomes = _warm(rag, quiet=as_json)
+    if as_json:
+        _echo_json(outcomes)
+
+
+@cli.group()
+def cache():
+    """Inspect or clear the prefix KV cache (saved prompt states)."""
+
+
+@cache.command("stats")
+@json_option
+@click.pass_context
+@handles_errors
+def cache_stats(ctx, as_json):
+    """Show entries, size, hits and bytes per token of the prefix cache."""
+    rag = _pipeline(ctx)
+    if rag.prefix_cache is None:
+        raise click.ClickException("the prefix cache is off (cache.enabled = false)")
+    try:
+        st = rag.prefix_cache.stats()
+    finally:
+        rag.close()
+    if as_json:
+        _echo_json(st)
+        return
+    for key, value in st.items():
+        if not isinstance(value, (dict, list)):
+            click.echo(f"{key + ':':22} {value:,}" if isinstance(value, int) else f"{key + ':':22} {value}")
+
+
+@cache.command("clear")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+@handles_errors
+def cache_clear(ctx, yes):
+    """Delete every saved prefix state."""
+    rag = _pipeline(ctx)
+    if rag.prefix_cache is None:
+        raise click.ClickException("the prefix cache is off (cache.enabled = false)")
+    try:
+        if not yes:
+            click.confirm(f"Delete every saved prefix state in {rag.config.cache_path}?", abort=True)
+        n = rag.prefix_cache.clear()
+    finally:
+        rag.close()
+    click.echo(f"deleted {n} cached prefix states")
 
 
 class _IngestBar:

@@ -114,6 +114,20 @@ class AskConfig:
 
 
 @dataclass(frozen=True)
+class CacheConfig:
+    """Prefix KV states on disk: prompts that start like an earlier one skip that part of prefill.
+
+    An empty ``path`` means ``$RAG_HOME/cache``. Prefixes shorter than ``min_tokens``
+    are not worth a file.
+    """
+
+    enabled: bool = True
+    path: str = ""
+    max_gb: float = 8.0
+    min_tokens: int = 256
+
+
+@dataclass(frozen=True)
 class Config:
     """All settings. ``home`` empty means ``$RAG_HOME`` or the per-user cache directory."""
 
@@ -125,10 +139,15 @@ class Config:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     ask: AskConfig = field(default_factory=AskConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
 
     @property
     def home_path(self) -> Path:
         return resolve_home(self.home)
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache.path).expanduser() if self.cache.path else self.home_path / "cache"
 
     @property
     def store_path(self) -> Path:
@@ -175,6 +194,8 @@ class Config:
             raise ConfigError("ask.top_k and ask.max_tokens must be >= 1, ask.neighbours >= 0")
         if not 0.0 <= a.mmr_lambda <= 1.0 or a.temperature < 0 or a.repeat_penalty <= 0:
             raise ConfigError("ask.mmr_lambda must be in [0, 1], ask.temperature >= 0, ask.repeat_penalty > 0")
+        if self.cache.max_gb <= 0 or self.cache.min_tokens < 1:
+            raise ConfigError("cache.max_gb must be > 0 and cache.min_tokens >= 1")
         return self
 
 
@@ -364,6 +385,6 @@ def _toml_value(value: Any) -> str:
 
 __all__ = [
     "Config", "ModelsConfig", "ChunkingConfig", "EmbedConfig", "StoreConfig", "RetrievalConfig",
-    "EngineConfig", "AskConfig",
+    "EngineConfig", "AskConfig", "CacheConfig",
     "load_config", "read_toml", "env_settings", "resolve_home", "to_toml",
 ]

@@ -157,9 +157,12 @@ class Generation:
 class Engine:
     """One generator model in llama.cpp. The model loads on first use."""
 
-    def __init__(self, model_path: Path, settings: EngineConfig, *, log: Callable[[str], None] | None = None):
+    def __init__(self, model_path: Path, settings: EngineConfig, *, log: Callable[[str], None] | None = None,
+                 cache=None, cache_min_tokens: int = 256):
         self.model_path = Path(model_path)
         self.settings = settings
+        self.cache = cache  # a PrefixCache, or None
+        self.cache_min_tokens = cache_min_tokens
         self._log = log or (lambda message: None)
         self._tokens: list[int] = []  # what the KV cache holds, position by position
         self.load_seconds = 0.0
@@ -261,6 +264,15 @@ class Engine:
         model = self.llm._model.model
         return not (llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
 
+    @cached_property
+    def namespace(self) -> str:
+        """The prefix cache's namespace: this model file and every setting that shapes its KV contents."""
+        from .cache import model_identity, namespace
+
+        s = self.settings
+        return namespace(model_identity(self.model_path), n_ctx=self.n_ctx, type_k=s.type_k, type_v=s.type_v,
+                         flash_attn=s.flash_attn, rope_scaling=s.rope_scaling, rope_freq_scale=s.rope_freq_scale)
+
     # -- text ---------------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
@@ -300,12 +312,12 @@ class Engine:
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.llm._ctx.ctx), True)
         self._tokens = []
 
-    def _keep_prefix(self, tokens: Sequence[int]) -> int:
-        """Keep the longest common prefix of the KV cache and ``tokens``; return its length."""
+    def _keep_prefix(self, tokens: Sequence[int], *, limit: int | None = None) -> int:
+        """Keep the longest common prefix (at most ``limit`` tokens) of the KV cache and ``tokens``."""
         import llama_cpp
 
         n = 0
-        limit = min(len(self._tokens), len(tokens) - 1)  # always prefill at least one token for logits
+        limit = min(len(self._tokens), len(tokens) - 1, len(tokens) if limit is None else limit)
         while n < limit and self._tokens[n] == tokens[n]:
             n += 1
         if n == len(self._tokens):
@@ -335,17 +347,63 @@ class Engine:
             self._tokens.extend(piece)
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
-                 repeat_penalty: float = 1.0, seed: int | None = None,
+                 repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
                  stats: EngineStats | None = None) -> Generation:
-        """Stream the completion of ``tokens``; reuses the KV cache's common prefix, if any."""
+        """Stream the completion of ``tokens``.
+
+        The KV cache's common prefix with the previous prompt is reused; with a prefix
+        cache, ``tokens[:prefix_len]`` (the part shared by other prompts) is restored from
+        disk when saved before, and saved after prefill when not.
+        """
         if len(tokens) + 1 > self.n_ctx:
             raise EngineError(f"the prompt has {len(tokens):,} tokens; the context holds {self.n_ctx:,}")
         stats = stats or EngineStats()
         stats.prompt_tokens = len(tokens)
         sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
-        return Generation(self._run(list(tokens), max_tokens, sampling, stats), stats)
+        return Generation(self._run(list(tokens), max_tokens, sampling, stats, prefix_len), stats)
 
-    def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats) -> Iterator[str]:
+    def _use_disk_cache(self, prefix_len: int, stats: EngineStats) -> bool:
+        if self.cache is None or prefix_len < self.cache_min_tokens:
+            return False
+        if not self.can_trim:
+            stats.cache = "unsupported"
+            stats.notes.append("prefix states of recurrent/hybrid models are not cached: full prefill")
+            return False
+        return True
+
+    def _restore(self, tokens: list[int], prefix_len: int, reused: int, stats: EngineStats) -> int:
+        """Load the longest saved prefix of ``tokens`` if it beats what the KV cache already holds."""
+        entry = self.cache.lookup(self.namespace, tokens, max_tokens=len(tokens) - 1,
+                                  min_tokens=max(reused + 1, self.cache_min_tokens))
+        if entry is None:
+            if reused < prefix_len:
+                stats.cache = "miss"
+            return reused
+        self._reset()
+        if not self.cache.load(entry, self.llm._ctx.ctx):
+            stats.notes.append(f"a cached prefix state was ignored and deleted: {self.cache.last_error}")
+            stats.cache = "miss"
+            self._reset()
+            return 0
+        self._tokens = list(tokens[:entry.n_tokens])
+        stats.cache = "disk"
+        stats.cache_load_seconds = self.cache.last_load_seconds
+        return entry.n_tokens
+
+    def warm(self, prefix: Sequence[int]) -> bool:
+        """Prefill ``prefix`` and save its state, unless it is already saved. True if it was saved now."""
+        stats = EngineStats()
+        if not self._use_disk_cache(len(prefix), stats):
+            return False
+        prefix = list(prefix)
+        if self.cache.lookup(self.namespace, prefix, max_tokens=len(prefix), min_tokens=len(prefix)):
+            return False
+        self._keep_prefix(prefix + [-1])  # -1 never matches: keeps up to the whole prefix if it is there
+        self.prefill(prefix, start=len(self._tokens))
+        return self.cache.save(self.namespace, prefix, self.llm._ctx.ctx) is not None
+
+    def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
+             prefix_len: int = 0) -> Iterator[str]:
         import llama_cpp
 
         llm = self.llm
@@ -353,14 +411,22 @@ class Engine:
         stats.notes.extend(self.notes)
         ctx = llm._ctx.ctx
         t0 = time.perf_counter()
-        reused = self._keep_prefix(tokens)
-        if reused and stats.cache == "none":
+        # The prompt is always decoded in two parts split at prefix_len, and nothing past
+        # prefix_len is reused: a restored or reused prefix then leaves the computation
+        # exactly as it is without any cache, so greedy answers match token for token.
+        reused = self._keep_prefix(tokens, limit=prefix_len or None)
+        if reused:
             stats.cache = "memory"
-        if not self.can_trim and stats.cache == "none" and self._tokens == []:
-            stats.notes.append("this model's memory cannot be cut at a prefix: full prefill")
-        stats.cached_tokens = max(stats.cached_tokens, reused)
+        disk = self._use_disk_cache(prefix_len, stats)
+        if disk and reused < prefix_len:
+            reused = self._restore(tokens, prefix_len, reused, stats)
+        stats.cached_tokens = reused
         llama_cpp.llama_perf_context_reset(ctx)
         t_prefill = time.perf_counter()
+        if len(self._tokens) < prefix_len:
+            self.prefill(tokens[:prefix_len], start=len(self._tokens))
+            if disk and self.cache.save(self.namespace, tokens[:prefix_len], ctx) is None and self.cache.last_error:
+                stats.notes.append(f"prefix state not saved: {self.cache.last_error}")
         self.prefill(tokens, start=len(self._tokens))
         stats.prefill_tokens = len(tokens) - reused
 

@@ -35,13 +35,14 @@ def model_home() -> Path:
 
 @pytest.fixture
 def store_dir(tmp_path, monkeypatch, model_home) -> Path:
-    """A fresh store directory, also exported so CLI runs and subprocesses use it."""
+    """A fresh store (and prefix cache) directory, exported so CLI runs and subprocesses use it."""
     path = tmp_path / "store"
-    monkeypatch.setenv("RAG_STORE_PATH", str(path))
-    monkeypatch.setenv("RAG_HOME", str(model_home))
     for name in list(os.environ):
-        if name.startswith("RAG_") and name not in ("RAG_STORE_PATH", "RAG_HOME"):
+        if name.startswith("RAG_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("RAG_STORE_PATH", str(path))
+    monkeypatch.setenv("RAG_CACHE_PATH", str(tmp_path / "cache"))
+    monkeypatch.setenv("RAG_HOME", str(model_home))
     return path
 
 

@@ -1,0 +1,83 @@
+"""The prefix cache wired into ``rag ask``: across processes, warm-up, invalidation, damage."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import cli
+
+FAST = {"engine__n_ctx": 1024, "ask__max_tokens": 16, "cache__min_tokens": 16}
+
+
+@pytest.fixture
+def cached(make_pipeline, corpus, tmp_path):
+    """Pipeline factory sharing one cache directory in tmp_path (a fresh Pipeline = a fresh process)."""
+    make_pipeline().ingest([corpus])
+
+    def factory(**kw):
+        return make_pipeline(cache__path=str(tmp_path / "cache"), **{**FAST, **kw})
+
+    return factory
+
+
+def test_second_question_on_a_document_restores_the_prefix_and_answers_the_same(cached, corpus):
+    doc = corpus / "guide.md"
+    first = cached().ask("What does --n-cpu-moe do?", doc=doc)
+    assert first.stats.cache == "miss" and first.stats.cached_tokens == 0
+    second = cached().ask("What does --n-cpu-moe do?", doc=doc)  # a new pipeline: nothing in memory
+    assert second.stats.cache == "disk"
+    assert second.stats.cached_tokens > 0 and second.stats.cache_load_seconds > 0
+    assert second.stats.prefill_tokens == second.stats.prompt_tokens - second.stats.cached_tokens
+    uncached = cached(cache__enabled=False).ask("What does --n-cpu-moe do?", doc=doc)
+    assert second.text == first.text == uncached.text  # greedy decoding: lossless
+    other = cached().ask("Why do larger micro-batches help?", doc=doc)
+    assert other.stats.cache == "disk" and other.stats.cached_tokens == second.stats.cached_tokens
+
+
+def test_warm_makes_the_first_question_fast(cached, corpus):
+    rag = cached()
+    outcomes = rag.warm()
+    assert set(outcomes.values()) == {"saved"} and len(outcomes) == 4
+    assert set(cached().warm().values()) == {"cached"}
+    answer = cached().ask("What colour is a banana?", doc=corpus / "manual.pdf")
+    assert answer.stats.cache == "disk" and answer.stats.cached_tokens > 0
+
+
+def test_a_changed_document_never_uses_old_states(cached, make_pipeline, corpus):
+    doc = corpus / "notes.txt"
+    cached().ask("Which client runs Chroma as a server?", doc=doc)
+    doc.write_text("Chroma can also run in a container; HttpClient talks to it over HTTP.\n")
+    make_pipeline().ingest([corpus])
+    answer = cached().ask("Which client runs Chroma as a server?", doc=doc)
+    assert answer.stats.cache == "miss" and answer.stats.cached_tokens == 0
+
+
+def test_damaged_state_file_is_ignored_deleted_and_the_answer_still_right(cached, corpus, tmp_path):
+    doc = corpus / "guide.md"
+    good = cached().ask("What reduces memory traffic?", doc=doc)
+    states = list((tmp_path / "cache").glob("*.state"))
+    assert len(states) == 1
+    data = bytearray(states[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    states[0].write_bytes(bytes(data))
+    again = cached().ask("What reduces memory traffic?", doc=doc)
+    assert again.text == good.text and again.stats.cache == "miss"
+    assert any("ignored and deleted" in n for n in again.notes)
+    assert not states[0].exists()
+
+
+def test_cli_warm_stats_and_clear(store_dir, corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAG_CACHE_PATH", str(tmp_path / "cache"))
+    monkeypatch.setenv("RAG_CACHE_MIN_TOKENS", "16")
+    monkeypatch.setenv("RAG_ENGINE_N_CTX", "1024")
+    runner = CliRunner()
+    out = runner.invoke(cli, ["ingest", str(corpus), "--warm"])
+    assert out.exit_code == 0, out.output
+    assert "warmed 4 documents: 4 saved" in out.output
+    stats = json.loads(runner.invoke(cli, ["cache", "stats", "--json"]).output)
+    assert stats["entries"] == 4 and stats["bytes"] > 0 and stats["bytes_per_token"] > 0
+    assert "deleted 4 cached prefix states" in runner.invoke(cli, ["cache", "clear", "--yes"]).output
+    assert json.loads(runner.invoke(cli, ["cache", "stats", "--json"]).output)["entries"] == 0
