@@ -81,7 +81,7 @@ def build(args: argparse.Namespace, log) -> None:
 
 def model_spec_from_shapes(qtype: str):
     """The planner's spec of the timing model, from the shapes alone (nothing written)."""
-    from pipeline.plan import ModelSpec
+    from pipeline.spec import ModelSpec
     from pipeline.synthetic import byte_vocab, moe_tensor_shapes
 
     s = QWEN3_30B_A3B

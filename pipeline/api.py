@@ -137,8 +137,96 @@ class Pipeline:
 
         path = models.resolve(self.config.models.generator, home=self.config.home_path,
                               what="generator", log=self._log)
-        return Engine(path, self.config.engine, log=self._log, cache=self.prefix_cache,
+        return Engine(path, self.engine_settings(path), log=self._log, cache=self.prefix_cache,
                       cache_min_tokens=self.config.cache.min_tokens)
+
+    def engine_settings(self, model_path: Path):
+        """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""
+        import dataclasses
+
+        from .config import EngineConfig
+
+        settings = self.config.engine
+        if not settings.tuned:
+            return settings
+        from .engine import ModelInfo
+        from .tune import tuned_settings
+
+        n_ctx = settings.n_ctx or ModelInfo.read(model_path).n_ctx_train
+        tuned = tuned_settings(self.config.home_path, model_path, n_ctx)
+        default = EngineConfig()
+        changes = {k.split(".", 1)[1]: v for k, v in tuned.items()
+                   if getattr(settings, k.split(".", 1)[1]) == getattr(default, k.split(".", 1)[1])}
+        if changes and self._log:
+            self._log("using tuned settings: " + ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
+        return dataclasses.replace(settings, **changes)
+
+    def plan(self, model: str | Path | None = None, *, builtin_spec: str | None = None, quant: str = "Q6_K",
+             hardware: str | Path | None = None, vram_gb: float | None = None, ram_gb: float | None = None,
+             n_ctx: int | None = None, kv: str | None = None, n_batch: int | None = None,
+             n_ubatch: int | None = None) -> dict:
+        """The fastest estimated offload/batch plan that fits, with llama.cpp's fit (modelled) beside it.
+
+        ``model`` is a GGUF (default: the configured generator) unless ``builtin_spec`` names
+        published shapes ("qwen3.6-35b-a3b"); ``hardware`` is a built-in profile name or a
+        profile TOML (default: the one ``rag tune`` saved, else "cpu"); ``kv`` "auto" searches
+        the KV cache type.
+        """
+        import dataclasses
+
+        from . import hardware as hw_mod
+        from . import plan as plan_mod
+        from .errors import ConfigError
+        from .spec import ModelSpec
+
+        if builtin_spec:
+            if builtin_spec.lower().replace(".", "") not in ("qwen36-35b-a3b", "qwen3635ba3b"):
+                raise ConfigError(f"unknown model spec {builtin_spec!r} (known: qwen3.6-35b-a3b)")
+            spec = ModelSpec.qwen36_35b_a3b(quant=quant)
+        else:
+            ref = str(model) if model else self.config.models.generator
+            spec = ModelSpec.from_gguf(models.resolve(ref, home=self.config.home_path, what="model",
+                                                      log=self._log))
+        saved = self.config.home_path / "hardware.toml"
+        if hardware is None:
+            hw = hw_mod.load_profile(saved) if saved.exists() else hw_mod.get_profile("cpu").with_ram()
+        elif Path(str(hardware)).suffix == ".toml":
+            hw = hw_mod.load_profile(hardware)
+        else:
+            hw = hw_mod.get_profile(str(hardware))
+        if vram_gb is not None:
+            hw = dataclasses.replace(hw, vram=int(vram_gb * 2**30))
+        if ram_gb is not None:
+            hw = dataclasses.replace(hw, ram=int(ram_gb * 2**30))
+        n_ctx = n_ctx or self.config.engine.n_ctx or spec.n_ctx_train
+        kv_types = ("f16", "q8_0", "q4_0") if kv == "auto" else (kv or self.config.engine.type_k)
+        best = plan_mod.plan(spec, hw, n_ctx=n_ctx, kv_types=kv_types, n_batch=n_batch, n_ubatch=n_ubatch)
+        fit = plan_mod.fit_like(spec, hw, n_ctx=n_ctx, kv=best.plan.type_k)
+        return {"plan": best, "fit": fit, "hardware": hw}
+
+    def tune(self, *, max_seconds: float = 120.0, n_tokens: int | None = None, measure_hardware: bool = False,
+             progress=None):
+        """Measure candidate settings on this machine, save the fastest as this model's profile.
+
+        Returns ``(TuneResult, profile path)``; later ``ask`` calls pick the profile up.
+        """
+        from . import hardware as hw_mod
+        from . import tune as tune_mod
+        from .engine import ModelInfo
+
+        path = models.resolve(self.config.models.generator, home=self.config.home_path, what="generator",
+                              log=self._log)
+        saved = self.config.home_path / "hardware.toml"
+        hw = hw_mod.load_profile(saved) if saved.exists() else hw_mod.get_profile("cpu").with_ram()
+        n_ctx = self.config.engine.n_ctx or ModelInfo.read(path).n_ctx_train
+        result = tune_mod.tune(path, engine_settings=self.config.engine, hardware=hw, n_ctx=n_ctx,
+                               max_seconds=max_seconds, n_tokens=n_tokens, progress=progress,
+                               measure_hardware=measure_hardware)
+        target = tune_mod.write_profile(
+            result, tune_mod.profile_path(self.config.home_path, models.file_identity(path), n_ctx))
+        if measure_hardware and result.hardware is not None:
+            hw_mod.save_profile(result.hardware, saved)
+        return result, target
 
     @cached_property
     def prefix_cache(self):

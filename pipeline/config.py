@@ -76,6 +76,8 @@ class EngineConfig:
     ``rope_scaling`` is set. Expert offload has llama.cpp's meaning: ``n_cpu_moe``
     layers' experts in CPU memory (the first or last ``cpu_moe_from``), ``cpu_moe``
     for all of them, and ``override_tensors`` for ``-ot``-style ``regex=BUFFER`` lists.
+    With ``tuned``, the profile ``rag tune`` wrote for this model and context replaces
+    the settings left at their defaults (never ones you set).
     """
 
     n_ctx: int = 4096
@@ -95,6 +97,7 @@ class EngineConfig:
     rope_scaling: str = ""
     rope_freq_scale: float = 0.0
     seed: int = 0
+    tuned: bool = True
 
 
 @dataclass(frozen=True)

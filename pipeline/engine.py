@@ -461,6 +461,8 @@ class Engine:
                 yield tail
         finally:
             llama_cpp.llama_sampler_free(sampler)
+            # Book the last decode now, or llama.cpp would count it into the next prompt's prefill.
+            llama_cpp.llama_synchronize(ctx)
             perf = llama_cpp.llama_perf_context(ctx)
             stats.decode_tokens = n_out
             stats.decode_seconds = perf.t_eval_ms / 1000

@@ -22,16 +22,19 @@ The RTX 3090 figures are *calibrated* (``gpu_flops`` 46e12, ``h2d_pinned``
 25.3e9, solved from two measurements): with them the planner's speed model
 reproduces the recipe's two measurements on that card (Qwen3.6-35B-A3B Q6_K at
 64K context: 564 prompt tokens/s at ``-b 512 -ub 128``, 1330 at ``-b 1024 -ub 512``
-with 8 layers' experts on the CPU) within 20%; see :mod:`pipeline.plan`. The other
+with 8 layers' experts on the CPU) within 20%; see :mod:`pipeline.speed`. The other
 cards scale the 3090's efficiency (effective / datasheet dense f16 tensor FLOP/s)
 to their own datasheet figures: estimates, to be replaced by ``rag tune``.
 
-Standard library only.
+:func:`measure_cpu_flops` and :func:`measure_hardware` measure the host's figures
+(``rag tune --measure-hardware``). Standard library only, but for numpy in
+:func:`measure_cpu_flops`.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -202,4 +205,36 @@ def detect_ram(*, available: bool = False, meminfo: str | None = None) -> int:
     return _meminfo("MemAvailable" if available else "MemTotal", meminfo)
 
 
-__all__ = ["GB", "GiB", "HardwareProfile", "PROFILES", "detect_ram", "get_profile", "load_profile", "save_profile"]
+def measure_cpu_flops(*, seconds: float = 0.5, n: int = 512) -> float:
+    """FLOP/s of float32 ``n x n`` matrix products in numpy (its BLAS, all its threads), over about ``seconds``.
+
+    A quick stand-in for ``cpu_flops``: llama.cpp's own quantized CPU kernels are
+    usually within a small factor of it; ``rag tune`` also reports the figure its
+    prefill measurements imply.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    a @ b  # warm-up: BLAS threads start, caches fill
+    reps = 0
+    t0 = time.perf_counter()
+    elapsed = 0.0
+    while reps < 2 or elapsed < seconds:
+        a @ b
+        reps += 1
+        elapsed = time.perf_counter() - t0
+    return 2.0 * n**3 * reps / elapsed
+
+
+def measure_hardware(base: HardwareProfile, *, seconds: float = 0.5) -> HardwareProfile:
+    """``base`` with this machine's measured CPU FLOP/s and its RAM (``/proc/meminfo``); GPU figures kept.
+
+    Save the result with :func:`save_profile` so later plans use it.
+    """
+    return replace(base, cpu_flops=measure_cpu_flops(seconds=seconds), ram=detect_ram())
+
+
+__all__ = ["GB", "GiB", "HardwareProfile", "PROFILES", "detect_ram", "get_profile", "load_profile",
+           "measure_cpu_flops", "measure_hardware", "save_profile"]

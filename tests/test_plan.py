@@ -1,4 +1,4 @@
-"""The planner: memory model against llama.cpp's own dry run, the recipe's case, budgets, profiles.
+"""The planner (pipeline.spec, .memory, .speed, .plan): memory model against llama.cpp's own dry run, the recipe's case, budgets, profiles.
 
 The dry-run tests generate small qwen3moe models (under 2 MB each) and load them
 with ``no_alloc`` (nothing allocated, a few tens of milliseconds per load); every
@@ -12,30 +12,14 @@ import re
 
 import pytest
 
+from pipeline._gguf import ArrayInfo
 from pipeline.errors import ConfigError
 from pipeline.hardware import PROFILES, GiB, HardwareProfile, detect_ram, get_profile, load_profile, save_profile
+from pipeline.memory import compute_buffer_bytes, dry_run, kv_bytes, memory, parse_dry_run
 from pipeline.offload import planned_tensors
-from pipeline.plan import (
-    Budget,
-    LayerSpec,
-    ModelSpec,
-    Plan,
-    baseline_plan,
-    comparison_table,
-    compute_buffer_bytes,
-    decode_speed,
-    dry_run,
-    evaluate,
-    fit_like,
-    fits,
-    kv_bytes,
-    memory,
-    parse_dry_run,
-    plan,
-    prefill_speed,
-    read_gguf_header,
-    recipe_plan,
-)
+from pipeline.plan import Budget, Plan, baseline_plan, comparison_table, evaluate, fit_like, fits, plan, recipe_plan
+from pipeline.spec import LayerSpec, ModelSpec, read_gguf
+from pipeline.speed import decode_speed, prefill_speed
 
 MiB = 1024**2
 
@@ -95,14 +79,14 @@ def test_spec_from_gguf_matches_the_file(models) -> None:
 
         expert_names = set(planned_tensors(names, cpu_moe()))
         assert spec.expert_bytes == sum(int(t.n_bytes) for t in reader.tensors if t.name in expert_names)
-        meta, tensors = read_gguf_header(path)
+        meta, tensors = read_gguf(path)
         assert [t[0] for t in tensors] == names
         assert meta["general.architecture"] == "qwen3moe"
 
 
-def test_read_gguf_header_skips_long_arrays(models) -> None:
-    meta, _ = read_gguf_header(models["bigvocab"], max_array=100)
-    assert meta["tokenizer.ggml.tokens"] == 32000  # skipped, recorded as its length
+def test_read_gguf_skips_long_arrays(models) -> None:
+    meta, _ = read_gguf(models["bigvocab"])
+    assert meta["tokenizer.ggml.tokens"] == ArrayInfo(type=8, count=32000)  # skipped, recorded as its length
     assert ModelSpec.from_gguf(models["bigvocab"]).n_vocab == 32000
 
 
@@ -309,3 +293,15 @@ def test_detect_ram() -> None:
     assert detect_ram(available=True, meminfo=text) == 12000000 * 1024
     assert detect_ram() > 1 * GiB  # this machine
     assert get_profile("rtx3090").with_ram().ram == detect_ram()
+
+
+def test_plan_module_reexports_the_models() -> None:
+    import pipeline.memory
+    import pipeline.plan
+    import pipeline.spec
+    import pipeline.speed
+
+    for name in ("ModelSpec", "LayerSpec", "memory", "kv_bytes", "dry_run", "prefill_speed", "decode_speed"):
+        assert getattr(pipeline.plan, name) is (getattr(pipeline.spec, name, None) or getattr(
+            pipeline.memory, name, None) or getattr(pipeline.speed, name))
+    assert set(pipeline.plan.__all__) <= set(dir(pipeline.plan))

@@ -1,0 +1,223 @@
+"""The memory model: bytes per device for a plan, checked against llama.cpp's own dry run.
+
+:func:`memory` gives the bytes a :class:`~pipeline.plan.Plan` needs on the GPU and
+in host memory, from a :class:`~pipeline.spec.ModelSpec`:
+
+* weights: llama.cpp keeps ``token_embd`` in host memory always; layers
+  ``>= n_layers - gpu_layers`` and (with ``gpu_layers > n_layers``) the output
+  head go to the GPU, except the expert tensors of the offloaded layers;
+* KV cache (:func:`kv_bytes`): full-attention layers ``n_ctx_pad`` cells (``n_ctx``
+  rounded up to 256), sliding-window layers ``min(n_ctx_pad, pad256(window +
+  n_ubatch))`` cells, recurrent layers no KV but a fixed f32 state per sequence;
+  K and V sized by ``type_k``/``type_v`` (f16 2 bytes, q8_0 34 per 32, q4_0 18 per
+  32 values);
+* compute buffer (:func:`compute_buffer_bytes`), derived from llama.cpp's own
+  dry runs of generated qwen3moe models (see ``tests/test_plan.py``), in bytes per
+  token of the micro-batch, ``u = n_ubatch``, ``c = n_ctx_pad``::
+
+      layer = max(24*embd + 8*q_dim,  12*n_used*expert_ff + 17*embd + 4*n_experts + 4*q_dim)
+      flash attention on:   u * max(2*c + layer,  4*n_vocab + 8*embd)
+      flash attention off:  u * max((4*n_head + 4)*c + layer,  4*n_vocab + 8*embd)
+
+  ``2*c`` is the f16 KQ mask, ``(4*n_head+4)*c`` the f32 KQ scores and mask,
+  ``4*n_vocab`` the f32 logits of a micro-batch (llama.cpp reserves the graph for
+  every token producing an output). *Assumption*: this CPU-only build can only
+  measure the CPU compute buffer; a CUDA build's GPU compute buffer is modelled by
+  the same formula (the graph is the same one), plus, when experts are in host
+  memory, one expert tensor of an offloaded layer (the scheduler copies CPU
+  weights into the GPU compute buffer one split at a time), and the host
+  (``CUDA_Host``) compute buffer is the KQ mask plus ``8*embd`` per token.
+
+The margins a plan keeps free on each device are the planner's business
+(:class:`pipeline.plan.Budget`). :func:`dry_run` asks llama.cpp itself (model
+param ``no_alloc``: nothing allocated) for the real KV and compute buffer sizes,
+and :func:`parse_dry_run` reads them from its log; llama_cpp is imported only there.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigError
+from .hardware import HardwareProfile
+from .spec import LayerSpec, ModelSpec, type_bytes
+
+if TYPE_CHECKING:  # a Plan is only read here; pipeline.plan imports this module
+    from .plan import Plan
+
+MiB = 1024**2
+
+
+def _pad(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Bytes one device needs for a plan."""
+
+    weights: int = 0
+    kv: int = 0  # KV cache + recurrent state
+    compute: int = 0  # compute buffer(s) + output buffer
+    reserved: int = 0  # driver / context, not allocated by llama.cpp
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.compute + self.reserved
+
+    def to_dict(self) -> dict[str, int]:
+        return dict(weights=self.weights, kv=self.kv, compute=self.compute, reserved=self.reserved, total=self.total)
+
+
+@dataclass(frozen=True)
+class Memory:
+    gpu: DeviceMemory
+    cpu: DeviceMemory
+    kv_cache: int  # KV cells only (what llama.cpp logs as "llama_kv_cache: size")
+    recurrent_state: int
+    compute_buffer: int  # the main compute buffer (CPU here, GPU on a CUDA build)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(gpu=self.gpu.to_dict(), cpu=self.cpu.to_dict(), kv_cache=self.kv_cache,
+                    recurrent_state=self.recurrent_state, compute_buffer=self.compute_buffer)
+
+
+def kv_cells(layer: LayerSpec, plan: Plan) -> int:
+    """KV cells llama.cpp allocates for ``layer`` (0 for a recurrent layer)."""
+    n_ctx = _pad(plan.n_ctx, 256)
+    if layer.kind == "recurrent":
+        return 0
+    if layer.kind == "swa" and layer.window:
+        return min(n_ctx, _pad(layer.window * plan.n_seq + plan.n_ubatch, 256))
+    return n_ctx
+
+
+def kv_bytes(spec: ModelSpec, plan: Plan, layers: set[int] | None = None) -> tuple[int, int]:
+    """(KV cache bytes, recurrent state bytes) of ``layers`` (default all)."""
+    kv = state = 0
+    for i, lay in enumerate(spec.layers):
+        if layers is not None and i not in layers:
+            continue
+        if lay.kind == "recurrent":
+            state += lay.state_bytes * plan.n_seq
+            continue
+        cells = kv_cells(lay, plan)
+        kv += cells * (type_bytes(lay.n_head_kv * lay.head_dim_k, plan.type_k)
+                       + type_bytes(lay.n_head_kv * lay.head_dim_v, plan.type_v))
+    return kv, state
+
+
+
+def compute_buffer_bytes(spec: ModelSpec, plan: Plan) -> int:
+    """The main compute buffer of a plan (see the module docstring for the formula and where it comes from).
+
+    Checked against llama.cpp's dry run (``tests/test_plan.py``): within 5% wherever
+    the KQ mask / scores or the logits dominate (contexts from about 8K up, or a
+    large vocabulary); an upper bound elsewhere (up to about +40% for contexts of a
+    few thousand tokens, where the buffer is a few MiB): the per-layer term is the
+    upper envelope of what ggml's allocator was seen to reserve.
+    """
+    u = plan.n_ubatch
+    c = _pad(plan.n_ctx, 256)
+    if not any(lay.kind != "recurrent" for lay in spec.layers):
+        c = 0
+    e, q = spec.n_embd, spec.max_q_dim
+    used_ff = spec.n_experts_used * spec.expert_ff
+    layer = max(24 * e + 8 * q, 12 * used_ff + 17 * e + 4 * spec.n_experts + 4 * q)
+    out = 4 * spec.n_vocab + 8 * e
+    if plan.flash_attn:
+        attn = 2 * c
+    else:
+        attn = (4 * spec.max_n_head + 4) * c
+    return u * max(attn + layer, out)
+
+
+def memory(spec: ModelSpec, plan: Plan, hw: HardwareProfile | None = None) -> Memory:
+    """Bytes per device for ``plan`` (see the module docstring). ``hw`` without a GPU puts everything on the CPU."""
+    has_gpu = hw is None or hw.has_gpu
+    n = spec.n_layers
+    gpu_layers = plan.gpu_layer_set(n) if has_gpu else set()
+    cpu_exp = set(plan.cpu_expert_layers(n))
+    w_gpu = w_cpu = spec.embd_bytes * 0
+    w_cpu += spec.embd_bytes
+    if has_gpu and plan.output_on_gpu(n):
+        w_gpu += spec.output_bytes
+    else:
+        w_cpu += spec.output_bytes
+    for i, lay in enumerate(spec.layers):
+        if i in gpu_layers:
+            w_gpu += lay.other_bytes
+            if i in cpu_exp:
+                w_cpu += lay.expert_bytes
+            else:
+                w_gpu += lay.expert_bytes
+        else:
+            w_cpu += lay.total_bytes
+    kv_all, state_all = kv_bytes(spec, plan)
+    kv_g, st_g = kv_bytes(spec, plan, gpu_layers)
+    compute = compute_buffer_bytes(spec, plan)
+    out_buf = spec.n_vocab * 4 * plan.n_seq + spec.n_embd * 4
+    if has_gpu and gpu_layers:
+        copy = max((spec.layers[i].expert_tensor_max for i in cpu_exp & gpu_layers), default=0)
+        host_compute = plan.n_ubatch * (2 * _pad(plan.n_ctx, 256) + 8 * spec.n_embd)
+        if len(gpu_layers) < n:  # partial offload: the CPU layers need their own graph buffers
+            host_compute = max(host_compute, compute)
+        gpu = DeviceMemory(weights=w_gpu, kv=kv_g + st_g, compute=compute + copy,
+                           reserved=hw.gpu_reserved if hw else 0)
+        cpu = DeviceMemory(weights=w_cpu, kv=(kv_all - kv_g) + (state_all - st_g), compute=host_compute + out_buf)
+    else:
+        gpu = DeviceMemory()
+        cpu = DeviceMemory(weights=w_cpu + w_gpu, kv=kv_all + state_all, compute=compute + out_buf)
+    return Memory(gpu=gpu, cpu=cpu, kv_cache=kv_all, recurrent_state=state_all, compute_buffer=compute)
+
+
+# --------------------------------------------------------------------------- llama.cpp's dry run
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """Sizes llama.cpp reported for a load with ``no_alloc`` (bytes)."""
+
+    kv_cache: int
+    compute: dict[str, int] = field(default_factory=dict)  # buffer type -> bytes
+    log: str = ""
+
+    @property
+    def compute_total(self) -> int:
+        return sum(self.compute.values())
+
+
+_KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB")
+_RS_LINE = re.compile(r"llama_memory_recurrent: size = +([\d.]+) MiB")
+_COMPUTE_LINE = re.compile(r"(\S+) compute buffer size = +([\d.]+) MiB")
+
+
+def parse_dry_run(log: str) -> DryRun:
+    """The KV cache and compute buffer sizes from a llama.cpp load log."""
+    kv = sum(float(m) for m in _KV_LINE.findall(log)) + sum(float(m) for m in _RS_LINE.findall(log))
+    compute: dict[str, int] = {}
+    for buf, mib in _COMPUTE_LINE.findall(log):
+        compute[buf] = int(float(mib) * MiB)
+    return DryRun(kv_cache=int(kv * MiB), compute=compute, log=log)
+
+
+def dry_run(path: str | os.PathLike[str], plan: Plan, *, n_threads: int = 1) -> DryRun:
+    """Run llama.cpp's own dry run (model param ``no_alloc``) for ``plan`` and read the sizes it logs."""
+    from ._llama import LlamaLog, load_llama
+
+    kwargs = plan.llama_kwargs()
+    kwargs.pop("use_mmap")  # a dry run cannot map
+    with LlamaLog(chain=False) as log:
+        llm = load_llama(path, model_params={"no_alloc": True}, n_threads=n_threads, verbose=False, **kwargs)
+        llm.close()
+    result = parse_dry_run(log.text)
+    if not result.compute:
+        raise ConfigError(f"llama.cpp's dry run of {path} logged no compute buffer size.")
+    return result
+
+
+__all__ = ["DeviceMemory", "DryRun", "Memory", "compute_buffer_bytes", "dry_run", "kv_bytes", "kv_cells", "memory",
+           "parse_dry_run"]

@@ -1,0 +1,372 @@
+"""What the planner knows about a model: per-layer bytes and shapes, read from a GGUF or built from shapes.
+
+A :class:`ModelSpec` holds per-layer byte counts (routed experts apart from the
+rest), the embeddings and output head, attention shapes and layer kinds (full
+attention, sliding window, recurrent). :meth:`ModelSpec.from_gguf` reads them from
+a GGUF file's header and tensor list (through :func:`pipeline._gguf.read_header`;
+no weights read); :meth:`ModelSpec.qwen36_35b_a3b` builds them from published
+shapes. Also the ggml type sizes the memory model needs (:func:`type_bytes`).
+
+Plain Python; ``gguf`` is imported only for the names of ggml types.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ._gguf import ArrayInfo, read_header
+from .errors import ConfigError
+from .offload import EXPERT_PATTERN
+
+# --------------------------------------------------------------------------- ggml types
+
+#: ggml type name -> (block size in values, bytes per block), as ggml defines them.
+GGML_TYPES: dict[str, tuple[int, int]] = {
+    "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2),
+    "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q8_0": (32, 34),
+    "q2_k": (256, 84), "q3_k": (256, 110), "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210),
+    "q8_k": (256, 292), "iq4_nl": (32, 18), "iq4_xs": (256, 136),
+}
+#: ggml_type enum values for the KV cache types llama.cpp accepts (``-ctk``/``-ctv``).
+KV_TYPE_IDS = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30, "iq4_nl": 20}
+KV_TYPES = ("f16", "q8_0", "q4_0")
+
+
+def type_bytes(n_values: int, type_name: str) -> int:
+    """Bytes of ``n_values`` values stored as ggml type ``type_name`` (rounded up to whole blocks)."""
+    try:
+        block, size = GGML_TYPES[type_name.lower()]
+    except KeyError:
+        raise ConfigError(f"Unknown ggml type {type_name!r}.") from None
+    return -(-n_values // block) * size
+
+
+def bits_per_weight(type_name: str) -> float:
+    block, size = GGML_TYPES[type_name.lower()]
+    return size * 8 / block
+
+
+# --------------------------------------------------------------------------- model spec
+
+
+LayerKind = Literal["full", "swa", "recurrent"]
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One block of the model: its kind, bytes and the shapes the models need."""
+
+    kind: LayerKind = "full"
+    expert_bytes: int = 0  # the routed-expert tensors (what EXPERT_PATTERN matches)
+    expert_tensor_max: int = 0  # the largest single routed-expert tensor
+    other_bytes: int = 0  # every other tensor of the block
+    dense_params: int = 0  # matmul params every token uses (attention, shared expert, router)
+    expert_params: int = 0  # matmul params of one routed expert (gate + up + down)
+    n_head: int = 0
+    n_head_kv: int = 0
+    head_dim_k: int = 0
+    head_dim_v: int = 0
+    window: int = 0  # sliding-window size (kind "swa")
+    state_bytes: int = 0  # recurrent state per sequence (kind "recurrent"; f32)
+    state_flops: int = 0  # recurrent FLOPs per token (kind "recurrent")
+
+    @property
+    def total_bytes(self) -> int:
+        return self.expert_bytes + self.other_bytes
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the memory and speed models need to know about a model."""
+
+    name: str
+    arch: str
+    n_embd: int
+    n_vocab: int
+    n_ctx_train: int
+    n_experts: int
+    n_experts_used: int
+    expert_ff: int
+    layers: tuple[LayerSpec, ...]
+    embd_bytes: int  # token_embd (always in host memory)
+    output_bytes: int  # output head + output norm (+ anything outside the blocks)
+    output_params: int
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.embd_bytes + self.output_bytes + sum(layer.total_bytes for layer in self.layers)
+
+    @property
+    def expert_bytes(self) -> int:
+        return sum(layer.expert_bytes for layer in self.layers)
+
+    @property
+    def active_params(self) -> int:
+        """Matmul params per token, output head and embedding lookup excluded."""
+        return sum(lay.dense_params + self.n_experts_used * lay.expert_params for lay in self.layers)
+
+    @property
+    def max_q_dim(self) -> int:
+        return max((lay.n_head * lay.head_dim_k for lay in self.layers if lay.kind != "recurrent"), default=0)
+
+    @property
+    def max_n_head(self) -> int:
+        return max((lay.n_head for lay in self.layers if lay.kind != "recurrent"), default=0)
+
+    def kv_bytes_per_token(self, type_k: str = "f16", type_v: str = "f16") -> dict[str, int]:
+        """KV bytes per cell, summed per layer kind (recurrent layers: 0)."""
+        out = {"full": 0, "swa": 0, "recurrent": 0}
+        for lay in self.layers:
+            if lay.kind == "recurrent":
+                continue
+            out[lay.kind] += type_bytes(lay.n_head_kv * lay.head_dim_k, type_k) + type_bytes(
+                lay.n_head_kv * lay.head_dim_v, type_v)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["layers"] = f"{self.n_layers} layers"
+        d.update(total_bytes=self.total_bytes, expert_bytes=self.expert_bytes, active_params=self.active_params)
+        return d
+
+    # ---- constructors
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike[str]) -> ModelSpec:
+        """Read a spec from a GGUF file's metadata and tensor list (no weights read)."""
+        meta, tensors = read_gguf(path)
+        return cls.from_metadata(meta, tensors, name=Path(path).name)
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any], tensors: list[tuple[str, tuple[int, ...], str]],
+                      *, name: str = "model") -> ModelSpec:
+        arch = str(meta.get("general.architecture", ""))
+        if not arch:
+            raise ConfigError(f"{name}: no general.architecture in the GGUF metadata.")
+
+        def key(k: str, default: Any = None) -> Any:
+            return meta.get(f"{arch}.{k}", default)
+
+        n_layers = int(key("block_count", 0))
+        n_embd = int(key("embedding_length", 0))
+        if n_layers <= 0 or n_embd <= 0:
+            raise ConfigError(f"{name}: block_count / embedding_length missing.")
+
+        def per_layer(v: Any, default: int) -> list[int]:
+            if v is None:
+                return [default] * n_layers
+            if isinstance(v, (list, tuple)):
+                return [int(x) for x in v] + [int(v[-1]) if v else default] * (n_layers - len(v))
+            return [int(v)] * n_layers
+
+        n_head = per_layer(key("attention.head_count"), 0)
+        n_head_kv = per_layer(key("attention.head_count_kv"), 0)
+        n_head_kv = [kv if kv else h for kv, h in zip(n_head_kv, n_head)] if key("attention.head_count_kv") is None \
+            else n_head_kv
+        hd_default = n_embd // max(n_head[0], 1) if n_head[0] else 0
+        hd_k = int(key("attention.key_length", hd_default))
+        hd_v = int(key("attention.value_length", hd_default))
+        window = int(key("attention.sliding_window", 0) or 0)
+        swa_pattern = key("attention.sliding_window_pattern")
+        n_experts = int(key("expert_count", 0) or 0)
+        n_used = int(key("expert_used_count", 0) or 0)
+        expert_ff = int(key("expert_feed_forward_length", 0) or 0)
+        n_ctx_train = int(key("context_length", 0) or 0)
+
+        exp_rx = re.compile(EXPERT_PATTERN)
+        blk_rx = re.compile(r"^blk\.(\d+)\.")
+        exp_b = [0] * n_layers
+        exp_max = [0] * n_layers
+        other_b = [0] * n_layers
+        dense_p = [0] * n_layers
+        exp_p = [0] * n_layers
+        recurrent = [False] * n_layers
+        embd_bytes = output_bytes = output_params = 0
+        n_vocab = 0
+        for tname, shape, ttype in tensors:
+            n = math.prod(shape)
+            nbytes = type_bytes(n, ttype) if ttype in GGML_TYPES else n * 2
+            m = blk_rx.match(tname)
+            if m is None:
+                if tname.startswith("token_embd."):
+                    embd_bytes += nbytes
+                    n_vocab = max(n_vocab, shape[-1] if shape else 0)
+                else:
+                    output_bytes += nbytes
+                    if tname == "output.weight":
+                        output_params += n
+                        n_vocab = max(n_vocab, shape[-1])
+                continue
+            i = int(m.group(1))
+            if i >= n_layers:
+                continue
+            if ".ssm_" in tname:
+                recurrent[i] = True
+            if exp_rx.search(tname):
+                exp_b[i] += nbytes
+                exp_max[i] = max(exp_max[i], nbytes)
+                exp_p[i] += n // max(n_experts, 1)
+            else:
+                other_b[i] += nbytes
+                if len(shape) >= 2 and "conv1d" not in tname:
+                    dense_p[i] += n
+        if output_params == 0:  # tied embeddings: the head reuses token_embd (a GPU copy is not made)
+            output_params = n_vocab * n_embd
+        if n_vocab == 0:
+            toks = meta.get("tokenizer.ggml.tokens")
+            n_vocab = toks.count if isinstance(toks, ArrayInfo) else len(toks) if isinstance(toks, list) else 0
+
+        # recurrent state (f32 per sequence): conv (d_conv-1) x channels + ssm state
+        d_conv = int(key("ssm.conv_kernel", 0) or 0)
+        d_inner = int(key("ssm.inner_size", 0) or 0)
+        d_state = int(key("ssm.state_size", 0) or 0)
+        n_group = int(key("ssm.group_count", 0) or 0)
+        ssm_heads = int(key("ssm.time_step_rank", 0) or 0)
+        if ssm_heads and d_inner:  # gated delta net / mamba2 style
+            conv_ch = d_inner + 2 * n_group * d_state
+            state = (max(d_conv - 1, 0) * conv_ch + d_inner * d_state) * 4
+        else:
+            conv_ch = d_inner
+            state = (max(d_conv - 1, 0) * conv_ch + d_inner * d_state) * 4
+
+        layers = []
+        for i in range(n_layers):
+            if recurrent[i] or (n_head_kv[i] == 0 and any(recurrent)):
+                kind: LayerKind = "recurrent"
+            elif window and swa_pattern is not None:
+                pat = int(swa_pattern) if not isinstance(swa_pattern, list) else 0
+                if isinstance(swa_pattern, list):
+                    kind = "swa" if swa_pattern[i % len(swa_pattern)] else "full"
+                else:
+                    kind = "swa" if pat and (i % pat) < pat - 1 else "full"
+            elif window and arch in ("mistral", "gpt-oss", "gpt_oss"):
+                kind = "swa"
+            else:
+                kind = "full"
+            layers.append(LayerSpec(
+                kind=kind, expert_bytes=exp_b[i], expert_tensor_max=exp_max[i], other_bytes=other_b[i],
+                dense_params=dense_p[i], expert_params=exp_p[i], n_head=n_head[i], n_head_kv=n_head_kv[i],
+                head_dim_k=hd_k, head_dim_v=hd_v, window=window if kind == "swa" else 0,
+                state_bytes=state if kind == "recurrent" else 0,
+                state_flops=4 * d_inner * d_state if kind == "recurrent" else 0,
+            ))
+        return cls(
+            name=name, arch=arch, n_embd=n_embd, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
+            n_experts=n_experts, n_experts_used=n_used, expert_ff=expert_ff, layers=tuple(layers),
+            embd_bytes=embd_bytes, output_bytes=output_bytes, output_params=output_params,
+        )
+
+    @classmethod
+    def qwen36_35b_a3b(cls, quant: str = "Q6_K") -> ModelSpec:
+        """Qwen3.6-35B-A3B from its published shapes (see FACTS.md), every matrix at ``quant``.
+
+        ``Q4_K_M`` is modelled as llama.cpp's mix: Q6_K for the output head and for
+        ``ffn_down``/``attn_v`` in about half the layers (an average of Q4_K and Q6_K
+        there), Q4_K elsewhere. Norms, the SSM scalars and the conv kernels are f32.
+        """
+        q = quant.lower()
+        mix = q == "q4_k_m"
+        base = "q4_k" if mix else q
+        if base not in GGML_TYPES:
+            raise ConfigError(f"Unknown quantization {quant!r}; use Q4_K_M, Q6_K, Q8_0 or F16.")
+
+        def mat(n: int, t: str = base) -> int:
+            return type_bytes(n, t)
+
+        def down(n: int) -> int:  # ffn_down / attn_v in a Q4_K_M file: half the layers Q6_K
+            return (mat(n, "q4_k") + mat(n, "q6_k")) // 2 if mix else mat(n)
+
+        embd, vocab, n_exp, n_used, eff = 2048, 248_320, 256, 8, 512
+        # Gated DeltaNet: 16 QK heads, 32 V heads, head 128, conv kernel 4
+        dk = dv = 128
+        qk_h, v_h = 16, 32
+        d_inner = v_h * dv  # 4096
+        conv_ch = 2 * qk_h * dk + d_inner  # 8192
+        # Gated attention: 16 Q heads (+ gate), 2 KV heads, head 256
+        a_h, a_kv, a_hd = 16, 2, 256
+        f32 = 4
+
+        def moe() -> tuple[int, int, int, int, int]:
+            gate_up = mat(n_exp * eff * embd)
+            dn = down(n_exp * eff * embd)
+            experts = 2 * gate_up + dn
+            shared = 2 * mat(eff * embd) + down(eff * embd) + embd * f32  # shared expert + its gate
+            router = n_exp * embd * f32
+            dense_p = 3 * eff * embd + embd + n_exp * embd
+            return experts, max(gate_up, dn), shared + router + 2 * embd * f32, dense_p, 3 * eff * embd
+
+        layers = []
+        for i in range(40):
+            experts, emax, moe_other, moe_dense_p, exp_p = moe()
+            if i % 4 == 3:  # gated attention
+                q_p, kv_p, o_p = embd * a_h * a_hd * 2, embd * a_kv * a_hd, a_h * a_hd * embd
+                other = mat(q_p) + mat(kv_p) + down(kv_p) + mat(o_p) + 2 * a_hd * f32
+                layers.append(LayerSpec(
+                    kind="full", expert_bytes=experts, expert_tensor_max=emax, other_bytes=other + moe_other,
+                    dense_params=q_p + 2 * kv_p + o_p + moe_dense_p, expert_params=exp_p,
+                    n_head=a_h, n_head_kv=a_kv, head_dim_k=a_hd, head_dim_v=a_hd))
+            else:  # gated delta net
+                qkv_p, z_p, ba_p, o_p = embd * conv_ch, embd * d_inner, embd * 2 * v_h, d_inner * embd
+                other = mat(qkv_p) + mat(z_p) + ba_p * f32 + down(o_p) + (4 * conv_ch + 2 * v_h + dv) * f32
+                state = (3 * conv_ch + v_h * dk * dv) * f32
+                layers.append(LayerSpec(
+                    kind="recurrent", expert_bytes=experts, expert_tensor_max=emax, other_bytes=other + moe_other,
+                    dense_params=qkv_p + z_p + ba_p + o_p + moe_dense_p, expert_params=exp_p,
+                    state_bytes=state, state_flops=6 * v_h * dk * dv))
+        out_t = "q6_k" if mix else base
+        return cls(
+            name=f"Qwen3.6-35B-A3B-{quant}", arch="qwen35moe", n_embd=embd, n_vocab=vocab, n_ctx_train=262_144,
+            n_experts=n_exp, n_experts_used=n_used, expert_ff=eff, layers=tuple(layers),
+            embd_bytes=mat(vocab * embd), output_bytes=type_bytes(vocab * embd, out_t) + embd * f32,
+            output_params=vocab * embd,
+        )
+
+
+# --------------------------------------------------------------------------- GGUF header
+
+
+def ggml_type_name(type_id: int) -> str:
+    """The lower-case name of a ggml type id (``"q6_k"``), ``"typeN"`` for one ``gguf`` does not know."""
+    import gguf  # for the type names only
+
+    try:
+        return gguf.GGMLQuantizationType(type_id).name.lower()
+    except ValueError:
+        return f"type{type_id}"
+
+
+def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], str]]]:
+    """(metadata, tensor infos) of a GGUF file, header only, as :meth:`ModelSpec.from_metadata` takes them.
+
+    A thin adapter over :func:`pipeline._gguf.read_header`: long arrays (the
+    vocabulary) are :class:`pipeline._gguf.ArrayInfo` (type and length), tensor
+    infos are (name, shape in ggml order, ggml type name).
+    """
+    header = read_header(path)
+    names: dict[int, str] = {}
+    tensors = []
+    for t in header.tensors:
+        if t.type not in names:
+            names[t.type] = ggml_type_name(t.type)
+        tensors.append((t.name, tuple(int(d) for d in t.shape), names[t.type]))
+    return header.metadata, tensors
+
+
+def kv_type_supported(spec: ModelSpec, type_name: str) -> bool:
+    """Whether llama.cpp accepts this KV type for the model: the head size must be a multiple of its block."""
+    block = GGML_TYPES[type_name][0]
+    return all(lay.head_dim_k % block == 0 and lay.head_dim_v % block == 0
+               for lay in spec.layers if lay.kind != "recurrent")
+
+
+__all__ = ["GGML_TYPES", "KV_TYPES", "KV_TYPE_IDS", "LayerKind", "LayerSpec", "ModelSpec", "bits_per_weight",
+           "ggml_type_name", "kv_type_supported", "read_gguf", "type_bytes"]

@@ -1,0 +1,538 @@
+"""Tune the engine on this machine: measure a few plans around the planner's estimate, keep the fastest that fits.
+
+The library behind ``rag tune``. :func:`tune`
+
+1. reads the model's spec (:mod:`pipeline.spec`) and asks the planner
+   (:func:`pipeline.plan.plan`) for the fastest plan it estimates for this machine:
+   on a build without GPU offload (or ``gpu_layers = 0``) the GPU budget is 0 and
+   everything is on the CPU;
+2. builds a handful of candidate settings around it: the configured settings (the
+   *baseline*, always measured first), the plan, the plan at the other micro-batch
+   sizes (each with the fewest experts on the CPU that fit), flash attention
+   toggled, a q8_0 KV cache where the model's head size allows it, and on a GPU
+   the experts of the last layers instead of the first;
+3. measures each with short real prefills (``Engine.generate(tokens,
+   max_tokens=1)``, tokens/s from llama.cpp's own timings), in order, and stops
+   starting new candidates when the next one would overrun ``max_seconds`` (its
+   cost predicted from the ones measured so far);
+4. picks the fastest measured candidate whose estimated memory fits the budget
+   (:mod:`pipeline.memory`; a candidate over budget is never measured nor picked).
+
+:func:`write_profile` writes the winner as an ``[engine]`` TOML table (with the
+measurements as comments) to :func:`profile_path` (``$RAG_HOME/tuned/<model
+identity>-<n_ctx>.toml``); :func:`read_profile` / :func:`tuned_settings` give its
+dotted keys for the pipeline to lay over the configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Literal, Sequence
+
+from .config import EngineConfig, read_toml
+from .errors import ConfigError, RagError
+from .hardware import GiB, HardwareProfile, detect_ram
+from .hardware import measure_hardware as _measure_hardware
+from .plan import UBATCHES, Budget, Plan, PlanResult, evaluate
+from .plan import plan as make_plan
+from .spec import ModelSpec, kv_type_supported
+
+#: The ``[engine]`` keys a tuned profile sets.
+PROFILE_KEYS = ("n_batch", "n_ubatch", "flash_attn", "type_k", "type_v", "gpu_layers", "n_cpu_moe", "cpu_moe",
+                "cpu_moe_from", "mmap")
+DEFAULT_MAX_SECONDS = 120.0
+DEFAULT_MAX_CANDIDATES = 10
+
+Status = Literal["pending", "measured", "over budget", "out of time", "failed"]
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class Candidate:
+    """One setting tried: the engine settings, the planner's estimate for them and what was measured."""
+
+    label: str
+    settings: EngineConfig
+    estimate: PlanResult | None  # None where the settings are not a valid plan
+    status: Status = "pending"
+    runs: list[float] = field(default_factory=list)  # prefill tokens/s of each timed prefill
+    load_seconds: float = 0.0
+    seconds: float = 0.0  # wall time of the whole measurement: load, warm-up, prefills, close
+    error: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate is not None and self.estimate.fits
+
+    @property
+    def measured_tokens_per_s(self) -> float | None:
+        return statistics.median(self.runs) if self.runs else None
+
+    @property
+    def estimated_tokens_per_s(self) -> float | None:
+        return self.estimate.prefill.tokens_per_s if self.estimate else None
+
+    @property
+    def engine(self) -> dict[str, Any]:
+        """The ``[engine]`` keys this candidate sets (:data:`PROFILE_KEYS`)."""
+        return {k: getattr(self.settings, k) for k in PROFILE_KEYS}
+
+    def describe_settings(self) -> str:
+        s = self.settings
+        experts = "all" if s.cpu_moe else f"{s.n_cpu_moe} ({s.cpu_moe_from})" if s.n_cpu_moe else "0"
+        return (f"-b {s.n_batch} -ub {s.n_ubatch}, FA {'on' if s.flash_attn else 'off'}, KV {s.type_k}/{s.type_v}, "
+                f"experts on CPU {experts}, mmap {'on' if s.mmap else 'off'}")
+
+    def to_dict(self) -> dict[str, Any]:
+        est = self.estimate
+        return dict(
+            label=self.label, status=self.status, engine=self.engine, fits=self.fits,
+            measured_tokens_per_s=self.measured_tokens_per_s, runs=self.runs,
+            estimated_tokens_per_s=self.estimated_tokens_per_s,
+            estimated_bound=est.prefill.bound if est else None,
+            estimated_gpu_bytes=est.memory.gpu.total if est else None,
+            estimated_cpu_bytes=est.memory.cpu.total if est else None,
+            load_seconds=self.load_seconds, seconds=self.seconds, error=self.error,
+        )
+
+
+@dataclass(frozen=True)
+class TuneEvent:
+    """Progress of :func:`tune`.
+
+    ``kind``: ``"plan"`` (candidates chosen; ``total`` of them, ``message`` the plan),
+    ``"start"`` (measuring candidate ``index``), ``"result"`` (measured:
+    ``tokens_per_s``), ``"skip"`` (not measured: over budget, out of time or failed;
+    ``message`` says which), ``"done"`` (``message`` names the winner).
+    """
+
+    kind: Literal["plan", "start", "result", "skip", "done"]
+    index: int = 0  # 0-based; 0 is the baseline
+    total: int = 0
+    label: str = ""
+    elapsed: float = 0.0
+    max_seconds: float = 0.0
+    tokens_per_s: float | None = None
+    message: str = ""
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` found: every candidate with its estimate and measurement, and the winner."""
+
+    model: str
+    model_identity: str
+    n_ctx: int
+    n_tokens: int
+    hardware: HardwareProfile  # the profile used (measured when ``hardware_measured``)
+    gpu: bool  # whether the plans used the GPU
+    plan: PlanResult  # the planner's estimate for this machine
+    candidates: list[Candidate]
+    seconds: float
+    max_seconds: float
+    hardware_measured: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def baseline(self) -> Candidate:
+        return self.candidates[0]
+
+    @property
+    def winner(self) -> Candidate | None:
+        """The fastest measured candidate that fits the budget (None if none does)."""
+        ok = [c for c in self.candidates if c.status == "measured" and c.fits]
+        return max(ok, key=lambda c: c.measured_tokens_per_s or 0.0, default=None)
+
+    @property
+    def speedup(self) -> float | None:
+        """Winner's measured prefill tokens/s over the baseline's (None where either is missing)."""
+        w, b = self.winner, self.baseline.measured_tokens_per_s
+        if w is None or not b or w.measured_tokens_per_s is None:
+            return None
+        return w.measured_tokens_per_s / b
+
+    @property
+    def calibration(self) -> float | None:
+        """Median measured / estimated prefill speed: how far this machine is from the hardware profile."""
+        ratios = [c.measured_tokens_per_s / c.estimated_tokens_per_s for c in self.candidates
+                  if c.measured_tokens_per_s and c.estimated_tokens_per_s]
+        return statistics.median(ratios) if ratios else None
+
+    def to_dict(self) -> dict[str, Any]:
+        w = self.winner
+        return dict(
+            model=self.model, model_identity=self.model_identity, n_ctx=self.n_ctx, n_tokens=self.n_tokens,
+            hardware=self.hardware.to_dict(), hardware_measured=self.hardware_measured, gpu=self.gpu,
+            plan=self.plan.to_dict(), candidates=[c.to_dict() for c in self.candidates],
+            baseline=self.baseline.label, winner=w.label if w else None, winner_engine=w.engine if w else None,
+            speedup=self.speedup, calibration=self.calibration, seconds=self.seconds,
+            max_seconds=self.max_seconds, notes=self.notes,
+        )
+
+    def table(self) -> str:
+        """One line per candidate: settings, estimate, fit and measurement."""
+        lines = [f"{'candidate':<22} {'settings':<72} {'est tok/s':>9} {'fits':>4} {'measured':>9}"]
+        for c in self.candidates:
+            est = f"{c.estimated_tokens_per_s:.0f}" if c.estimated_tokens_per_s else "-"
+            got = f"{c.measured_tokens_per_s:.0f}" if c.measured_tokens_per_s else c.status
+            mark = " *" if c is self.winner else ""
+            lines.append(f"{c.label:<22} {c.describe_settings():<72} {est:>9} {'yes' if c.fits else 'no':>4} "
+                         f"{got:>9}{mark}")
+        return "\n".join(lines)
+
+    def summary(self) -> str:
+        """One sentence: the winner and how much faster it is than the configured default."""
+        w, b = self.winner, self.baseline
+        if w is None:
+            return "no candidate that fits the memory budget could be measured; nothing to write"
+        base = f"{b.measured_tokens_per_s:.0f} tok/s" if b.measured_tokens_per_s else "not measured"
+        speed = f"{self.speedup:.2f}x" if self.speedup else "?"
+        if w is b:
+            return f"the configured settings are the fastest measured ({base})"
+        return (f"fastest: {w.label} ({w.describe_settings()}), {w.measured_tokens_per_s:.0f} tok/s, "
+                f"{speed} the configured default ({base})")
+
+    def describe(self) -> str:
+        head = (f"{Path(self.model).name}: {self.n_tokens}-token prefills at n_ctx {self.n_ctx}, "
+                f"{'GPU' if self.gpu else 'CPU only'}, {self.seconds:.1f} s of {self.max_seconds:.0f} s")
+        return "\n".join([head, self.table(), self.summary(), *(f"note: {n}" for n in self.notes)])
+
+
+# --------------------------------------------------------------------------- settings <-> plans
+
+
+def gpu_offload_available() -> bool:
+    """Whether this llama.cpp build can offload to a GPU."""
+    import llama_cpp
+
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def plan_of(settings: EngineConfig, spec: ModelSpec, *, gpu: bool) -> Plan | None:
+    """The :class:`~pipeline.plan.Plan` the engine runs for ``settings`` (None if not a valid plan)."""
+    n = spec.n_layers
+    n_batch = min(settings.n_batch, settings.n_ctx)
+    n_ubatch = min(settings.n_ubatch, n_batch)
+    k = n if settings.cpu_moe else min(settings.n_cpu_moe, n)
+    gpu_layers = (n + 1 if settings.gpu_layers < 0 else settings.gpu_layers) if gpu else 0
+    # the engine loads without mmap when tensors are overridden (so a GPU build can pin them)
+    mmap = settings.mmap and k == 0 and not settings.override_tensors.strip()
+    try:
+        return Plan(n_ctx=settings.n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=settings.flash_attn,
+                    type_k=settings.type_k, type_v=settings.type_v, gpu_layers=gpu_layers, n_cpu_moe=k,
+                    cpu_moe_from=settings.cpu_moe_from, mmap=mmap)  # type: ignore[arg-type]
+    except ConfigError:
+        return None
+
+
+def settings_of(p: Plan, base: EngineConfig, spec: ModelSpec, *, gpu: bool) -> EngineConfig:
+    """``base`` with the settings of plan ``p`` (threads, seed, RoPE and ``-ot`` patterns kept)."""
+    n = spec.n_layers
+    k = min(p.n_cpu_moe, n)
+    gpu_layers = (-1 if p.gpu_layers > n else p.gpu_layers) if gpu else base.gpu_layers
+    return replace(base, n_ctx=p.n_ctx, n_batch=p.n_batch, n_ubatch=p.n_ubatch, flash_attn=p.flash_attn,
+                   type_k=p.type_k, type_v=p.type_v, gpu_layers=gpu_layers, n_cpu_moe=k if k < n else 0,
+                   cpu_moe=bool(k) and k == n, cpu_moe_from=p.cpu_moe_from if k else base.cpu_moe_from, mmap=p.mmap)
+
+
+def _key(settings: EngineConfig) -> tuple:
+    s = settings
+    n_batch = min(s.n_batch, s.n_ctx)
+    return (n_batch, min(s.n_ubatch, n_batch), s.flash_attn, s.type_k, s.type_v, s.gpu_layers, s.n_cpu_moe,
+            s.cpu_moe, s.cpu_moe_from if (s.n_cpu_moe or s.cpu_moe) else "", s.mmap)
+
+
+def candidate_plans(spec: ModelSpec, hw: HardwareProfile, best: PlanResult, *, budget: Budget, n_tokens: int,
+                    kv_types: Sequence[str], gpu: bool) -> list[tuple[str, Plan]]:
+    """Plans around ``best``: the other micro-batch sizes, flash attention toggled, other KV types, last-N experts."""
+    p = best.plan
+    n_ctx = p.n_ctx
+    out: list[tuple[str, Plan]] = [("plan", p)]
+
+    def planned(**kw: Any) -> Plan | None:
+        try:
+            return make_plan(spec, hw, n_ctx=n_ctx, budget=budget, n_tokens=n_tokens, mmap=p.mmap, **kw).plan
+        except ConfigError:
+            return None
+
+    ubs = [u for u in UBATCHES if u <= max(min(n_tokens, n_ctx), UBATCHES[0]) and u != p.n_ubatch]
+    ubs.sort(key=lambda u: abs(u.bit_length() - p.n_ubatch.bit_length()))
+    for u in ubs:
+        q = planned(n_ubatch=u, kv_types=p.type_k, flash_attn=p.flash_attn)
+        if q is not None:
+            out.append((f"plan -ub {u}", q))
+    if p.flash_attn and p.type_v in ("f16", "f32", "bf16"):
+        out.append(("plan, FA off", replace(p, flash_attn=False)))
+    elif not p.flash_attn:
+        out.append(("plan, FA on", replace(p, flash_attn=True)))
+    for kv in kv_types:
+        if kv != p.type_k and kv_type_supported(spec, kv):
+            q = planned(n_ubatch=p.n_ubatch, kv_types=kv, flash_attn=True)
+            if q is not None:
+                out.append((f"plan, KV {kv}", q))
+    if gpu and 0 < p.n_cpu_moe < spec.n_layers:
+        other = "last" if p.cpu_moe_from == "first" else "first"
+        out.append((f"plan, {other} experts", replace(p, cpu_moe_from=other)))
+    return out
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def _prompt(rng: random.Random, n_vocab: int, n: int, first: int) -> list[int]:
+    # a distinct first token: the engine cannot reuse the previous prompt's KV cache
+    return [first % n_vocab] + [rng.randrange(n_vocab) for _ in range(n - 1)]
+
+
+def measure(model_path: Path, settings: EngineConfig, *, n_tokens: int, n_vocab: int, repeats: int = 1,
+            seed: int = 0) -> tuple[list[float], float]:
+    """(prefill tokens/s of each of ``repeats`` prefills of ``n_tokens`` tokens, load seconds), after a warm-up."""
+    import llama_cpp
+
+    from .engine import Engine, EngineStats
+
+    rng = random.Random(seed)
+    warm = max(8, min(settings.n_ubatch, n_tokens // 4))
+    prompts = [_prompt(rng, n_vocab, warm, 1)] + [_prompt(rng, n_vocab, n_tokens, 2 + r) for r in range(repeats)]
+    engine = Engine(model_path, settings)
+    try:
+        engine.llm  # load
+        runs = []
+        for r, tokens in enumerate(prompts):
+            stats = EngineStats()
+            engine.generate(tokens, max_tokens=1, stats=stats).read()
+            # generate() leaves its last decode (the sampled token) unsynchronised; llama.cpp would book the
+            # time until the next synchronisation to the next prefill's counter
+            llama_cpp.llama_synchronize(engine.llm._ctx.ctx)
+            if r == 0:
+                continue  # the warm-up
+            if stats.prefill_tokens != n_tokens or stats.prefill_tokens_per_second <= 0:
+                raise RagError(f"the prefill measured {stats.prefill_tokens} tokens, not {n_tokens}")
+            runs.append(stats.prefill_tokens_per_second)
+        return runs, engine.load_seconds
+    finally:
+        engine.close()
+
+
+def _predicted_seconds(c: Candidate, done: list[Candidate], *, n_tokens: int, repeats: int) -> float:
+    """What measuring ``c`` should take, from the candidates measured so far."""
+    measured = [d for d in done if d.status == "measured" and d.measured_tokens_per_s]
+    if not measured:
+        return 0.0
+    overheads = [max(d.seconds - n_tokens * len(d.runs) / d.measured_tokens_per_s, 0.0)  # type: ignore[operator]
+                 for d in measured]
+    # load, warm-up and close; the first measurement also paid one-time costs (imports)
+    overhead = statistics.median(overheads[1:] or overheads)
+    ratios = [d.measured_tokens_per_s / d.estimated_tokens_per_s for d in measured  # type: ignore[operator]
+              if d.estimated_tokens_per_s]
+    if c.estimated_tokens_per_s and ratios:
+        speed = c.estimated_tokens_per_s * statistics.median(ratios)
+    else:
+        speed = min(d.measured_tokens_per_s for d in measured)  # type: ignore[type-var]
+    return overhead + n_tokens * repeats / speed
+
+
+# --------------------------------------------------------------------------- tune
+
+
+def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, hardware: HardwareProfile,
+         n_ctx: int, max_seconds: float = DEFAULT_MAX_SECONDS, n_tokens: int | None = None,
+         progress: Callable[[TuneEvent], None] | None = None, budget: Budget | None = None,
+         kv_types: Sequence[str] | None = None, max_candidates: int = DEFAULT_MAX_CANDIDATES, repeats: int = 1,
+         measure_hardware: bool = False, seed: int = 0) -> TuneResult:
+    """Measure candidate settings around the planner's estimate and return every figure and the winner.
+
+    ``engine_settings`` are the configured settings (the baseline; threads, seed
+    and RoPE settings are kept in every candidate). ``n_ctx`` is the context to
+    tune for (0: the model's trained context). ``n_tokens`` is the prompt length
+    measured (default ``min(n_ctx // 2, 8192)``). ``budget`` defaults to the
+    profile's VRAM and RAM (RAM capped at this machine's), default margins.
+    ``kv_types`` are the KV cache types tried (default: the configured one and
+    q8_0, where the model's head size allows). ``measure_hardware`` measures
+    the CPU's FLOP/s and the RAM first (see :func:`pipeline.hardware.measure_hardware`);
+    the result's ``hardware`` is then worth saving with
+    :func:`pipeline.hardware.save_profile`. Raises :class:`ConfigError` if no plan fits.
+    """
+    from .models import file_identity
+
+    t0 = time.perf_counter()
+    model_path = Path(model_path)
+    notes: list[str] = []
+    spec = ModelSpec.from_gguf(model_path)
+    n_ctx = n_ctx or spec.n_ctx_train
+    if spec.n_ctx_train and n_ctx > spec.n_ctx_train and engine_settings.rope_scaling in ("", "none"):
+        notes.append(f"n_ctx {n_ctx} is above the model's trained context: tuned for {spec.n_ctx_train}")
+        n_ctx = spec.n_ctx_train
+    if n_ctx < 16:
+        raise ConfigError(f"n_ctx {n_ctx} is too small to tune for.")
+    n_tokens = int(n_tokens or min(n_ctx // 2, 8192))
+    n_tokens = max(8, min(n_tokens, n_ctx - 2))  # room for the sampled token
+
+    hw = _measure_hardware(hardware) if measure_hardware else hardware
+    gpu = hw.has_gpu and engine_settings.gpu_layers != 0 and gpu_offload_available()
+    if hw.has_gpu and not gpu:
+        notes.append("no GPU offload (CPU-only llama.cpp build or gpu_layers = 0): every plan is on the CPU")
+    hw_plan = hw if gpu else replace(hw, vram=0)
+    if budget is None:
+        ram = hw_plan.ram
+        try:
+            ram = min(ram, detect_ram())
+        except ConfigError:
+            pass
+        budget = Budget.from_hardware(replace(hw_plan, ram=ram))
+    if engine_settings.override_tensors.strip():
+        notes.append("engine.override_tensors is kept in every candidate; the estimates do not account for it")
+
+    base = replace(engine_settings, n_ctx=n_ctx)
+    mmap = base.mmap if not gpu else False  # pinned host memory copies faster to a GPU
+    best = make_plan(spec, hw_plan, n_ctx=n_ctx, budget=budget, kv_types=base.type_k, flash_attn=base.flash_attn,
+                     mmap=mmap, n_tokens=n_tokens)
+    kvs = tuple(kv_types) if kv_types is not None else (base.type_k, "q8_0")
+
+    def estimate(s: EngineConfig, label: str) -> PlanResult | None:
+        p = plan_of(s, spec, gpu=gpu)
+        return evaluate(spec, p, hw_plan, budget, label=label, n_tokens=n_tokens) if p else None
+
+    candidates = [Candidate("baseline (configured)", base, estimate(base, "baseline"))]
+    seen = {_key(base)}
+    for label, p in candidate_plans(spec, hw_plan, best, budget=budget, n_tokens=n_tokens, kv_types=kvs, gpu=gpu):
+        s = settings_of(p, base, spec, gpu=gpu)
+        if _key(s) in seen:
+            continue
+        seen.add(_key(s))
+        candidates.append(Candidate(label, s, estimate(s, label)))
+    # the plan first, then the others by estimated speed (stable: equal estimates keep their order)
+    head, rest = candidates[:2], candidates[2:]
+    rest.sort(key=lambda c: -round(math.log(c.estimated_tokens_per_s), 2) if c.estimated_tokens_per_s else math.inf)
+    candidates = (head + rest)[:max(1, max_candidates)]
+
+    total = len(candidates)
+
+    def emit(kind: str, i: int = 0, c: Candidate | None = None, **kw: Any) -> None:
+        if progress is not None:
+            progress(TuneEvent(kind, index=i, total=total, label=c.label if c else "",  # type: ignore[arg-type]
+                               elapsed=time.perf_counter() - t0, max_seconds=max_seconds, **kw))
+
+    emit("plan", message=best.describe())
+    out_of_time = False
+    for i, c in enumerate(candidates):
+        if i and not c.fits:
+            c.status = "over budget"
+            emit("skip", i, c, message="over the memory budget")
+            continue
+        if i and (out_of_time or time.perf_counter() - t0 + _predicted_seconds(
+                c, candidates[:i], n_tokens=n_tokens, repeats=repeats) > max_seconds):
+            out_of_time = True  # candidates come fastest first: the later ones would not fit either
+            c.status = "out of time"
+            emit("skip", i, c, message="out of time")
+            continue
+        emit("start", i, c, message=c.describe_settings())
+        t = time.perf_counter()
+        try:
+            c.runs, c.load_seconds = measure(model_path, c.settings, n_tokens=n_tokens, n_vocab=spec.n_vocab,
+                                             repeats=max(1, repeats), seed=seed + i)
+            c.status = "measured"
+        except RagError as exc:
+            c.status, c.error = "failed", str(exc)
+        c.seconds = time.perf_counter() - t
+        if c.status == "measured":
+            emit("result", i, c, tokens_per_s=c.measured_tokens_per_s)
+        else:
+            emit("skip", i, c, message=f"failed: {c.error}")
+
+    if candidates[0].estimate is not None and not candidates[0].fits:
+        notes.append("the configured settings are over the memory budget by the memory model: not chosen")
+    result = TuneResult(
+        model=str(model_path), model_identity=file_identity(model_path), n_ctx=n_ctx, n_tokens=n_tokens,
+        hardware=hw, gpu=gpu, plan=best, candidates=candidates, seconds=time.perf_counter() - t0,
+        max_seconds=max_seconds, hardware_measured=measure_hardware, notes=notes)
+    emit("done", message=result.summary())
+    return result
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+def profile_path(home: Path, model_identity: str, n_ctx: int) -> Path:
+    """Where the tuned profile of a model (by :func:`pipeline.models.file_identity`) at ``n_ctx`` lives."""
+    return Path(home) / "tuned" / f"{model_identity}-{n_ctx}.toml"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def profile_text(result: TuneResult) -> str:
+    """The profile TOML: the measurements as comments, the winner's keys in ``[engine]``."""
+    w = result.winner
+    if w is None:
+        raise ConfigError("No candidate that fits the memory budget was measured: there is no profile to write.")
+    hw = result.hardware
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"# Tuned by `rag tune` on {when}: {Path(result.model).name} (identity {result.model_identity}), "
+        f"n_ctx {result.n_ctx}, {result.n_tokens}-token prefills.",
+        f"# Hardware: {hw.name}{' (measured)' if result.hardware_measured else ''}, "
+        f"{'GPU ' + hw.gpu_name + ', ' if result.gpu else 'CPU only, '}"
+        f"RAM {hw.ram / GiB:.0f} GiB, CPU {hw.cpu_flops / 1e9:.0f} GFLOP/s.",
+        "# Measured prefill tokens/s (llama.cpp's timings); planner's estimate in brackets:",
+    ]
+    for c in result.candidates:
+        est = f"{c.estimated_tokens_per_s:.0f}" if c.estimated_tokens_per_s else "-"
+        got = f"{c.measured_tokens_per_s:.1f}" if c.measured_tokens_per_s else c.status
+        lines.append(f"#   {c.label}: {c.describe_settings()}: {got} [{est}]{' <- chosen' if c is w else ''}")
+    lines.append(f"# {result.summary()}.")
+    lines.append("[engine]")
+    lines += [f"{k} = {_toml_value(v)}" for k, v in w.engine.items() if result.gpu or k != "gpu_layers"]
+    return "\n".join(lines) + "\n"
+
+
+def write_profile(result: TuneResult, path: str | os.PathLike[str]) -> Path:
+    """Write the winner's ``[engine]`` settings (and the measurements, as comments) to ``path``, atomically."""
+    text = profile_text(result)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The dotted ``engine.*`` settings of a tuned profile (``{"engine.n_ubatch": 512, ...}``)."""
+    values = read_toml(Path(path))
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    for key in values:
+        section, _, name = key.partition(".")
+        if section != "engine" or name not in known:
+            raise ConfigError(f"{path}: a tuned profile holds only [engine] settings, not {key!r}")
+    return values
+
+
+def tuned_settings(home: Path, model_path: str | os.PathLike[str], n_ctx: int) -> dict[str, Any]:
+    """The tuned profile's settings for this model file at ``n_ctx``, or ``{}`` where it was not tuned."""
+    from .models import file_identity
+
+    path = profile_path(home, file_identity(Path(model_path)), n_ctx)
+    return read_profile(path) if path.is_file() else {}
+
+
+__all__ = [
+    "Candidate", "PROFILE_KEYS", "TuneEvent", "TuneResult", "candidate_plans", "gpu_offload_available", "measure",
+    "plan_of", "profile_path", "profile_text", "read_profile", "settings_of", "tune", "tuned_settings",
+    "write_profile",
+]

@@ -1,0 +1,165 @@
+"""rag tune's library: real llama.cpp prefills of a generated MoE model, bounded in time, written to a profile.
+
+The model is the tiny generated qwen3moe model (about 1 MB); prefills are 512 tokens
+at n_ctx 2048 on 1 thread, so one candidate takes a fraction of a second (a few on a busy machine).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import EngineConfig, load_config
+from pipeline.errors import ConfigError
+from pipeline.hardware import GiB, get_profile, load_profile, save_profile
+from pipeline.memory import memory
+from pipeline.models import file_identity
+from pipeline.plan import Budget
+from pipeline.spec import ModelSpec
+from pipeline.tune import (
+    PROFILE_KEYS,
+    TuneEvent,
+    plan_of,
+    profile_path,
+    read_profile,
+    settings_of,
+    tune,
+    tuned_settings,
+    write_profile,
+)
+
+N_CTX, N_TOKENS = 2048, 512
+SETTINGS = EngineConfig(threads=1, threads_batch=1)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from pipeline.synthetic import write_moe_model
+
+    return write_moe_model(tmp_path_factory.mktemp("tune") / "moe.gguf")
+
+
+@pytest.fixture(scope="module")
+def tuned(model):
+    events: list[TuneEvent] = []
+    result = tune(model, engine_settings=SETTINGS, hardware=get_profile("cpu"), n_ctx=N_CTX, n_tokens=N_TOKENS,
+                  max_seconds=20, progress=events.append)
+    return result, events
+
+
+def test_tune_measures_the_baseline_first_and_picks_a_winner_that_fits(tuned, model) -> None:
+    result, events = tuned
+    base = result.baseline
+    assert base.label.startswith("baseline") and base.settings == replace(SETTINGS, n_ctx=N_CTX)
+    assert base.status == "measured" and base.measured_tokens_per_s > 0
+    starts = [e for e in events if e.kind == "start"]
+    assert starts[0].index == 0 and starts[0].label == base.label  # the baseline is measured first
+    assert events[0].kind == "plan" and events[-1].kind == "done"
+    assert all(e.total == len(result.candidates) for e in events)
+    measured = [c for c in result.candidates if c.status == "measured"]
+    assert len(measured) >= 2  # more than the baseline fits in 20 s, even on a busy machine
+
+    w = result.winner
+    assert w is not None and w.status == "measured" and w.fits
+    assert w.measured_tokens_per_s == max(c.measured_tokens_per_s for c in measured if c.fits)
+    assert result.speedup == pytest.approx(w.measured_tokens_per_s / base.measured_tokens_per_s)
+
+    # never over budget: the winner's memory (recomputed) fits the budget the planner used
+    spec = ModelSpec.from_gguf(model)
+    hw = replace(get_profile("cpu"), vram=0)
+    mem = memory(spec, plan_of(w.settings, spec, gpu=False), hw)
+    assert mem.gpu.total == 0  # a CPU-only build: nothing planned on a GPU
+    assert mem.cpu.total + w.estimate.budget.ram_margin <= w.estimate.budget.ram
+
+    # the candidates vary the batch sizes and flash attention around the plan
+    keys = {(c.settings.n_batch, c.settings.n_ubatch, c.settings.flash_attn) for c in result.candidates}
+    assert len({k[1] for k in keys}) >= 2 and {k[2] for k in keys} == {True, False}
+    assert all(c.estimate is not None for c in result.candidates)
+    assert not result.gpu and result.plan.memory.gpu.total == 0
+    assert result.seconds < 20 + 10  # bounded (one candidate of slack)
+    d = result.to_dict()
+    assert d["winner"] == w.label and d["candidates"][0]["label"] == base.label
+    assert "fastest" in result.summary() or "configured settings are the fastest" in result.summary()
+    assert base.label in result.describe()
+
+
+def test_profile_written_and_read_back(tuned, tmp_path) -> None:
+    result, _ = tuned
+    path = profile_path(tmp_path, result.model_identity, result.n_ctx)
+    assert path == tmp_path / "tuned" / f"{file_identity(Path(result.model))}-{N_CTX}.toml"
+    write_profile(result, path)
+    text = path.read_text()
+    assert text.startswith("# Tuned by `rag tune`") and "<- chosen" in text
+    engine = tomllib.loads(text)["engine"]
+    assert set(engine) <= set(PROFILE_KEYS) and {"n_batch", "n_ubatch", "flash_attn", "type_k", "mmap"} <= set(engine)
+    values = read_profile(path)
+    assert values == {f"engine.{k}": v for k, v in engine.items()}
+    assert values["engine.n_ubatch"] == result.winner.settings.n_ubatch
+    # the pipeline can lay it over a configuration
+    cfg = load_config(environ={}, overrides=values)
+    assert cfg.engine.n_ubatch == result.winner.settings.n_ubatch
+    assert tuned_settings(tmp_path, result.model, N_CTX) == values
+    assert tuned_settings(tmp_path, result.model, 4096) == {}
+    (tmp_path / "bad.toml").write_text("[ask]\ntop_k = 3\n")
+    with pytest.raises(ConfigError):
+        read_profile(tmp_path / "bad.toml")
+
+
+def test_max_seconds_stops_new_candidates_but_not_the_baseline(model, monkeypatch) -> None:
+    from pipeline import hardware
+
+    monkeypatch.setattr(hardware, "measure_cpu_flops", lambda **kw: 123e9)
+    events: list[TuneEvent] = []
+    result = tune(model, engine_settings=SETTINGS, hardware=get_profile("cpu"), n_ctx=N_CTX, n_tokens=N_TOKENS,
+                  max_seconds=0, progress=events.append, measure_hardware=True)
+    assert result.hardware_measured and result.hardware.cpu_flops == 123e9
+    assert result.baseline.status == "measured"
+    assert all(c.status == "out of time" for c in result.candidates[1:])
+    assert [e.index for e in events if e.kind == "start"] == [0]
+    assert result.winner is result.baseline and result.speedup == 1.0
+
+
+def test_over_budget_candidates_are_never_measured(model) -> None:
+    spec = ModelSpec.from_gguf(model)
+    # a budget only the smallest micro-batches fit: the baseline (ubatch 512, FA on) is over it
+    hw = get_profile("cpu")
+    small = memory(spec, plan_of(replace(SETTINGS, n_ctx=N_CTX, n_batch=128, n_ubatch=128), spec, gpu=False), hw)
+    budget = Budget(vram=0, ram=small.cpu.total + 1024, ram_margin=0)
+    result = tune(model, engine_settings=SETTINGS, hardware=hw, n_ctx=N_CTX, n_tokens=N_TOKENS, max_seconds=20,
+                  budget=budget)
+    assert not result.baseline.fits and result.baseline.status == "measured"  # measured, never chosen
+    for c in result.candidates[1:]:
+        assert c.fits or c.status == "over budget"
+    assert result.winner is not None and result.winner.fits and result.winner is not result.baseline
+    assert any("over the memory budget" in n for n in result.notes)
+    with pytest.raises(ConfigError):  # nothing fits at all
+        tune(model, engine_settings=SETTINGS, hardware=hw, n_ctx=N_CTX, n_tokens=N_TOKENS, max_seconds=5,
+             budget=Budget(vram=0, ram=1024, ram_margin=0))
+
+
+def test_settings_plan_roundtrip(model) -> None:
+    spec = ModelSpec.from_gguf(model)
+    s = EngineConfig(n_ctx=4096, n_batch=1024, n_ubatch=256, n_cpu_moe=2, cpu_moe_from="last", gpu_layers=-1)
+    p = plan_of(s, spec, gpu=True)
+    assert (p.n_batch, p.n_ubatch, p.n_cpu_moe, p.cpu_moe_from, p.gpu_layers, p.mmap) == (1024, 256, 2, "last", 5,
+                                                                                          False)
+    back = settings_of(p, EngineConfig(), spec, gpu=True)
+    assert (back.n_batch, back.n_ubatch, back.n_cpu_moe, back.cpu_moe_from, back.gpu_layers) == (
+        1024, 256, 2, "last", -1)
+    all_cpu = settings_of(replace(p, n_cpu_moe=spec.n_layers), EngineConfig(), spec, gpu=True)
+    assert all_cpu.cpu_moe and all_cpu.n_cpu_moe == 0
+    assert plan_of(EngineConfig(n_ctx=4096, flash_attn=False, type_v="q8_0"), spec, gpu=False) is None
+
+
+def test_measured_hardware_profile(tmp_path, monkeypatch) -> None:
+    from pipeline import hardware
+
+    monkeypatch.setattr(hardware, "measure_cpu_flops", lambda **kw: 123e9)
+    hw = hardware.measure_hardware(get_profile("cpu"))
+    assert hw.cpu_flops == 123e9 and hw.ram == hardware.detect_ram() and hw.ram > 1 * GiB
+    assert load_profile(save_profile(hw, tmp_path / "hw.toml")) == hw
+    real = hardware.measure_cpu_flops(seconds=0.05, n=128)
+    assert 1e6 < real < 1e14
