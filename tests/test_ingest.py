@@ -191,3 +191,33 @@ def test_changing_the_chunking_of_an_existing_collection_is_refused(make_pipelin
     with pytest.raises(StoreError, match="chunked with size 256"):
         make_pipeline(chunking__size=128).ingest([corpus])
     assert make_pipeline().status().chunks > 0  # nothing was lost
+
+
+def test_mmr_trades_redundant_hits_for_diverse_ones(make_pipeline, tmp_path):
+    from pipeline.retrieve import search
+
+    docs = tmp_path / "dup"
+    docs.mkdir()
+    for i in range(4):  # four copies of one passage, and one different passage on the same topic
+        (docs / f"copy{i}.md").write_text("Flash attention lowers memory traffic during prompt processing.\n")
+    (docs / "other.md").write_text("Large micro-batches amortise the copies of expert weights to the GPU.\n")
+    rag = make_pipeline()
+    rag.ingest([docs])
+    with rag.store() as store:
+        plain = search("prompt processing speed", store=store, embedder=rag.embedder, top_k=2)
+        diverse = search("prompt processing speed", store=store, embedder=rag.embedder, top_k=2,
+                         use_mmr=True, mmr_lambda=0.3)
+    assert all("copy" in h.source for h in plain)
+    assert {("copy" in h.source) for h in diverse} == {True, False}
+
+
+def test_ask_on_an_empty_collection_says_so(make_pipeline, tmp_path):
+    folder = tmp_path / "one"
+    folder.mkdir()
+    (folder / "only.md").write_text("# Only\n\nA single short document.\n")
+    rag = make_pipeline()
+    rag.ingest([folder])
+    (folder / "only.md").unlink()
+    assert rag.ingest([folder], prune=True).count("removed") == 1
+    with pytest.raises(StoreError, match="is empty"):
+        make_pipeline(engine__n_ctx=512).ask("anything")
