@@ -110,7 +110,7 @@ class AskConfig:
     mmr_lambda: float = 0.7
     max_tokens: int = 256
     temperature: float = 0.0
-    repeat_penalty: float = 1.1
+    repeat_penalty: float = 1.2
     system_prompt: str = (
         "You answer questions using only the numbered documents provided. Cite the documents you "
         "use as [1], [2]. If the documents do not contain the answer, say so.")

@@ -332,19 +332,40 @@ class Engine:
         del self._tokens[n:]
         return n
 
+    @cached_property
+    def _batch_arrays(self):
+        """NumPy views of the llama_batch's token, position and logits arrays (filled without a Python loop)."""
+        import numpy as np
+
+        llm = self.llm
+        raw, n = llm._batch.batch, llm.n_batch
+        for i in range(n):  # one sequence, id 0, for every slot
+            raw.n_seq_id[i] = 1
+            raw.seq_id[i][0] = 0
+        views = tuple(np.ctypeslib.as_array(ptr, shape=(n,)) for ptr in (raw.token, raw.pos, raw.logits))
+        return (*views, np.arange(n, dtype=np.int32))
+
     def prefill(self, tokens: Sequence[int], *, start: int = 0) -> None:
         """Decode ``tokens[start:]`` in ``n_batch`` pieces, logits for the last token only."""
+        import numpy as np
+
         llm = self.llm
         batch, n_batch = llm._batch, llm.n_batch
+        tok, pos, logits, ramp = self._batch_arrays
+        all_tokens = np.asarray(tokens, dtype=np.int32)
         for lo in range(start, len(tokens), n_batch):
-            piece = list(tokens[lo:lo + n_batch])
-            batch.set_batch(piece, n_past=lo, logits_all=False)
+            n = min(n_batch, len(tokens) - lo)
+            tok[:n] = all_tokens[lo:lo + n]
+            pos[:n] = ramp[:n] + lo
+            logits[:n] = 0
+            logits[n - 1] = 1
+            batch.batch.n_tokens = n
             try:
                 llm._ctx.decode(batch)
             except RuntimeError as exc:
                 self._reset()
                 raise EngineError(f"llama.cpp failed during prefill at token {lo}: {exc}") from None
-            self._tokens.extend(piece)
+            self._tokens.extend(tokens[lo:lo + n])
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
@@ -421,6 +442,7 @@ class Engine:
         if disk and reused < prefix_len:
             reused = self._restore(tokens, prefix_len, reused, stats)
         stats.cached_tokens = reused
+        llama_cpp.llama_synchronize(ctx)  # anything pending is booked before the counters restart
         llama_cpp.llama_perf_context_reset(ctx)
         t_prefill = time.perf_counter()
         if len(self._tokens) < prefix_len:
@@ -487,7 +509,7 @@ class Engine:
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
         if repeat_penalty != 1.0:
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
-                self.llm._model.n_vocab(), 64, repeat_penalty, 0.0, 0.0))
+                self.llm._model.n_vocab(), 256, repeat_penalty, 0.0, 0.0))
         if temperature <= 0:
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
         else:
