@@ -370,15 +370,16 @@ def to_toml(config: Config) -> str:
     data = config.to_dict()
     for key, value in data.items():
         if not isinstance(value, dict):
-            lines.append(f"{key} = {_toml_value(value)}")
+            lines.append(f"{key} = {toml_value(value)}")
     for key, value in data.items():
         if isinstance(value, dict):
             lines.append(f"\n[{key}]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in value.items()]
+            lines += [f"{k} = {toml_value(v)}" for k, v in value.items()]
     return "\n".join(lines) + "\n"
 
 
-def _toml_value(value: Any) -> str:
+def toml_value(value: Any) -> str:
+    """A TOML literal for a setting's value (bool, number or string)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from .config import EngineConfig, read_toml
+from .config import EngineConfig, read_toml, toml_value
 from .errors import ConfigError, RagError
 from .hardware import GiB, HardwareProfile, detect_ram
 from .hardware import measure_hardware as _measure_hardware
@@ -468,14 +468,6 @@ def profile_path(home: Path, model_identity: str, n_ctx: int) -> Path:
     return Path(home) / "tuned" / f"{model_identity}-{n_ctx}.toml"
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def profile_text(result: TuneResult) -> str:
     """The profile TOML: the measurements as comments, the winner's keys in ``[engine]``."""
     w = result.winner
@@ -497,7 +489,7 @@ def profile_text(result: TuneResult) -> str:
         lines.append(f"#   {c.label}: {c.describe_settings()}: {got} [{est}]{' <- chosen' if c is w else ''}")
     lines.append(f"# {result.summary()}.")
     lines.append("[engine]")
-    lines += [f"{k} = {_toml_value(v)}" for k, v in w.engine.items() if result.gpu or k != "gpu_layers"]
+    lines += [f"{k} = {toml_value(v)}" for k, v in w.engine.items() if result.gpu or k != "gpu_layers"]
     return "\n".join(lines) + "\n"
 
 
