@@ -174,7 +174,6 @@ class Pipeline:
         """
         import dataclasses
 
-        from . import hardware as hw_mod
         from . import plan as plan_mod
         from .errors import ConfigError
         from .spec import ModelSpec
@@ -187,13 +186,7 @@ class Pipeline:
             ref = str(model) if model else self.config.models.generator
             spec = ModelSpec.from_gguf(models.resolve(ref, home=self.config.home_path, what="model",
                                                       log=self._log))
-        saved = self.config.home_path / "hardware.toml"
-        if hardware is None:
-            hw = hw_mod.load_profile(saved) if saved.exists() else hw_mod.get_profile("cpu").with_ram()
-        elif Path(str(hardware)).suffix == ".toml":
-            hw = hw_mod.load_profile(hardware)
-        else:
-            hw = hw_mod.get_profile(str(hardware))
+        hw = self.hardware(hardware)
         if vram_gb is not None:
             hw = dataclasses.replace(hw, vram=int(vram_gb * 2**30))
         if ram_gb is not None:
@@ -216,8 +209,7 @@ class Pipeline:
 
         path = models.resolve(self.config.models.generator, home=self.config.home_path, what="generator",
                               log=self._log)
-        saved = self.config.home_path / "hardware.toml"
-        hw = hw_mod.load_profile(saved) if saved.exists() else hw_mod.get_profile("cpu").with_ram()
+        hw = self.hardware()
         n_ctx = self.config.engine.n_ctx or ModelInfo.read(path).n_ctx_train
         result = tune_mod.tune(path, engine_settings=self.config.engine, hardware=hw, n_ctx=n_ctx,
                                max_seconds=max_seconds, n_tokens=n_tokens, progress=progress,
@@ -225,8 +217,20 @@ class Pipeline:
         target = tune_mod.write_profile(
             result, tune_mod.profile_path(self.config.home_path, models.file_identity(path), n_ctx))
         if measure_hardware and result.hardware is not None:
-            hw_mod.save_profile(result.hardware, saved)
+            hw_mod.save_profile(result.hardware, self.config.home_path / "hardware.toml")
         return result, target
+
+    def hardware(self, profile: str | Path | None = None):
+        """A hardware profile: a built-in name or a TOML file; by default the one ``rag tune
+        --measure-hardware`` saved in the home, else the CPU profile with this machine's RAM."""
+        from . import hardware as hw_mod
+
+        saved = self.config.home_path / "hardware.toml"
+        if profile is None:
+            return hw_mod.load_profile(saved) if saved.exists() else hw_mod.get_profile("cpu").with_ram()
+        if Path(str(profile)).suffix == ".toml":
+            return hw_mod.load_profile(profile)
+        return hw_mod.get_profile(str(profile))
 
     @cached_property
     def prefix_cache(self):
