@@ -272,6 +272,10 @@ class Pipeline:
 
     def search(self, query: str, *, top_k: int | None = None) -> list[Hit]:
         """The best chunks for ``query`` by hybrid retrieval."""
+        from .errors import InputError
+
+        if not query.strip():
+            raise InputError("the query is empty")
         r = self.config.retrieval
         with self.store() as store:
             store.require()

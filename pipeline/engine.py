@@ -248,6 +248,12 @@ class Engine:
                     "or keep more experts on the CPU (engine.n_cpu_moe)") from None
             raise EngineError(f"llama.cpp could not load the generator {self.model_path}: {text}") from None
         self.load_seconds = time.perf_counter() - t0
+        import llama_cpp
+
+        if not llama_cpp.llama_model_has_decoder(llm._model.model) or self.info.arch in ("bert", "nomic-bert"):
+            llm.close()
+            raise EngineError(f"{self.model_path.name} is an embedding (encoder) model ({self.info.arch}), "
+                              "not a generator: set models.generator to a text-generation GGUF")
         return llm
 
     @cached_property

@@ -88,3 +88,14 @@ def test_cli_ask_streams_then_lists_sources(store_dir, ingested, monkeypatch):
     assert data["stats"]["prompt_tokens"] > 0 and data["sources"][0]["n"] == 1
     bad = runner.invoke(cli, ["ask", "x", "--doc", "/nonexistent.pdf"])
     assert bad.exit_code == 2 and "not in collection" in bad.output
+
+
+def test_an_embedding_model_is_refused_as_generator(make_pipeline, ingested, model_home):
+    from pipeline.errors import EngineError
+    from pipeline.models import resolve
+
+    bert = resolve("builtin:all-MiniLM-L6-v2", home=model_home, fetch=False)
+    with pytest.raises(EngineError, match="embedding \\(encoder\\) model"):
+        make_pipeline(models__generator=str(bert), **FAST).ask("anything")
+    with pytest.raises(InputError, match="query is empty"):
+        make_pipeline().search("  ")
