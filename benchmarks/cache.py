@@ -51,7 +51,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=6000, help="document size in generator tokens")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--quick", action="store_true", help="a 2,000-token document, one repeat")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.tokens, args.repeat = 2000, 1
 
     work = Path(tempfile.mkdtemp(prefix="rag-bench-cache-"))
     overrides = {"store.path": str(work / "store"), "store.collection": "bench",

@@ -88,9 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=Path, default=ROOT / "samples")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None, help="write the figures to this file")
+    ap.add_argument("--quick", action="store_true", help="one repeat (a smoke run; figures are noisier)")
     args = ap.parse_args(argv)
     samples = args.samples.resolve()
-    repeat = max(1, args.repeat)
+    repeat = 1 if args.quick else max(1, args.repeat)
 
     # -- setup (untimed) -----------------------------------------------------------------
     t0 = time.perf_counter()

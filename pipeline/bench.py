@@ -253,8 +253,10 @@ def unit_of(metric: str) -> str:
     """A unit guessed from a metric's name (``tokens_per_second`` -> ``tok/s``)."""
     last = metric.rsplit(".", 1)[-1].lower()
     m = metric.lower()
-    if re.search(r"tok(en)?s?_?(per_)?s(ec(ond)?)?$", last) or "tokens_per_second" in m or "tok_s" in m:
+    if re.search(r"(tok(en)?s?_per_s(ec(ond)?)?|tok_s|tps)$", last) or "tokens_per_second" in m or "tok/s" in m:
         return "tok/s"
+    if last.endswith("tokens"):
+        return "tokens"
     if "bytes" in last:
         return "B"
     if last.endswith("gib"):
