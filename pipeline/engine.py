@@ -332,7 +332,8 @@ class Engine:
             self._reset()
             return 0
         mem = llama_cpp.llama_get_memory(self.llm._ctx.ctx)
-        if not llama_cpp.llama_memory_seq_rm(mem, 0, n, -1):
+        if not llama_cpp.llama_memory_seq_rm(mem, 0, n, -1):  # e.g. sliding-window layers dropped cells
+            self.notes.append(f"the KV memory could not be cut at token {n} (sliding window?): full prefill")
             self._reset()
             return 0
         del self._tokens[n:]
@@ -435,7 +436,6 @@ class Engine:
 
         llm = self.llm
         stats.load_seconds = self.load_seconds
-        stats.notes.extend(self.notes)
         ctx = llm._ctx.ctx
         t0 = time.perf_counter()
         # The prompt is always decoded in two parts split at prefix_len, and nothing past
@@ -448,6 +448,8 @@ class Engine:
         if disk and reused < prefix_len:
             reused = self._restore(tokens, prefix_len, reused, stats)
         stats.cached_tokens = reused
+        stats.notes.extend(self.notes)
+        self.notes = [n for n in self.notes if "trained context" in n]  # per-prompt notes are reported once
         llama_cpp.llama_synchronize(ctx)  # anything pending is booked before the counters restart
         llama_cpp.llama_perf_context_reset(ctx)
         t_prefill = time.perf_counter()
