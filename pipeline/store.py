@@ -107,17 +107,11 @@ class Store:
                 settings=Settings(anonymized_telemetry=False, allow_reset=False))
         return self._client
 
-    def _col(self, *, create: bool = False):
+    def _col(self):
+        """The Chroma collection (cosine space). The catalog decides whether the collection exists."""
         if self._collection is None:
-            if create:
-                self._collection = self._chroma.get_or_create_collection(
-                    self.name, configuration={"hnsw": {"space": "cosine"}}, embedding_function=None)
-            else:
-                try:
-                    self._collection = self._chroma.get_collection(self.name, embedding_function=None)
-                except Exception:  # chromadb raises NotFoundError or ValueError depending on version
-                    self._collection = self._chroma.get_or_create_collection(
-                        self.name, configuration={"hnsw": {"space": "cosine"}}, embedding_function=None)
+            self._collection = self._chroma.get_or_create_collection(
+                self.name, configuration={"hnsw": {"space": "cosine"}}, embedding_function=None)
         return self._collection
 
     # -- collections ------------------------------------------------------------------------
@@ -149,7 +143,7 @@ class Store:
                 pass
             self._collection = None
             self.catalog.create_collection(info)
-            self._col(create=True)
+            self._col()
             return info
         self.check_compatible(embedder=embedder, embedder_id=embedder_id, chunk_size=chunk_size,
                               chunk_overlap=chunk_overlap)
