@@ -139,3 +139,4 @@ def test_second_process_waits_then_stops_with_a_clear_message(make_pipeline, tmp
         assert proc.wait(timeout=300) == 0
     # A process that waits long enough gets in once the first is done.
     assert make_pipeline(store__wait=30).status().documents == N_DOCS
+
