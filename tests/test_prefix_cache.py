@@ -81,3 +81,33 @@ def test_cli_warm_stats_and_clear(store_dir, corpus, tmp_path, monkeypatch):
     assert stats["entries"] == 4 and stats["bytes"] > 0 and stats["bytes_per_token"] > 0
     assert "deleted 4 cached prefix states" in runner.invoke(cli, ["cache", "clear", "--yes"]).output
     assert json.loads(runner.invoke(cli, ["cache", "stats", "--json"]).output)["entries"] == 0
+
+
+def test_sliding_window_model_restores_exactly(model_home, tmp_path):
+    """Gemma 3 has interleaved sliding-window layers (window 512): a prefix longer than the window,
+    restored from disk or kept in memory, gives the same greedy answer as a plain run."""
+    from pipeline.cache import PrefixCache
+    from pipeline.config import EngineConfig
+    from pipeline.engine import Engine
+    from pipeline.models import resolve
+
+    path = resolve("builtin:gemma-3-270m", home=model_home)
+    settings = EngineConfig(n_ctx=1024, n_batch=512, n_ubatch=512, threads=2)
+    text = " ".join(f"Record {i}: the reactor {i % 7} reported pressure {i * 3} kPa." for i in range(60))
+
+    def ask(question, *, cache=None, engine=None):
+        engine = engine or Engine(path, settings, cache=cache, cache_min_tokens=16)
+        prefix = engine.bos + engine.tokenize(f"Document:\n{text}\n\n")
+        tokens = prefix + engine.tokenize(f"Question: {question}\nAnswer:")
+        gen = engine.generate(tokens, max_tokens=12, prefix_len=len(prefix))
+        return engine, gen.read(), gen.stats
+
+    assert len(ask("x")[0].tokenize(text)) > 512  # longer than the sliding window
+    plain_engine, plain, _ = ask("What pressure did record 5 report?")
+    cache = PrefixCache(tmp_path / "cache", max_bytes=2**31)
+    _, first, st1 = ask("What pressure did record 5 report?", cache=cache)
+    _, again, st2 = ask("What pressure did record 5 report?", cache=cache)
+    assert st1.cache == "miss" and st2.cache == "disk" and st2.cached_tokens > 512
+    assert plain == first == again
+    _, other, st3 = ask("Which reactor reported 30 kPa?", engine=plain_engine)  # in memory, same engine
+    assert st3.cache == "memory" and other == ask("Which reactor reported 30 kPa?")[1]
