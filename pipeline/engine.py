@@ -9,7 +9,7 @@ the model loads without mmap, so that a GPU build can keep them in pinned memory
 Within one process the engine keeps what is in its KV cache and reuses the
 longest common token prefix of the next prompt (exact, so lossless). Models
 whose memory cannot be cut at an arbitrary position (recurrent and hybrid ones)
-fall back to a full prefill, and the stats say so.
+reuse only a saved prefix state (see :mod:`.cache`), or prefill in full.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class EngineStats:
     decode_seconds: float = 0.0
     decode_tokens_per_second: float = 0.0
     load_seconds: float = 0.0
-    cache: str = "none"  # none | memory | disk | miss | unsupported (see the cache issue)
+    cache: str = "none"  # none | memory (kept in the KV cache) | disk (restored) | miss
     cache_load_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -328,6 +328,9 @@ class Engine:
             n += 1
         if n == len(self._tokens):
             return n
+        if n and not self.can_trim:
+            self.notes.append(f"this model's memory (recurrent/hybrid) cannot be cut at token {n}: "
+                              "only a saved prefix state can be reused")
         if n == 0 or not self.can_trim:
             self._reset()
             return 0
@@ -391,13 +394,10 @@ class Engine:
         return Generation(self._run(list(tokens), max_tokens, sampling, stats, prefix_len), stats)
 
     def _use_disk_cache(self, prefix_len: int, stats: EngineStats) -> bool:
-        if self.cache is None or prefix_len < self.cache_min_tokens:
-            return False
-        if not self.can_trim:
-            stats.cache = "unsupported"
-            stats.notes.append("prefix states of recurrent/hybrid models are not cached: full prefill")
-            return False
-        return True
+        # Recurrent and hybrid models qualify too: states are saved and restored exactly at the
+        # prefix boundary, never cut afterwards; in memory such a model cannot drop a previous
+        # question, so its next one restores the prefix from disk instead.
+        return self.cache is not None and prefix_len >= self.cache_min_tokens
 
     def _restore(self, tokens: list[int], prefix_len: int, reused: int, stats: EngineStats) -> int:
         """Load the longest saved prefix of ``tokens`` if it beats what the KV cache already holds."""

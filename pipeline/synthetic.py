@@ -236,7 +236,7 @@ def tensor_names(path: str | os.PathLike[str]) -> list[str]:
     return [t.name for t in gguf.GGUFReader(path).tensors]
 
 
-__all__ = ["CHATML_TEMPLATE", "byte_vocab", "moe_tensor_shapes", "tensor_names", "write_moe_model"]
+__all__ = ["CHATML_TEMPLATE", "byte_vocab", "moe_tensor_shapes", "tensor_names", "write_mamba_model", "write_moe_model"]
 
 
 def write_timing_moe_model(
@@ -353,3 +353,73 @@ def write_timing_moe_model(
 
 
 __all__ = [*__all__, "write_timing_moe_model"]
+
+
+def write_mamba_model(path: str | os.PathLike[str], *, n_layers: int = 2, n_embd: int = 64, d_inner: int = 128,
+                      d_state: int = 16, d_conv: int = 4, dt_rank: int = 8, n_ctx_train: int = 65536,
+                      seed: int = 0) -> Path:
+    """Write a tiny generated ``mamba`` (recurrent, no KV cache) GGUF to ``path`` and return the path.
+
+    A model whose memory is a per-sequence state that cannot be cut at an earlier
+    position: what the prefix cache must restore exactly at a prefix boundary.
+    """
+    import gguf
+
+    tokens, types, merges = byte_vocab()
+    rng = np.random.default_rng(seed)
+    shapes: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (len(tokens), n_embd))]
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        shapes += [(p + "attn_norm.weight", (n_embd,)), (p + "ssm_in.weight", (2 * d_inner, n_embd)),
+                   (p + "ssm_conv1d.weight", (d_inner, d_conv)), (p + "ssm_conv1d.bias", (d_inner,)),
+                   (p + "ssm_x.weight", (dt_rank + 2 * d_state, d_inner)), (p + "ssm_dt.weight", (d_inner, dt_rank)),
+                   (p + "ssm_dt.bias", (d_inner,)), (p + "ssm_a", (d_inner, d_state)), (p + "ssm_d", (d_inner,)),
+                   (p + "ssm_out.weight", (n_embd, d_inner))]
+    shapes += [("output_norm.weight", (n_embd,)), ("output.weight", (len(tokens), n_embd))]
+
+    def make(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        if name.endswith("norm.weight"):
+            return np.ones(shape, dtype=np.float32)
+        if name.endswith("ssm_a"):  # A = -exp(A_log): negative for a stable recurrence
+            return -np.exp(rng.standard_normal(shape).astype(np.float32) * 0.5)
+        return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(np.float32)
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        writer = gguf.GGUFWriter(tmp, "mamba")
+        try:
+            writer.add_name("synthetic-mamba")
+            writer.add_context_length(n_ctx_train)
+            writer.add_embedding_length(n_embd)
+            writer.add_block_count(n_layers)
+            writer.add_feed_forward_length(0)
+            writer.add_head_count(0)
+            writer.add_ssm_conv_kernel(d_conv)
+            writer.add_ssm_inner_size(d_inner)
+            writer.add_ssm_state_size(d_state)
+            writer.add_ssm_time_step_rank(dt_rank)
+            writer.add_layer_norm_rms_eps(1e-5)
+            writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+            writer.add_tokenizer_model("gpt2")
+            writer.add_tokenizer_pre("qwen2")
+            writer.add_token_list(tokens)
+            writer.add_token_types(types)
+            writer.add_token_merges(merges)
+            writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+            writer.add_eos_token_id(tokens.index("<|im_end|>"))
+            writer.add_add_bos_token(False)
+            writer.add_chat_template(CHATML_TEMPLATE)
+            for name, shape in shapes:
+                writer.add_tensor(name, make(name, shape))
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path

@@ -111,3 +111,33 @@ def test_sliding_window_model_restores_exactly(model_home, tmp_path):
     assert plain == first == again
     _, other, st3 = ask("Which reactor reported 30 kPa?", engine=plain_engine)  # in memory, same engine
     assert st3.cache == "memory" and other == ask("Which reactor reported 30 kPa?")[1]
+
+
+def test_recurrent_model_restores_its_state_at_the_prefix_boundary(tmp_path):
+    """A Mamba model keeps a per-sequence state that cannot be cut at an earlier position: the prefix
+    state saved at the boundary, restored from disk, gives the same greedy answer as a plain run, and a
+    second question in the same process restores it rather than prefilling again."""
+    from pipeline.cache import PrefixCache
+    from pipeline.config import EngineConfig
+    from pipeline.engine import Engine
+    from pipeline.synthetic import write_mamba_model
+
+    path = write_mamba_model(tmp_path / "mamba.gguf")
+    settings = EngineConfig(n_ctx=2048, n_batch=256, n_ubatch=256, threads=1)
+
+    def ask(question, *, cache=None, engine=None):
+        engine = engine or Engine(path, settings, cache=cache, cache_min_tokens=16)
+        prefix = engine.tokenize("document: " + "the quick brown fox jumps over the lazy dog. " * 12)
+        tokens = prefix + engine.tokenize(f"question: {question}")
+        gen = engine.generate(tokens, max_tokens=10, prefix_len=len(prefix))
+        return engine, gen.read(), gen.stats
+
+    _, plain, _ = ask("what jumps?")
+    cache = PrefixCache(tmp_path / "cache", max_bytes=2**30)
+    engine, first, st1 = ask("what jumps?", cache=cache)
+    assert not engine.can_trim and st1.cache == "miss"
+    _, again, st2 = ask("what jumps?", cache=cache)
+    assert st2.cache == "disk" and st2.cached_tokens > 0 and plain == first == again
+    _, other, st3 = ask("who is lazy?", engine=engine)  # same process: the old question cannot be cut off
+    assert st3.cache == "disk" and other == ask("who is lazy?")[1]
+    assert any("cannot be cut" in n for n in st3.notes)
