@@ -39,7 +39,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from pipeline import Pipeline  # noqa: E402
-from pipeline.embed import default_threads  # noqa: E402
 from pipeline.ingest import scan  # noqa: E402
 from pipeline.loaders import detect_format, load  # noqa: E402
 

@@ -10,7 +10,7 @@ name is unique, so no process ever overwrites a file another one may be reading.
 Keys
     An entry belongs to a *namespace*: a hash of the model file's identity and of
     every setting that changes the KV contents (see :func:`namespace` and
-    :func:`model_identity`); states are only ever looked up within one namespace.
+    :func:`pipeline.models.file_identity`); states are only ever looked up within one namespace.
     Within it, an entry is keyed by the hash of its tokens, so a changed document
     changes the tokens and its old states are simply never found again (they age
     out through LRU eviction).
@@ -173,25 +173,6 @@ def namespace(model_identity: str, **settings: Any) -> str:
                "model": model_identity, "settings": settings}
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def model_identity(path: str | os.PathLike[str]) -> str:
-    """A cheap content identity of a model file: its size, its first 4 MiB and 16 samples of 64 KiB.
-
-    The GGUF header (architecture, hyperparameters, tensor types and offsets) lies in
-    the first megabytes; the samples catch weights changed with the header kept.
-    Renaming or moving the file keeps the identity. Reads about 5 MiB.
-    """
-    p = Path(path)
-    size = p.stat().st_size
-    h = hashlib.sha256(f"size={size};".encode())
-    with open(p, "rb") as fh:
-        h.update(fh.read(4 * 2**20))
-        sample = 64 * 2**10
-        for i in range(16):
-            fh.seek(max(0, (size - sample) * (i + 1) // 16))
-            h.update(fh.read(sample))
-    return h.hexdigest()
 
 
 def _llama_cpp_version() -> str:

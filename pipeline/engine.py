@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from . import offload
-from ._gguf import Header, read_header
+from ._gguf import read_header
 from .config import EngineConfig
 from .errors import EngineError
 
@@ -273,10 +273,11 @@ class Engine:
     @cached_property
     def namespace(self) -> str:
         """The prefix cache's namespace: this model file and every setting that shapes its KV contents."""
-        from .cache import model_identity, namespace
+        from .cache import namespace
+        from .models import file_identity
 
         s = self.settings
-        return namespace(model_identity(self.model_path), n_ctx=self.n_ctx, type_k=s.type_k, type_v=s.type_v,
+        return namespace(file_identity(self.model_path), n_ctx=self.n_ctx, type_k=s.type_k, type_v=s.type_v,
                          flash_attn=s.flash_attn, rope_scaling=s.rope_scaling, rope_freq_scale=s.rope_freq_scale)
 
     # -- text ---------------------------------------------------------------------------------
@@ -534,7 +535,3 @@ class Engine:
         self._tokens = []
         if llm is not None:
             llm.close()
-
-
-def header(path: Path) -> Header:
-    return read_header(path)

@@ -12,9 +12,10 @@ import llama_cpp
 import pytest
 
 from pipeline.cache import (BLOCK, INDEX_NAME, SHORT_BLOCK_HASH, PrefixCache, block_hash, chain_hashes,
-                            full_hash, model_identity, namespace, token_bytes)
+                            full_hash, namespace, token_bytes)
 from pipeline.config import EngineConfig
 from pipeline.engine import Engine
+from pipeline.models import file_identity
 from pipeline.synthetic import write_moe_model
 
 SMOL = Path.home() / ".cache/rag/models/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -29,7 +30,7 @@ def moe_path(tmp_path_factory) -> Path:
 
 def ns_of(path: Path) -> str:
     s = SETTINGS
-    return namespace(model_identity(path), n_ctx=s.n_ctx, type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn)
+    return namespace(file_identity(path), n_ctx=s.n_ctx, type_k=s.type_k, type_v=s.type_v, flash_attn=s.flash_attn)
 
 
 def passage(n_sentences: int) -> str:
@@ -321,9 +322,9 @@ def test_namespace_keys():
 def test_model_identity_follows_content(moe_path, tmp_path):
     copy = tmp_path / "renamed.gguf"
     copy.write_bytes(moe_path.read_bytes())
-    assert model_identity(copy) == model_identity(moe_path)
+    assert file_identity(copy) == file_identity(moe_path)
     other = write_moe_model(tmp_path / "seed1.gguf", seed=1)
-    assert model_identity(other) != model_identity(moe_path)
+    assert file_identity(other) != file_identity(moe_path)
 
 
 # --------------------------------------------------------------------------- indexed lookup
