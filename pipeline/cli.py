@@ -145,19 +145,22 @@ def cache():
     """Inspect or clear the prefix KV cache (saved prompt states)."""
 
 
+def _prefix_cache(ctx):
+    """The configured prefix cache (a context manager), or a user error when it is off."""
+    rag = _pipeline(ctx)
+    if rag.prefix_cache is None:
+        raise click.ClickException("the prefix cache is off (cache.enabled = false)")
+    return rag.prefix_cache
+
+
 @cache.command("stats")
 @json_option
 @click.pass_context
 @handles_errors
 def cache_stats(ctx, as_json):
     """Show entries, size, hits and bytes per token of the prefix cache."""
-    rag = _pipeline(ctx)
-    if rag.prefix_cache is None:
-        raise click.ClickException("the prefix cache is off (cache.enabled = false)")
-    try:
-        st = rag.prefix_cache.stats()
-    finally:
-        rag.close()
+    with _prefix_cache(ctx) as cache:
+        st = cache.stats()
     if as_json:
         _echo_json(st)
         return
@@ -172,15 +175,10 @@ def cache_stats(ctx, as_json):
 @handles_errors
 def cache_clear(ctx, yes):
     """Delete every saved prefix state."""
-    rag = _pipeline(ctx)
-    if rag.prefix_cache is None:
-        raise click.ClickException("the prefix cache is off (cache.enabled = false)")
-    try:
+    with _prefix_cache(ctx) as cache:
         if not yes:
-            click.confirm(f"Delete every saved prefix state in {rag.config.cache_path}?", abort=True)
-        n = rag.prefix_cache.clear()
-    finally:
-        rag.close()
+            click.confirm(f"Delete every saved prefix state in {cache.directory}?", abort=True)
+        n = cache.clear()
     click.echo(f"deleted {n} cached prefix states")
 
 

@@ -319,12 +319,12 @@ class Engine:
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.llm._ctx.ctx), True)
         self._tokens = []
 
-    def _keep_prefix(self, tokens: Sequence[int], *, limit: int | None = None) -> int:
+    def _keep_prefix(self, tokens: Sequence[int], *, limit: int) -> int:
         """Keep the longest common prefix (at most ``limit`` tokens) of the KV cache and ``tokens``."""
         import llama_cpp
 
         n = 0
-        limit = min(len(self._tokens), len(tokens) - 1, len(tokens) if limit is None else limit)
+        limit = min(len(self._tokens), len(tokens), limit)
         while n < limit and self._tokens[n] == tokens[n]:
             n += 1
         if n == len(self._tokens):
@@ -427,7 +427,7 @@ class Engine:
         prefix = list(prefix)
         if self.cache.lookup(self.namespace, prefix, max_tokens=len(prefix), min_tokens=len(prefix)):
             return False
-        self._keep_prefix(prefix + [-1])  # -1 never matches: keeps up to the whole prefix if it is there
+        self._keep_prefix(prefix, limit=len(prefix))
         self.prefill(prefix, start=len(self._tokens))
         return self.cache.save(self.namespace, prefix, self.llm._ctx.ctx) is not None
 
@@ -442,7 +442,8 @@ class Engine:
         # The prompt is always decoded in two parts split at prefix_len, and nothing past
         # prefix_len is reused: a restored or reused prefix then leaves the computation
         # exactly as it is without any cache, so greedy answers match token for token.
-        reused = self._keep_prefix(tokens, limit=prefix_len or None)
+        # At least one token is always decoded: sampling needs its logits.
+        reused = self._keep_prefix(tokens, limit=min(prefix_len or len(tokens), len(tokens) - 1))
         if reused:
             stats.cache = "memory"
         disk = self._use_disk_cache(prefix_len, stats)
