@@ -112,6 +112,38 @@ def _tensor_dtype(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.dtyp
     return dtype
 
 
+def _add_tokenizer(writer, tokens: list[str], types: list[int], merges: list[str]) -> None:
+    """The byte-level ``gpt2`` vocabulary, its special tokens and a ChatML template."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_pad_token_id(tokens.index("<|endoftext|>"))
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
+
+
+def _add_moe_hparams(writer, *, n_ctx_train: int, n_embd: int, n_layers: int, expert_ff: int, n_head: int,
+                     n_head_kv: int, head_dim: int, n_experts: int, n_experts_used: int) -> None:
+    """The qwen3moe hyperparameters."""
+    writer.add_context_length(n_ctx_train)
+    writer.add_embedding_length(n_embd)
+    writer.add_block_count(n_layers)
+    writer.add_feed_forward_length(expert_ff)
+    writer.add_expert_feed_forward_length(expert_ff)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(1_000_000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_expert_count(n_experts)
+    writer.add_expert_used_count(n_experts_used)
+
+
 def write_moe_model(
     path: str | os.PathLike[str],
     *,
@@ -184,31 +216,12 @@ def write_moe_model(
         writer = gguf.GGUFWriter(tmp, arch)
         try:
             writer.add_name("synthetic-moe")
-            writer.add_context_length(n_ctx_train)
-            writer.add_embedding_length(n_embd)
-            writer.add_block_count(n_layers)
-            writer.add_feed_forward_length(expert_ff)
-            writer.add_expert_feed_forward_length(expert_ff)
-            writer.add_head_count(n_head)
-            writer.add_head_count_kv(n_head_kv)
-            writer.add_key_length(head_dim)
-            writer.add_value_length(head_dim)
-            writer.add_rope_freq_base(1_000_000.0)
-            writer.add_layer_norm_rms_eps(1e-6)
-            writer.add_expert_count(n_experts)
-            writer.add_expert_used_count(n_experts_used)
+            _add_moe_hparams(writer, n_ctx_train=n_ctx_train, n_embd=n_embd, n_layers=n_layers,
+                             expert_ff=expert_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+                             n_experts=n_experts, n_experts_used=n_experts_used)
             writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
 
-            writer.add_tokenizer_model("gpt2")
-            writer.add_tokenizer_pre("qwen2")
-            writer.add_token_list(tokens)
-            writer.add_token_types(types)
-            writer.add_token_merges(merges)
-            writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-            writer.add_eos_token_id(tokens.index("<|im_end|>"))
-            writer.add_pad_token_id(tokens.index("<|endoftext|>"))
-            writer.add_add_bos_token(False)
-            writer.add_chat_template(CHATML_TEMPLATE)
+            _add_tokenizer(writer, tokens, types, merges)
 
             # Stream: declare every tensor, write the header, then generate and
             # write the tensors one by one so only one is ever in memory.
@@ -235,8 +248,6 @@ def tensor_names(path: str | os.PathLike[str]) -> list[str]:
 
     return [t.name for t in gguf.GGUFReader(path).tensors]
 
-
-__all__ = ["CHATML_TEMPLATE", "byte_vocab", "moe_tensor_shapes", "tensor_names", "write_mamba_model", "write_moe_model"]
 
 
 def write_timing_moe_model(
@@ -294,29 +305,10 @@ def write_timing_moe_model(
         writer = gguf.GGUFWriter(tmp, "qwen3moe")
         try:
             writer.add_name("synthetic-moe-timing")
-            writer.add_context_length(n_ctx_train)
-            writer.add_embedding_length(n_embd)
-            writer.add_block_count(n_layers)
-            writer.add_feed_forward_length(expert_ff)
-            writer.add_expert_feed_forward_length(expert_ff)
-            writer.add_head_count(n_head)
-            writer.add_head_count_kv(n_head_kv)
-            writer.add_key_length(head_dim)
-            writer.add_value_length(head_dim)
-            writer.add_rope_freq_base(1_000_000.0)
-            writer.add_layer_norm_rms_eps(1e-6)
-            writer.add_expert_count(n_experts)
-            writer.add_expert_used_count(n_experts_used)
-            writer.add_tokenizer_model("gpt2")
-            writer.add_tokenizer_pre("qwen2")
-            writer.add_token_list(tokens)
-            writer.add_token_types(types)
-            writer.add_token_merges(merges)
-            writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-            writer.add_eos_token_id(tokens.index("<|im_end|>"))
-            writer.add_pad_token_id(tokens.index("<|endoftext|>"))
-            writer.add_add_bos_token(False)
-            writer.add_chat_template(CHATML_TEMPLATE)
+            _add_moe_hparams(writer, n_ctx_train=n_ctx_train, n_embd=n_embd, n_layers=n_layers,
+                             expert_ff=expert_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+                             n_experts=n_experts, n_experts_used=n_experts_used)
+            _add_tokenizer(writer, tokens, types, merges)
             for name, shape in shapes:
                 k = kind(name, shape)
                 if k == "f32":
@@ -352,7 +344,8 @@ def write_timing_moe_model(
     return path
 
 
-__all__ = [*__all__, "write_timing_moe_model"]
+__all__ = ["CHATML_TEMPLATE", "byte_vocab", "moe_tensor_shapes", "tensor_names", "write_mamba_model",
+           "write_moe_model", "write_timing_moe_model"]
 
 
 def write_mamba_model(path: str | os.PathLike[str], *, n_layers: int = 2, n_embd: int = 64, d_inner: int = 128,
@@ -402,15 +395,7 @@ def write_mamba_model(path: str | os.PathLike[str], *, n_layers: int = 2, n_embd
             writer.add_ssm_time_step_rank(dt_rank)
             writer.add_layer_norm_rms_eps(1e-5)
             writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-            writer.add_tokenizer_model("gpt2")
-            writer.add_tokenizer_pre("qwen2")
-            writer.add_token_list(tokens)
-            writer.add_token_types(types)
-            writer.add_token_merges(merges)
-            writer.add_bos_token_id(tokens.index("<|endoftext|>"))
-            writer.add_eos_token_id(tokens.index("<|im_end|>"))
-            writer.add_add_bos_token(False)
-            writer.add_chat_template(CHATML_TEMPLATE)
+            _add_tokenizer(writer, tokens, types, merges)
             for name, shape in shapes:
                 writer.add_tensor(name, make(name, shape))
             writer.write_header_to_file()

@@ -105,3 +105,16 @@ def test_prompt_longer_than_context_is_refused(moe_path):
     eng = Engine(moe_path, settings(n_ctx=256, n_batch=256, n_ubatch=256))
     with pytest.raises(EngineError, match="the context holds 256"):
         eng.generate(list(range(10, 300)), max_tokens=1)
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "f16"])
+def test_timing_model_for_the_gpu_benchmark_loads_and_prefills(tmp_path, qtype):
+    from pipeline.synthetic import write_timing_moe_model
+
+    path = write_timing_moe_model(tmp_path / f"timing-{qtype}.gguf", qtype=qtype, n_embd=64, head_dim=32,
+                                  expert_ff=64, n_ctx_train=4096)
+    eng = Engine(path, settings(n_ctx=1024, n_cpu_moe=2))
+    gen = eng.generate([10 + i % 240 for i in range(390)], max_tokens=2)  # ids within the 262-token vocab
+    gen.read()
+    assert gen.stats.prefill_tokens == 390 and gen.stats.prefill_tokens_per_second > 0
+    eng.close()
