@@ -164,13 +164,13 @@ class Pipeline:
     def plan(self, model: str | Path | None = None, *, builtin_spec: str | None = None, quant: str = "Q6_K",
              hardware: str | Path | None = None, vram_gb: float | None = None, ram_gb: float | None = None,
              n_ctx: int | None = None, kv: str | None = None, n_batch: int | None = None,
-             n_ubatch: int | None = None) -> dict:
+             n_ubatch: int | None = None, compare: bool = False) -> dict:
         """The fastest estimated offload/batch plan that fits, with llama.cpp's fit (modelled) beside it.
 
         ``model`` is a GGUF (default: the configured generator) unless ``builtin_spec`` names
         published shapes ("qwen3.6-35b-a3b"); ``hardware`` is a built-in profile name or a
         profile TOML (default: the one ``rag tune`` saved, else "cpu"); ``kv`` "auto" searches
-        the KV cache type.
+        the KV cache type. ``compare`` adds the recipe, its baseline and llama.cpp's fit side by side.
         """
         import dataclasses
 
@@ -195,7 +195,8 @@ class Pipeline:
         kv_types = ("f16", "q8_0", "q4_0") if kv == "auto" else (kv or self.config.engine.type_k)
         best = plan_mod.plan(spec, hw, n_ctx=n_ctx, kv_types=kv_types, n_batch=n_batch, n_ubatch=n_ubatch)
         fit = plan_mod.fit_like(spec, hw, n_ctx=n_ctx, kv=best.plan.type_k)
-        return {"plan": best, "fit": fit, "hardware": hw}
+        rows = plan_mod.compare(spec, hw, n_ctx=n_ctx) if compare else None
+        return {"plan": best, "fit": fit, "hardware": hw, "compare": rows}
 
     def tune(self, *, max_seconds: float = 120.0, n_tokens: int | None = None, measure_hardware: bool = False,
              progress=None):

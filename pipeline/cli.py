@@ -397,10 +397,12 @@ def models_pull(ctx, refs):
 @click.option("--kv", type=click.Choice(["f16", "q8_0", "q4_0", "auto"]), help="KV cache type; auto searches.")
 @click.option("-b", "--n-batch", type=click.IntRange(min=1), help="Fix n_batch instead of searching.")
 @click.option("-ub", "--n-ubatch", type=click.IntRange(min=1), help="Fix n_ubatch instead of searching.")
+@click.option("--compare", is_flag=True, help="Also print a table: the recipe, its baseline, llama.cpp's fit, the plan.")
 @json_option
 @click.pass_context
 @handles_errors
-def plan(ctx, model, builtin_spec, quant, hardware, vram_gb, ram_gb, n_ctx, kv, n_batch, n_ubatch, as_json):
+def plan(ctx, model, builtin_spec, quant, hardware, vram_gb, ram_gb, n_ctx, kv, n_batch, n_ubatch, compare,
+         as_json):
     """Plan expert offload and batch sizes for the fastest prefill that fits the memory.
 
     Reads MODEL's tensor list (a GGUF path or model reference; default: the configured
@@ -409,11 +411,14 @@ def plan(ctx, model, builtin_spec, quant, hardware, vram_gb, ram_gb, n_ctx, kv, 
     """
     with _pipeline(ctx) as rag:
         out = rag.plan(model, builtin_spec=builtin_spec, quant=quant, hardware=hardware, vram_gb=vram_gb,
-                       ram_gb=ram_gb, n_ctx=n_ctx, kv=kv, n_batch=n_batch, n_ubatch=n_ubatch)
+                       ram_gb=ram_gb, n_ctx=n_ctx, kv=kv, n_batch=n_batch, n_ubatch=n_ubatch, compare=compare)
     best, fit = out["plan"], out["fit"]
     if as_json:
-        _echo_json({"plan": best.to_dict(), "llama_cpp_fit": fit.to_dict() if fit else None,
-                    "hardware": out["hardware"].to_dict()})
+        data = {"plan": best.to_dict(), "llama_cpp_fit": fit.to_dict() if fit else None,
+                "hardware": out["hardware"].to_dict()}
+        if compare:
+            data["compare"] = [r.to_dict() for r in out["compare"]]
+        _echo_json(data)
         return
     click.echo(best.describe())
     if fit is not None:
@@ -423,6 +428,10 @@ def plan(ctx, model, builtin_spec, quant, hardware, vram_gb, ram_gb, n_ctx, kv, 
     else:
         click.echo("\nllama.cpp --fit (modelled) finds no configuration that fits")
     click.echo("\nconfig snippet (rag --config FILE):\n" + best.engine_toml.rstrip())
+    if compare:
+        from .plan import comparison_table
+
+        click.echo("\n" + comparison_table(out["compare"]).rstrip())
 
 
 @cli.command()

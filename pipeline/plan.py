@@ -326,6 +326,29 @@ def baseline_plan(spec: ModelSpec, hw: HardwareProfile, n_ctx: int = 65536, budg
     raise ConfigError("The baseline does not fit.")
 
 
+def compare(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget | None = None
+            ) -> list[PlanResult]:
+    """The README's comparison: the recipe's baseline (-b 512 -ub 128) and the recipe itself (8 layers'
+    experts on the CPU, -b 1024 -ub 512), llama.cpp's fit (modelled), the plan, and the plan with the KV
+    type searched. The baseline is checked with no margin, as it was run; configurations that cannot be
+    built for this model or budget are left out."""
+    budget = budget or Budget.from_hardware(hw)
+    rows: list[PlanResult] = []
+    try:
+        rows.append(evaluate(spec, baseline_plan(spec, hw, n_ctx), hw, Budget(vram=hw.vram, ram=hw.ram, gpu_margin=0),
+                             label="baseline (-b 512 -ub 128)"))
+    except ConfigError:
+        pass
+    rows.append(evaluate(spec, recipe_plan(n_ctx), hw, budget, label="recipe (--n-cpu-moe 8 -b 1024 -ub 512)"))
+    fit = fit_like(spec, hw, n_ctx=n_ctx, budget=budget)
+    if fit is not None:
+        rows.append(replace(fit, label="llama.cpp --fit (modelled)"))
+    rows.append(plan(spec, hw, n_ctx=n_ctx, budget=budget))
+    searched = plan(spec, hw, n_ctx=n_ctx, budget=budget, kv_types=("f16", "q8_0", "q4_0"))
+    rows.append(replace(searched, label="plan, KV type searched"))
+    return rows
+
+
 def comparison_table(results: list[PlanResult]) -> str:
     """A markdown table comparing plans: settings, memory per device, estimated speeds."""
     head = ("| configuration | experts on CPU | -b / -ub | KV | GPU memory | host memory | fits | "
@@ -343,7 +366,7 @@ def comparison_table(results: list[PlanResult]) -> str:
 
 __all__ = [
     "Budget", "DEFAULT_GPU_MARGIN", "DEFAULT_RAM_MARGIN", "FIT_MARGIN", "Plan", "PlanResult", "UBATCHES",
-    "baseline_plan", "comparison_table", "evaluate", "fit_like", "fits", "plan", "recipe_plan",
+    "baseline_plan", "compare", "comparison_table", "evaluate", "fit_like", "fits", "plan", "recipe_plan",
     # re-exported from pipeline.spec, pipeline.memory and pipeline.speed
     "DeviceMemory", "DryRun", "GGML_TYPES", "KV_TYPES", "KV_TYPE_IDS", "LayerSpec", "Memory", "ModelSpec", "Speed",
     "compute_buffer_bytes", "decode_speed", "dry_run", "kv_bytes", "kv_cells", "kv_type_supported", "memory",

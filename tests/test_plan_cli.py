@@ -22,6 +22,12 @@ def test_plan_for_the_recipe_model_beats_llama_cpp_fit(store_dir):
     plan, fit = data["plan"], data["llama_cpp_fit"]
     assert plan["fits"] and plan["prefill"]["tokens_per_s"] >= fit["prefill"]["tokens_per_s"]
     assert plan["memory"]["gpu"]["total"] <= 24 * 2**30
+    table = run("plan", "--spec", "qwen3.6-35b-a3b", "--gpu", "rtx3090", "--ctx", "65536", "--compare").output
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert [r.split(" | ")[0] for r in rows] == ["| baseline (-b 512 -ub 128)", "| recipe (--n-cpu-moe 8 -b 1024 -ub 512)",
+                                                "| llama.cpp --fit (modelled)", "| plan", "| plan, KV type searched"]
+    speeds = [float(r.split(" | ")[7].split()[0]) for r in rows]
+    assert speeds[3] > speeds[1] > speeds[0] and speeds[3] >= speeds[2]  # plan beats recipe and fit
 
 
 def test_plan_reads_a_gguf_and_bad_inputs_are_clear(store_dir, tmp_path):
