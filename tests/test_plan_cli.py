@@ -68,7 +68,9 @@ def test_tune_writes_a_profile_that_ask_picks_up(store_dir, tmp_path, monkeypatc
         assert getattr(untouched, key.split(".", 1)[1]) == value
 
 
-def test_bench_runs_named_benchmarks_and_reports_failure(tmp_path, monkeypatch):
+def test_bench_names_the_benchmarks_it_knows(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = run("bench", "no-such-benchmark")
-    assert out.exit_code != 0
+    assert out.exit_code == 2
+    assert "unknown benchmark(s): no-such-benchmark; there are: cache, ingest, prefill" in out.output
+    assert not (tmp_path / "bench-results").exists()  # nothing ran, nothing written
