@@ -263,11 +263,10 @@ class Pipeline:
         """Embed new and changed files under ``paths`` into the collection (see :func:`.ingest.ingest`)."""
         from .ingest import scan
 
-        paths = list(paths)
-        scan(paths)  # a missing path fails before any model loads or the store opens
+        scanned = scan(paths)  # a missing path fails before any model loads or the store opens
         with self.store() as store:
             c = self.config.chunking
-            return ingest(paths, store=store, embedder=self.embedder, chunk_size=c.size,
+            return ingest(scanned, store=store, embedder=self.embedder, chunk_size=c.size,
                           chunk_overlap=c.overlap, embedder_ref=self.config.models.embedder,
                           prune=prune, progress=progress)
 
@@ -322,18 +321,18 @@ class Pipeline:
 
         with self.store() as store:
             store.require()
-            docs = store.documents()
-            if not docs:
+            if store.catalog.totals(store.name)[0] == 0:
                 raise StoreError(f"collection '{store.name}' is empty; run `rag ingest PATH` first")
             if doc is None:
                 prompt = packed(retrieve(store, k=top_k or a.top_k))
             else:
                 source = str(Path(doc).expanduser().resolve())
-                if source not in docs:
+                record = store.catalog.document(store.name, source)
+                if record is None:
                     raise InputError(f"{doc} is not in collection '{store.name}' (ingest it first)")
                 prompt = packed(whole_document(source, store=store))
                 if prompt.dropped or prompt.truncated:
-                    notes.append(f"{Path(source).name} ({docs[source].n_tokens:,} tokens) does not fit the "
+                    notes.append(f"{Path(source).name} ({record.n_tokens:,} tokens) does not fit the "
                                  f"context of {engine.n_ctx:,} tokens: answering from its most relevant passages")
                     prompt = packed(retrieve(store, k=max(4 * (top_k or a.top_k), 16), source=source))
         if prompt.dropped:

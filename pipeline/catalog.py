@@ -146,6 +146,12 @@ class Catalog:
             " ingested_at FROM documents WHERE collection = ?", (collection,))
         return {r[0]: DocumentRecord(*r) for r in rows}
 
+    def document(self, collection: str, source: str) -> DocumentRecord | None:
+        row = self.db.execute(
+            "SELECT source, content_hash, size, mtime_ns, format, title, pages, n_chunks, n_tokens,"
+            " ingested_at FROM documents WHERE collection = ? AND source = ?", (collection, source)).fetchone()
+        return DocumentRecord(*row) if row else None
+
     def committed_hashes(self, collection: str) -> dict[str, str]:
         return dict(self.db.execute(
             "SELECT source, content_hash FROM documents WHERE collection = ?", (collection,)))

@@ -153,17 +153,20 @@ def file_hash(path: Path) -> str:
     return h.hexdigest()
 
 
-def ingest(paths: Iterable[str | Path], *, store: Store, embedder: Embedder, chunk_size: int,
+def ingest(scanned: tuple[list[Path], list[Path]], *, store: Store, embedder: Embedder, chunk_size: int,
            chunk_overlap: int, embedder_ref: str = "", prune: bool = False,
            progress: Progress | None = None) -> IngestReport:
-    """Bring the store's collection in line with the files under ``paths``. ``store`` must be open.
+    """Bring the store's collection in line with ``scanned`` (files and folders, from :func:`scan`).
+
+    ``store`` must be open. Scanning comes first and apart, so that a missing path fails
+    before the store is opened or created.
 
     Nothing is loaded (no model, no splitter) unless some file needs embedding, so a run
     over an unchanged corpus costs a directory scan and one catalog read.
     """
     started = time.perf_counter()
     emit = progress or (lambda event: None)
-    files, folders = scan(paths)
+    files, folders = scanned
     report = IngestReport(collection=store.name)
     store.check_compatible(embedder=embedder_ref or str(embedder.model_path),
                            embedder_id=embedder.identity, chunk_size=chunk_size,

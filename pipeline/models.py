@@ -16,6 +16,7 @@ Everything lands under ``$RAG_HOME/models``, never inside the package.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -277,13 +278,17 @@ def file_identity(path: str | os.PathLike[str]) -> str:
 
     The GGUF header (architecture, hyperparameters, tensor types and offsets) lies in the
     first megabytes; the samples catch weights changed with the header kept. Renaming or
-    moving the file keeps the identity. Reads about 5 MiB. Keys collections' embedders,
-    tuned profiles and prefix-cache namespaces.
+    moving the file keeps the identity. Reads about 5 MiB, once per file version in a
+    process. Keys collections' embedders, tuned profiles and prefix-cache namespaces.
     """
-    p = Path(path)
-    size = p.stat().st_size
+    st = os.stat(path)
+    return _identity(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _identity(path: str, size: int, mtime_ns: int) -> str:
     h = hashlib.sha256(f"size={size};".encode())
-    with open(p, "rb") as fh:
+    with open(path, "rb") as fh:
         h.update(fh.read(4 * 2**20))
         sample = 64 * 2**10
         for i in range(16):
