@@ -74,6 +74,7 @@ class ModelInfo:
     n_experts: int
     kv_layers: int
     chat_template: str | None
+    causal: bool  # False for encoders (embedding models), which cannot generate
 
     @classmethod
     def read(cls, path: Path) -> "ModelInfo":
@@ -97,6 +98,7 @@ class ModelInfo:
             head_dim_v=int(h.get("attention.value_length", head_dim) or head_dim),
             n_experts=int(h.get("expert_count", 0) or 0), kv_layers=kv_layers,
             chat_template=h.metadata.get("tokenizer.chat_template"),
+            causal=h.get("attention.causal", True) is not False,
         )
 
     def kv_bytes(self, n_ctx: int, type_k: str, type_v: str) -> int:
@@ -235,6 +237,9 @@ class Engine:
     def llm(self):
         from ._llama import load_llama
 
+        if not self.info.causal:
+            raise EngineError(f"{self.model_path.name} is an embedding (encoder) model ({self.info.arch}), "
+                              "not a generator: set models.generator to a text-generation GGUF")
         self.check_memory()
         t0 = time.perf_counter()
         try:
@@ -248,12 +253,6 @@ class Engine:
                     "or keep more experts on the CPU (engine.n_cpu_moe)") from None
             raise EngineError(f"llama.cpp could not load the generator {self.model_path}: {text}") from None
         self.load_seconds = time.perf_counter() - t0
-        import llama_cpp
-
-        if not llama_cpp.llama_model_has_decoder(llm._model.model) or self.info.arch in ("bert", "nomic-bert"):
-            llm.close()
-            raise EngineError(f"{self.model_path.name} is an embedding (encoder) model ({self.info.arch}), "
-                              "not a generator: set models.generator to a text-generation GGUF")
         return llm
 
     @cached_property
