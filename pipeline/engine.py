@@ -168,7 +168,8 @@ class Engine:
         self._log = log or (lambda message: None)
         self._tokens: list[int] = []  # what the KV cache holds, position by position
         self.load_seconds = 0.0
-        self.notes: list[str] = []
+        self.notes: list[str] = []  # about the model and settings: reported with every prompt
+        self._prompt_notes: list[str] = []  # about the prompt being run: reported with it only
 
     # -- model facts and settings ---------------------------------------------------------------
 
@@ -329,14 +330,14 @@ class Engine:
         if n == len(self._tokens):
             return n
         if n and not self.can_trim:
-            self.notes.append(f"this model's memory (recurrent/hybrid) cannot be cut at token {n}: "
+            self._prompt_notes.append(f"this model's memory (recurrent/hybrid) cannot be cut at token {n}: "
                               "only a saved prefix state can be reused")
         if n == 0 or not self.can_trim:
             self._reset()
             return 0
         mem = llama_cpp.llama_get_memory(self.llm._ctx.ctx)
         if not llama_cpp.llama_memory_seq_rm(mem, 0, n, -1):  # e.g. sliding-window layers dropped cells
-            self.notes.append(f"the KV memory could not be cut at token {n} (sliding window?): full prefill")
+            self._prompt_notes.append(f"the KV memory could not be cut at token {n} (sliding window?): full prefill")
             self._reset()
             return 0
         del self._tokens[n:]
@@ -449,8 +450,8 @@ class Engine:
         if disk and reused < prefix_len:
             reused = self._restore(tokens, prefix_len, reused, stats)
         stats.cached_tokens = reused
-        stats.notes.extend(self.notes)
-        self.notes = [n for n in self.notes if "trained context" in n]  # per-prompt notes are reported once
+        stats.notes.extend(self.notes + self._prompt_notes)
+        self._prompt_notes = []
         llama_cpp.llama_synchronize(ctx)  # anything pending is booked before the counters restart
         llama_cpp.llama_perf_context_reset(ctx)
         t_prefill = time.perf_counter()
