@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .spec import KV_TYPE_IDS
 
 ENV_PREFIX = "RAG_"
 # Variables with a meaning of their own, not "section_key" overrides.
@@ -202,7 +203,7 @@ class Config:
         return self
 
 
-KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+KV_TYPES = tuple(KV_TYPE_IDS)
 
 
 def resolve_home(home: str = "") -> Path:

@@ -25,12 +25,7 @@ from . import offload
 from ._gguf import read_header
 from .config import EngineConfig
 from .errors import EngineError
-
-_KV_TYPE_IDS = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
-                "iq4_nl": 20, "bf16": 30}
-# Bytes per element of each KV cache type (block size accounted for).
-KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32,
-                 "q5_0": 22 / 32, "q5_1": 24 / 32, "iq4_nl": 18 / 32}
+from .spec import KV_TYPE_IDS, type_bytes
 
 
 @dataclass
@@ -103,8 +98,8 @@ class ModelInfo:
 
     def kv_bytes(self, n_ctx: int, type_k: str, type_v: str) -> int:
         per_token = self.kv_layers * self.n_head_kv * (
-            self.head_dim_k * KV_TYPE_BYTES[type_k] + self.head_dim_v * KV_TYPE_BYTES[type_v])
-        return int(per_token * n_ctx)
+            type_bytes(self.head_dim_k, type_k) + type_bytes(self.head_dim_v, type_v))
+        return per_token * n_ctx
 
 
 def _scalar(value) -> int:
@@ -210,7 +205,7 @@ class Engine:
         kwargs = dict(
             n_ctx=self.n_ctx, n_batch=min(s.n_batch, self.n_ctx), n_ubatch=min(s.n_ubatch, s.n_batch, self.n_ctx),
             n_threads=threads, n_threads_batch=s.threads_batch or threads, flash_attn=s.flash_attn,
-            type_k=_KV_TYPE_IDS[s.type_k], type_v=_KV_TYPE_IDS[s.type_v], n_gpu_layers=s.gpu_layers,
+            type_k=KV_TYPE_IDS[s.type_k], type_v=KV_TYPE_IDS[s.type_v], n_gpu_layers=s.gpu_layers,
             seed=s.seed, use_mmap=self.use_mmap, verbose=False,
         )
         if s.rope_scaling in ("linear", "yarn"):
