@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from . import models
 from .config import Config, load_config
-from .ingest import IngestReport, Progress, ingest
+from .ingest import IngestReport, Progress, ingest, scan
 from .retrieve import Hit, search
 from .store import Store
 
@@ -125,11 +125,10 @@ class Pipeline:
 
     @cached_property
     def chunker(self):
-        from .chunking import Chunker
+        from .chunking import for_embedder
 
         c = self.config.chunking
-        return Chunker(self.embedder.tokenize, size=c.size, overlap=c.overlap,
-                       max_tokens=self.embedder.max_tokens)
+        return for_embedder(self.embedder, size=c.size, overlap=c.overlap)
 
     @cached_property
     def engine(self):
@@ -261,8 +260,6 @@ class Pipeline:
     def ingest(self, paths: Iterable[str | Path], *, prune: bool = False,
                progress: Progress | None = None) -> IngestReport:
         """Embed new and changed files under ``paths`` into the collection (see :func:`.ingest.ingest`)."""
-        from .ingest import scan
-
         scanned = scan(paths)  # a missing path fails before any model loads or the store opens
         with self.store() as store:
             c = self.config.chunking

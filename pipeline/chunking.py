@@ -98,3 +98,8 @@ class Chunker:
             offset += cut
             rest = rest[cut:]
         return pieces
+
+
+def for_embedder(embedder, *, size: int, overlap: int) -> Chunker:
+    """A chunker that counts in ``embedder``'s tokens, capped at its maximum sequence length."""
+    return Chunker(embedder.tokenize, size=size, overlap=overlap, max_tokens=embedder.max_tokens)

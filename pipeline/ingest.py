@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 
 from .catalog import DocumentRecord
-from .chunking import Chunk, Chunker
+from .chunking import Chunk, Chunker, for_embedder
 from .embed import Embedder
 from .errors import InputError, LoadError
 from .loaders import detect_format, load
@@ -206,8 +206,7 @@ def ingest(scanned: tuple[list[Path], list[Path]], *, store: Store, embedder: Em
             report.files.append(FileOutcome(source, "missing"))
 
     if todo:
-        chunker = Chunker(embedder.tokenize, size=chunk_size, overlap=chunk_overlap,
-                          max_tokens=embedder.max_tokens)
+        chunker = for_embedder(embedder, size=chunk_size, overlap=chunk_overlap)
         store.ensure_collection(embedder=embedder_ref or str(embedder.model_path),
                                 embedder_id=embedder.identity, dim=embedder.dim,
                                 chunk_size=chunk_size, chunk_overlap=chunk_overlap)
