@@ -121,68 +121,16 @@ def test_restored_prefix_gives_the_same_answer(model, moe_path, tmp_path):
     fresh.close()
 
 
-def test_state_saved_after_trimming_an_answer(moe_path, tmp_path):
-    """Saving off the TTFT path: answer first, cut the KV back to the prefix, then save."""
-    ns = ns_of(moe_path)
-    cache = PrefixCache(tmp_path / "cache", max_bytes=2**30)
+def test_state_saved_after_trimming_an_answer(saved, moe_path):
+    """Saving off the TTFT path: answer first, cut the KV back to the prefix, then save (the
+    ``saved`` fixture does exactly that); the restored state answers as a plain run did."""
+    cache, ns, entry, tokens, expected = saved
     eng = Engine(moe_path, SETTINGS)
-    prefix, suffix = prompt_parts(eng, 3)
-    expected, _ = answer(eng, prefix + suffix)
-    trim(eng, len(prefix))
-    assert cache.save(ns, prefix, ctx_of(eng)) is not None, cache.last_error
-    # the KV no longer ends at the prefix: refused, not saved wrongly
-    eng.prefill(prefix + suffix, start=len(prefix))
-    assert cache.save(ns, prefix, ctx_of(eng)) is not None  # already saved: found by key, nothing written
-    assert cache.save(ns, prefix[:-5], ctx_of(eng)) is None and "position" in cache.last_error
-    eng.close()
-
-    fresh = Engine(moe_path, SETTINGS)
-    assert restored(fresh, cache, ns, prefix + suffix) == len(prefix)
-    assert answer(fresh, prefix + suffix)[0] == expected
-    fresh.close()
-
-
-# --------------------------------------------------------------------------- longest prefix
-
-
-def test_longest_prefix_wins(moe_path, tmp_path):
-    ns = ns_of(moe_path)
-    cache = PrefixCache(tmp_path / "cache", max_bytes=2**30)
-    eng = Engine(moe_path, SETTINGS)
-    base = eng.tokenize(passage(14))
-    other = eng.tokenize(passage(15)[::-1])
-    assert len(base) > 700 and len(other) > 700
-    base, other = base[:700], other[:700]
-    done = 0
-    for n in (100, 300, 512, 600):  # below one block, inside block 1, exactly two blocks, inside block 2
-        eng.prefill(base[:n], start=done)
-        done = n
-        assert cache.save(ns, base[:n], ctx_of(eng)) is not None, cache.last_error
-    eng._reset()
-    eng.prefill(other)
-    assert cache.save(ns, other, ctx_of(eng)) is not None
-    assert cache.stats()["entries"] == 5
-
-    def hit(tokens, **kw):
-        e = cache.lookup(ns, tokens, **kw)
-        return e and e.n_tokens
-
-    assert hit(base[:600] + [5, 6, 7]) == 600
-    assert hit(base[:600]) == 512  # at least one token is left to decode
-    assert hit(base[:600], max_tokens=600) == 600
-    assert hit(base[:550] + other[:40]) == 512
-    assert hit(base[:450] + other[:40]) == 300
-    assert hit(base[:200] + other[:300]) == 100
-    assert hit(base[:101]) == 100
-    assert hit(base[:100]) is None and hit(base[:60]) is None
-    assert hit(other + base[:10]) == 700
-    assert hit(other[:699] + [other[699] + 1, 3]) is None
-    assert hit(base[:600] + [1], min_tokens=601) is None
-    assert cache.lookup("another-namespace", base[:600] + [1]) is None
-
-    entry = cache.lookup(ns, base[:550] + other[:40])
-    assert seq_end(eng) == 699  # the KV holds `other`: a load replaces the sequence
-    assert cache.load(entry, ctx_of(eng)) and seq_end(eng) == 511
+    assert restored(eng, cache, ns, tokens) == entry.n_tokens
+    assert answer(eng, tokens)[0] == expected
+    # A sequence that does not end where the prefix ends is refused, not saved wrongly.
+    longer = tokens[:entry.n_tokens + 3]
+    assert cache.save(ns, longer[:-1], ctx_of(eng)) is None and cache.last_error
     eng.close()
 
 
