@@ -17,7 +17,7 @@ What it does, in order:
    with ``PIP_NO_INDEX=1``. ``--skip-build`` uses the llama_cpp already installed.
 2. **Generate** a timing model with Qwen3-30B-A3B's shapes (48 layers, 2048
    embd, 32 heads, 4 KV heads, head 128, 128 experts, 8 used, expert ff 768,
-   vocabulary 151,936) with :func:`pipeline.synthetic.write_timing_moe_model`:
+   vocabulary 151,936) with :func:`pipeline.dev.synthetic.write_timing_moe_model`:
    zero matrices at ``--qtype`` (q8_0 by default: about 32 GB, so a 24 GB budget
    needs experts in host memory; f16 would be about 61 GB, close to the device's
    64 GiB disk), random embeddings and routers so routing varies per token.
@@ -81,8 +81,8 @@ def build(args: argparse.Namespace, log) -> None:
 
 def model_spec_from_shapes(qtype: str):
     """The planner's spec of the timing model, from the shapes alone (nothing written)."""
-    from pipeline.spec import ModelSpec
-    from pipeline.synthetic import byte_vocab, moe_tensor_shapes
+    from pipeline.planner.spec import ModelSpec
+    from pipeline.dev.synthetic import byte_vocab, moe_tensor_shapes
 
     s = QWEN3_30B_A3B
     n_vocab = len(byte_vocab(s["vocab"])[0])
@@ -105,8 +105,8 @@ def model_spec_from_shapes(qtype: str):
 
 
 def configurations(spec, n_ctx: int, budget_gib: float):
-    from pipeline.hardware import get_profile
-    from pipeline.plan import Budget, Plan, evaluate, plan, recipe_plan
+    from pipeline.planner.hardware import get_profile
+    from pipeline.planner.plan import Budget, Plan, evaluate, plan, recipe_plan
 
     hw = get_profile("h200")
     budget24 = Budget(vram=int(budget_gib * GiB), ram=hw.ram)
@@ -119,7 +119,7 @@ def configurations(spec, n_ctx: int, budget_gib: float):
 
 
 def measure(args: argparse.Namespace, log) -> dict:
-    from pipeline.synthetic import write_timing_moe_model
+    from pipeline.dev.synthetic import write_timing_moe_model
 
     contexts = sorted(int(c) for c in args.contexts.split(","))
     work = Path(args.work)
@@ -144,7 +144,7 @@ def measure(args: argparse.Namespace, log) -> dict:
         write_timing_moe_model(path, qtype=args.qtype, **s)
         log(f"model: written in {time.perf_counter() - t:.0f} s ({path.stat().st_size / GiB:.1f} GiB)")
 
-    from pipeline._llama import load_llama
+    from pipeline.engine._llama import load_llama
 
     rng = random.Random(0)
     rows = []

@@ -39,8 +39,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from pipeline import Pipeline  # noqa: E402
-from pipeline.ingest import scan  # noqa: E402
-from pipeline.loaders import detect_format, load  # noqa: E402
+from pipeline.ingest.scan import scan  # noqa: E402
+from pipeline.ingest.loaders import detect_format, load  # noqa: E402
 
 RAW_CTX = 512
 PACKED_CTX = 2048

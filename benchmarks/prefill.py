@@ -6,7 +6,7 @@ Run from the repository root::
 
 What it does, in one process:
 
-1. Writes a generated ``qwen3moe`` model (:func:`pipeline.synthetic.write_moe_model`, 64K trained
+1. Writes a generated ``qwen3moe`` model (:func:`pipeline.dev.synthetic.write_moe_model`, 64K trained
    context, shapes in ``MODEL_SHAPE``) into a temporary directory.
 2. **Settings sweep**: prefill tokens/s over the same ``--tokens`` random prompt for every
    (``n_batch``, ``n_ubatch``) in ``BATCHES`` x expert offload in {none, ``n_cpu_moe`` = half the
@@ -23,7 +23,7 @@ What it does, in one process:
 
 Every engine and bare context is loaded and warmed before the clock starts; repeats are
 interleaved (rotating order) so machine noise hits every row alike; figures are medians.
-Threads = usable cores (``pipeline.embed.usable_cpus()``), the same for both sides.
+Threads = usable cores (``pipeline.engine.embed.usable_cpus()``), the same for both sides.
 This is a benchmark, not a test: it always exits 0 (the PASS/FAIL line is informational).
 """
 
@@ -50,9 +50,9 @@ if str(ROOT) not in sys.path:
 import llama_cpp  # noqa: E402
 
 from pipeline.config import EngineConfig  # noqa: E402
-from pipeline.embed import usable_cpus  # noqa: E402
-from pipeline.engine import Engine  # noqa: E402
-from pipeline.synthetic import write_moe_model  # noqa: E402
+from pipeline.engine.embed import usable_cpus  # noqa: E402
+from pipeline.engine.generator import Engine  # noqa: E402
+from pipeline.dev.synthetic import write_moe_model  # noqa: E402
 
 #: The generated model: qwen3moe, 64K trained context. At 16K tokens the attention over the long
 #: prompt dominates the cost (it grows with layers x heads x tokens^2), so two layers and one

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 from . import models
 from .config import Config, load_config
-from .ingest import IngestReport, Progress, ingest, scan
+from .ingest.run import IngestReport, Progress, ingest
+from .ingest.scan import scan
 from .retrieve import Hit, search
-from .store import Store
+from .store.store import Store
 
 if TYPE_CHECKING:
     from .context import Prompt
-    from .engine import EngineStats, Generation
+    from .engine.generator import EngineStats, Generation
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class Pipeline:
 
     @cached_property
     def embedder(self):
-        from .embed import Embedder
+        from .engine.embed import Embedder
 
         path = models.resolve(self.config.models.embedder, home=self.config.home_path,
                               what="embedder", log=self._log)
@@ -125,14 +126,14 @@ class Pipeline:
 
     @cached_property
     def chunker(self):
-        from .chunking import for_embedder
+        from .ingest.chunking import for_embedder
 
         c = self.config.chunking
         return for_embedder(self.embedder, size=c.size, overlap=c.overlap)
 
     @cached_property
     def engine(self):
-        from .engine import Engine
+        from .engine.generator import Engine
 
         path = models.resolve(self.config.models.generator, home=self.config.home_path,
                               what="generator", log=self._log)
@@ -148,8 +149,8 @@ class Pipeline:
         settings = self.config.engine
         if not settings.tuned:
             return settings
-        from .engine import ModelInfo
-        from .tune import tuned_settings
+        from .engine.generator import ModelInfo
+        from .planner.tune import tuned_settings
 
         n_ctx = settings.n_ctx or ModelInfo.read(model_path).n_ctx_train
         tuned = tuned_settings(self.config.home_path, model_path, n_ctx)
@@ -173,9 +174,9 @@ class Pipeline:
         """
         import dataclasses
 
-        from . import plan as plan_mod
+        from .planner import plan as plan_mod
         from .errors import ConfigError
-        from .spec import ModelSpec
+        from .planner.spec import ModelSpec
 
         if builtin_spec:
             if builtin_spec.lower().replace(".", "") not in ("qwen36-35b-a3b", "qwen3635ba3b"):
@@ -203,9 +204,9 @@ class Pipeline:
 
         Returns ``(TuneResult, profile path)``; later ``ask`` calls pick the profile up.
         """
-        from . import hardware as hw_mod
-        from . import tune as tune_mod
-        from .engine import ModelInfo
+        from .planner import hardware as hw_mod
+        from .planner import tune as tune_mod
+        from .engine.generator import ModelInfo
 
         path = models.resolve(self.config.models.generator, home=self.config.home_path, what="generator",
                               log=self._log)
@@ -223,7 +224,7 @@ class Pipeline:
     def hardware(self, profile: str | Path | None = None):
         """A hardware profile: a built-in name or a TOML file; by default the one ``rag tune
         --measure-hardware`` saved in the home, else the CPU profile with this machine's RAM."""
-        from . import hardware as hw_mod
+        from .planner import hardware as hw_mod
 
         saved = self.config.home_path / "hardware.toml"
         if profile is None:
@@ -237,7 +238,7 @@ class Pipeline:
         """The on-disk prefix KV cache, or None when ``cache.enabled`` is off."""
         if not self.config.cache.enabled:
             return None
-        from .cache import PrefixCache
+        from .engine.cache import PrefixCache
 
         return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
 

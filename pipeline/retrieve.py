@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .catalog import StoredChunk
-from .embed import Embedder
-from .store import Store
+from .store.catalog import StoredChunk
+from .engine.embed import Embedder
+from .store.store import Store
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from pipeline.bench import (
+from pipeline.dev.bench import (
     BenchResults,
     PlotError,
     Row,

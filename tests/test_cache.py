@@ -11,12 +11,12 @@ from pathlib import Path
 import llama_cpp
 import pytest
 
-from pipeline.cache import (BLOCK, INDEX_NAME, SHORT_BLOCK_HASH, PrefixCache, block_hash, chain_hashes,
+from pipeline.engine.cache import (BLOCK, INDEX_NAME, SHORT_BLOCK_HASH, PrefixCache, block_hash, chain_hashes,
                             full_hash, namespace, token_bytes)
 from pipeline.config import EngineConfig
-from pipeline.engine import Engine
+from pipeline.engine.generator import Engine
 from pipeline.models import file_identity
-from pipeline.synthetic import write_moe_model
+from pipeline.dev.synthetic import write_moe_model
 
 SMOL = Path.home() / ".cache/rag/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 SETTINGS = EngineConfig(n_ctx=1024, threads=2)

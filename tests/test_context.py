@@ -7,7 +7,7 @@ import pytest
 from pipeline.context import pack
 from pipeline.errors import EngineError
 from pipeline.retrieve import Passage, merge_chunks
-from pipeline.catalog import StoredChunk
+from pipeline.store.catalog import StoredChunk
 
 
 def words(text: str) -> list[int]:

@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 import pytest
 
-from pipeline.convert import KEY_SOURCE_SHA256, convert_bert, read_safetensors, source_sha256
+from pipeline.engine.convert import KEY_SOURCE_SHA256, convert_bert, read_safetensors, source_sha256
 from pipeline.errors import ModelError
 
 MODEL_NAME = "all-MiniLM-L6-v2"

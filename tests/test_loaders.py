@@ -1,4 +1,4 @@
-"""Behaviour of pipeline.loaders: what text comes out of each format, and how files fail."""
+"""Behaviour of pipeline.ingest.loaders: what text comes out of each format, and how files fail."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import LoadError
-from pipeline.loaders import LoadedDocument, TextUnit, detect_format, load
+from pipeline.ingest.loaders import LoadedDocument, TextUnit, detect_format, load
 
 from pdfs import make_corrupt_pdf, make_encrypted_pdf, make_pdf, make_scanned_pdf
 

@@ -1,4 +1,4 @@
-"""Expert offload: the override lists of pipeline.offload, checked against real llama.cpp.
+"""Expert offload: the override lists of pipeline.engine.offload, checked against real llama.cpp.
 
 The llama.cpp tests load a generated 4-layer, 8-expert qwen3moe model (about 1 MB)
 and compare the tensors the loader logs as overridden with what
@@ -13,7 +13,7 @@ import re
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.offload import (
+from pipeline.engine.offload import (
     CPU,
     EXPERT_PATTERN,
     Override,
@@ -33,7 +33,7 @@ def _experts(*layers: int) -> set[str]:
 
 
 def _names(n_layers: int) -> list[str]:
-    from pipeline.synthetic import moe_tensor_shapes
+    from pipeline.dev.synthetic import moe_tensor_shapes
 
     shapes = moe_tensor_shapes(
         n_layers=n_layers, n_embd=8, n_head=2, n_head_kv=1, head_dim=4, n_experts=2, expert_ff=4, n_vocab=262
@@ -97,9 +97,9 @@ try:
 except ImportError:  # the pure tests above still run
     llama_cpp = None
 else:
-    from pipeline._llama import LOG_DEBUG, LlamaLog, TensorOverrides, load_llama
+    from pipeline.engine._llama import LOG_DEBUG, LlamaLog, TensorOverrides, load_llama
     from pipeline.errors import EngineError
-    from pipeline.synthetic import tensor_names, write_moe_model
+    from pipeline.dev.synthetic import tensor_names, write_moe_model
 
 
 @pytest.fixture(scope="module")

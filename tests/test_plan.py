@@ -1,4 +1,4 @@
-"""The planner (pipeline.spec, .memory, .speed, .plan): memory model against llama.cpp's own dry run, the recipe's case, budgets, profiles.
+"""The planner (pipeline.planner.spec, .memory, .speed, .plan): memory model against llama.cpp's own dry run, the recipe's case, budgets, profiles.
 
 The dry-run tests generate small qwen3moe models (under 2 MB each) and load them
 with ``no_alloc`` (nothing allocated, a few tens of milliseconds per load); every
@@ -12,14 +12,14 @@ import re
 
 import pytest
 
-from pipeline._gguf import ArrayInfo
+from pipeline.engine._gguf import ArrayInfo
 from pipeline.errors import ConfigError
-from pipeline.hardware import PROFILES, GiB, HardwareProfile, detect_ram, get_profile, load_profile, save_profile
-from pipeline.memory import compute_buffer_bytes, dry_run, kv_bytes, memory, parse_dry_run
-from pipeline.offload import planned_tensors
-from pipeline.plan import Budget, Plan, baseline_plan, comparison_table, evaluate, fit_like, fits, plan, recipe_plan
-from pipeline.spec import LayerSpec, ModelSpec, read_gguf
-from pipeline.speed import decode_speed, prefill_speed
+from pipeline.planner.hardware import PROFILES, GiB, HardwareProfile, detect_ram, get_profile, load_profile, save_profile
+from pipeline.planner.memory import compute_buffer_bytes, dry_run, kv_bytes, memory, parse_dry_run
+from pipeline.engine.offload import planned_tensors
+from pipeline.planner.plan import Budget, Plan, baseline_plan, comparison_table, evaluate, fit_like, fits, plan, recipe_plan
+from pipeline.planner.spec import LayerSpec, ModelSpec, read_gguf
+from pipeline.planner.speed import decode_speed, prefill_speed
 
 MiB = 1024**2
 
@@ -45,7 +45,7 @@ SMALL_CONFIGS = [dict(n_ctx=4096, n_ubatch=2048, type_k="q4_0", type_v="q4_0"), 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from pipeline.synthetic import write_moe_model
+    from pipeline.dev.synthetic import write_moe_model
 
     folder = tmp_path_factory.mktemp("plan-models")
     return {name: write_moe_model(folder / f"{name}.gguf", **kw) for name, kw in MODELS.items()}
@@ -75,7 +75,7 @@ def test_spec_from_gguf_matches_the_file(models) -> None:
         assert spec.n_experts_used == MODELS[name].get("n_experts_used", 2)
         # the expert bytes are exactly the tensors the offload pattern matches
         names = [t.name for t in reader.tensors]
-        from pipeline.offload import cpu_moe
+        from pipeline.engine.offload import cpu_moe
 
         expert_names = set(planned_tensors(names, cpu_moe()))
         assert spec.expert_bytes == sum(int(t.n_bytes) for t in reader.tensors if t.name in expert_names)
@@ -296,12 +296,12 @@ def test_detect_ram() -> None:
 
 
 def test_plan_module_reexports_the_models() -> None:
-    import pipeline.memory
-    import pipeline.plan
-    import pipeline.spec
-    import pipeline.speed
+    import pipeline.planner.memory
+    import pipeline.planner.plan
+    import pipeline.planner.spec
+    import pipeline.planner.speed
 
     for name in ("ModelSpec", "LayerSpec", "memory", "kv_bytes", "dry_run", "prefill_speed", "decode_speed"):
-        assert getattr(pipeline.plan, name) is (getattr(pipeline.spec, name, None) or getattr(
-            pipeline.memory, name, None) or getattr(pipeline.speed, name))
-    assert set(pipeline.plan.__all__) <= set(dir(pipeline.plan))
+        assert getattr(pipeline.planner.plan, name) is (getattr(pipeline.planner.spec, name, None) or getattr(
+            pipeline.planner.memory, name, None) or getattr(pipeline.planner.speed, name))
+    assert set(pipeline.planner.plan.__all__) <= set(dir(pipeline.planner.plan))

@@ -31,7 +31,7 @@ def test_plan_for_the_recipe_model_beats_llama_cpp_fit(store_dir):
 
 
 def test_plan_reads_a_gguf_and_bad_inputs_are_clear(store_dir, tmp_path):
-    from pipeline.synthetic import write_moe_model
+    from pipeline.dev.synthetic import write_moe_model
 
     model = write_moe_model(tmp_path / "m.gguf")
     data = json.loads(run("plan", str(model), "--gpu", "rtx3090", "--ctx", "8192", "--json").output)
@@ -59,7 +59,7 @@ def test_tune_writes_a_profile_that_ask_picks_up(store_dir, tmp_path, monkeypatc
     path = resolve("builtin:SmolLM2-135M-Instruct", home=home, fetch=False)
     settings = rag.engine_settings(path)
     assert settings.n_ubatch == 64  # what the user set wins over the profile
-    from pipeline.tune import read_profile
+    from pipeline.planner.tune import read_profile
 
     profile = read_profile(data["profile"])
     assert profile and all(k.startswith("engine.") for k in profile)

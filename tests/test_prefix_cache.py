@@ -86,9 +86,9 @@ def test_cli_warm_stats_and_clear(store_dir, corpus, tmp_path, monkeypatch):
 def test_sliding_window_model_restores_exactly(model_home, tmp_path):
     """Gemma 3 has interleaved sliding-window layers (window 512): a prefix longer than the window,
     restored from disk or kept in memory, gives the same greedy answer as a plain run."""
-    from pipeline.cache import PrefixCache
+    from pipeline.engine.cache import PrefixCache
     from pipeline.config import EngineConfig
-    from pipeline.engine import Engine
+    from pipeline.engine.generator import Engine
     from pipeline.models import resolve
 
     path = resolve("builtin:gemma-3-270m", home=model_home)
@@ -117,10 +117,10 @@ def test_recurrent_model_restores_its_state_at_the_prefix_boundary(tmp_path):
     """A Mamba model keeps a per-sequence state that cannot be cut at an earlier position: the prefix
     state saved at the boundary, restored from disk, gives the same greedy answer as a plain run, and a
     second question in the same process restores it rather than prefilling again."""
-    from pipeline.cache import PrefixCache
+    from pipeline.engine.cache import PrefixCache
     from pipeline.config import EngineConfig
-    from pipeline.engine import Engine
-    from pipeline.synthetic import write_mamba_model
+    from pipeline.engine.generator import Engine
+    from pipeline.dev.synthetic import write_mamba_model
 
     path = write_mamba_model(tmp_path / "mamba.gguf")
     settings = EngineConfig(n_ctx=2048, n_batch=256, n_ubatch=256, threads=1)

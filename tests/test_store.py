@@ -7,9 +7,9 @@ def test_writes_are_split_to_chromas_batch_limit(tmp_path):
     """A document with more chunks than Chroma accepts in one call is written in pieces, then committed."""
     import numpy as np
 
-    from pipeline.catalog import DocumentRecord
-    from pipeline.chunking import Chunk
-    from pipeline.store import Store
+    from pipeline.store.catalog import DocumentRecord
+    from pipeline.ingest.chunking import Chunk
+    from pipeline.store.store import Store
 
     with Store(tmp_path / "store", "big") as store:
         limit = store._chroma.get_max_batch_size()

@@ -14,12 +14,12 @@ import pytest
 
 from pipeline.config import EngineConfig, load_config
 from pipeline.errors import ConfigError
-from pipeline.hardware import GiB, get_profile, load_profile, save_profile
-from pipeline.memory import memory
+from pipeline.planner.hardware import GiB, get_profile, load_profile, save_profile
+from pipeline.planner.memory import memory
 from pipeline.models import file_identity
-from pipeline.plan import Budget
-from pipeline.spec import ModelSpec
-from pipeline.tune import (
+from pipeline.planner.plan import Budget
+from pipeline.planner.spec import ModelSpec
+from pipeline.planner.tune import (
     PROFILE_KEYS,
     TuneEvent,
     plan_of,
@@ -37,7 +37,7 @@ SETTINGS = EngineConfig(threads=1, threads_batch=1)
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from pipeline.synthetic import write_moe_model
+    from pipeline.dev.synthetic import write_moe_model
 
     return write_moe_model(tmp_path_factory.mktemp("tune") / "moe.gguf")
 
@@ -109,7 +109,7 @@ def test_profile_written_and_read_back(tuned, tmp_path) -> None:
 
 
 def test_max_seconds_stops_new_candidates_but_not_the_baseline(model, monkeypatch) -> None:
-    from pipeline import hardware
+    from pipeline.planner import hardware
 
     monkeypatch.setattr(hardware, "measure_cpu_flops", lambda **kw: 123e9)
     events: list[TuneEvent] = []
@@ -155,7 +155,7 @@ def test_settings_plan_roundtrip(model) -> None:
 
 
 def test_measured_hardware_profile(tmp_path, monkeypatch) -> None:
-    from pipeline import hardware
+    from pipeline.planner import hardware
 
     monkeypatch.setattr(hardware, "measure_cpu_flops", lambda **kw: 123e9)
     hw = hardware.measure_hardware(get_profile("cpu"))

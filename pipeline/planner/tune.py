@@ -2,8 +2,8 @@
 
 The library behind ``rag tune``. :func:`tune`
 
-1. reads the model's spec (:mod:`pipeline.spec`) and asks the planner
-   (:func:`pipeline.plan.plan`) for the fastest plan it estimates for this machine:
+1. reads the model's spec (:mod:`pipeline.planner.spec`) and asks the planner
+   (:func:`pipeline.planner.plan.plan`) for the fastest plan it estimates for this machine:
    on a build without GPU offload (or ``gpu_layers = 0``) the GPU budget is 0 and
    everything is on the CPU;
 2. builds a handful of candidate settings around it: the configured settings (the
@@ -16,7 +16,7 @@ The library behind ``rag tune``. :func:`tune`
    starting new candidates when the next one would overrun ``max_seconds`` (its
    cost predicted from the ones measured so far);
 4. picks the fastest measured candidate whose estimated memory fits the budget
-   (:mod:`pipeline.memory`; a candidate over budget is never measured nor picked).
+   (:mod:`pipeline.planner.memory`; a candidate over budget is never measured nor picked).
 
 :func:`write_profile` writes the winner as an ``[engine]`` TOML table (with the
 measurements as comments) to :func:`profile_path` (``$RAG_HOME/tuned/<model
@@ -37,8 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from .config import EngineConfig, read_toml, toml_value
-from .errors import ConfigError, RagError
+from ..config import EngineConfig, read_toml, toml_value
+from ..errors import ConfigError, RagError
 from .hardware import GiB, HardwareProfile, detect_ram
 from .hardware import measure_hardware as _measure_hardware
 from .plan import UBATCHES, Budget, Plan, PlanResult, evaluate
@@ -219,7 +219,7 @@ def gpu_offload_available() -> bool:
 
 
 def plan_of(settings: EngineConfig, spec: ModelSpec, *, gpu: bool) -> Plan | None:
-    """The :class:`~pipeline.plan.Plan` the engine runs for ``settings`` (None if not a valid plan)."""
+    """The :class:`~pipeline.planner.plan.Plan` the engine runs for ``settings`` (None if not a valid plan)."""
     n = spec.n_layers
     n_batch = min(settings.n_batch, settings.n_ctx)
     n_ubatch = min(settings.n_ubatch, n_batch)
@@ -299,7 +299,7 @@ def measure(model_path: Path, settings: EngineConfig, *, n_tokens: int, n_vocab:
     """(prefill tokens/s of each of ``repeats`` prefills of ``n_tokens`` tokens, load seconds), after a warm-up."""
     import llama_cpp
 
-    from .engine import Engine, EngineStats
+    from ..engine.generator import Engine, EngineStats
 
     rng = random.Random(seed)
     warm = max(8, min(settings.n_ubatch, n_tokens // 4))
@@ -359,11 +359,11 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
     profile's VRAM and RAM (RAM capped at this machine's), default margins.
     ``kv_types`` are the KV cache types tried (default: the configured one and
     q8_0, where the model's head size allows). ``measure_hardware`` measures
-    the CPU's FLOP/s and the RAM first (see :func:`pipeline.hardware.measure_hardware`);
+    the CPU's FLOP/s and the RAM first (see :func:`pipeline.planner.hardware.measure_hardware`);
     the result's ``hardware`` is then worth saving with
-    :func:`pipeline.hardware.save_profile`. Raises :class:`ConfigError` if no plan fits.
+    :func:`pipeline.planner.hardware.save_profile`. Raises :class:`ConfigError` if no plan fits.
     """
-    from .models import file_identity
+    from ..models import file_identity
 
     t0 = time.perf_counter()
     model_path = Path(model_path)
@@ -517,7 +517,7 @@ def read_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def tuned_settings(home: Path, model_path: str | os.PathLike[str], n_ctx: int) -> dict[str, Any]:
     """The tuned profile's settings for this model file at ``n_ctx``, or ``{}`` where it was not tuned."""
-    from .models import file_identity
+    from ..models import file_identity
 
     path = profile_path(home, file_identity(Path(model_path)), n_ctx)
     return read_profile(path) if path.is_file() else {}

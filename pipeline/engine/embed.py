@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np  # light (~0.1 s); llama_cpp loads only with the model
 
-from .errors import EngineError, ModelError
+from ..errors import EngineError, ModelError
 
 # Tokens per decode when chunks are packed on a GPU.
 GPU_GROUP_TOKENS = 4096
@@ -151,7 +151,7 @@ class Embedder:
 
     @cached_property
     def identity(self) -> str:
-        from .models import file_identity
+        from ..models import file_identity
 
         return file_identity(self.model_path)
 

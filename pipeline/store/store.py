@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from .catalog import Catalog, CollectionInfo, DocumentRecord, StoredChunk
-from .errors import ConfigError, StoreError
+from ..errors import ConfigError, StoreError
 from .lock import StoreLock
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .chunking import Chunk
+    from ..ingest.chunking import Chunk
 
 _COLLECTION_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{1,510}[a-zA-Z0-9]$")
 

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import StoreBusyError
+from ..errors import StoreBusyError
 
 LOCK_NAME = ".rag.lock"
 

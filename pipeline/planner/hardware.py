@@ -22,7 +22,7 @@ The RTX 3090 figures are *calibrated* (``gpu_flops`` 46e12, ``h2d_pinned``
 25.3e9, solved from two measurements): with them the planner's speed model
 reproduces the recipe's two measurements on that card (Qwen3.6-35B-A3B Q6_K at
 64K context: 564 prompt tokens/s at ``-b 512 -ub 128``, 1330 at ``-b 1024 -ub 512``
-with 8 layers' experts on the CPU) within 20%; see :mod:`pipeline.speed`. The other
+with 8 layers' experts on the CPU) within 20%; see :mod:`pipeline.planner.speed`. The other
 cards scale the 3090's efficiency (effective / datasheet dense f16 tensor FLOP/s)
 to their own datasheet figures: estimates, to be replaced by ``rag tune``.
 
@@ -39,7 +39,7 @@ import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 GiB = 1024**3
 GB = 1e9

@@ -9,23 +9,22 @@ embedder, so that on a multi-core machine they hide behind embedding.
 
 from __future__ import annotations
 
-import hashlib
-import os
 import queue
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
-from .catalog import DocumentRecord
+from ..engine.embed import Embedder
+from ..errors import LoadError
+from ..store.catalog import DocumentRecord
+from ..store.store import Store
 from .chunking import Chunk, Chunker, for_embedder
-from .embed import Embedder
-from .errors import InputError, LoadError
 from .loaders import detect_format, load
-from .store import Store
+from .scan import file_hash
 
 # Chunks embedded between two progress events inside one large document.
 _SLICE = 32
@@ -117,40 +116,6 @@ class _Todo:
     content_hash: str
     size: int
     mtime_ns: int
-
-
-def scan(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
-    """Files under ``paths`` (hidden files and folders skipped), and the folders given."""
-    roots = [Path(p).expanduser() for p in paths]
-    missing = [str(p) for p in roots if not p.exists()]
-    if missing:
-        raise InputError("path does not exist: " + ", ".join(missing))
-    files: list[Path] = []
-    folders: list[Path] = []
-    for root in roots:
-        if root.is_dir():
-            folders.append(root.resolve())
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-                files.extend(Path(dirpath) / f for f in sorted(filenames) if not f.startswith("."))
-        else:
-            files.append(root)
-    seen: set[Path] = set()
-    unique = []
-    for f in files:
-        r = f.resolve()
-        if r not in seen:
-            seen.add(r)
-            unique.append(f)
-    return unique, folders
-
-
-def file_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def ingest(scanned: tuple[list[Path], list[Path]], *, store: Store, embedder: Embedder, chunk_size: int,

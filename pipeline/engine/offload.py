@@ -9,7 +9,7 @@ patterns in order with ``std::regex_search`` and takes the first that matches.
 
 This module builds that list as plain data (:class:`Override`) and predicts what
 the loader will do with it (:func:`planned_tensors`). It never imports llama_cpp:
-turning overrides into the C structure is :mod:`pipeline._llama`'s job.
+turning overrides into the C structure is :mod:`pipeline.engine._llama`'s job.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 #: llama.cpp's ``LLM_FFN_EXPS_REGEX``: the routed-expert weight tensors of a layer.
 EXPERT_PATTERN = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"

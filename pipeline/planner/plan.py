@@ -13,9 +13,9 @@ first layers' experts on the CPU that fit with 1 GiB margin at ``-b 2048 -ub
 512``) for comparison; :func:`recipe_plan` and :func:`baseline_plan` are the recipe
 this project starts from and its baseline.
 
-The models it relies on live in their own modules: :mod:`pipeline.spec` (what a
-model is made of, read from a GGUF), :mod:`pipeline.memory` (bytes per device,
-checked against llama.cpp's dry run) and :mod:`pipeline.speed` (estimated prefill
+The models it relies on live in their own modules: :mod:`pipeline.planner.spec` (what a
+model is made of, read from a GGUF), :mod:`pipeline.planner.memory` (bytes per device,
+checked against llama.cpp's dry run) and :mod:`pipeline.planner.speed` (estimated prefill
 and decode tokens/s). Their public names are re-exported here for convenience.
 
 Margins: the planner keeps ``gpu_margin`` bytes free on the GPU (default 256 MiB,
@@ -29,11 +29,11 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .hardware import GiB, HardwareProfile
 from .memory import DeviceMemory, DryRun, Memory, compute_buffer_bytes, dry_run, kv_bytes, kv_cells, memory, \
     parse_dry_run
-from .offload import EXPERT_PATTERN, n_cpu_moe
+from ..engine.offload import EXPERT_PATTERN, n_cpu_moe
 from .spec import GGML_TYPES, KV_TYPE_IDS, KV_TYPES, LayerSpec, ModelSpec, kv_type_supported, read_gguf, type_bytes
 from .speed import Speed, decode_speed, prefill_speed
 
@@ -85,7 +85,7 @@ class Plan:
         return list(range(n)) if self.cpu_moe_from == "first" else list(range(n_layers - n, n_layers))
 
     def overrides(self, n_layers: int):
-        """The :class:`pipeline.offload.Override` list of this plan's expert placement."""
+        """The :class:`pipeline.engine.offload.Override` list of this plan's expert placement."""
         return n_cpu_moe(self.n_cpu_moe, n_layers, which=self.cpu_moe_from)
 
     def llama_flags(self, n_layers: int) -> list[str]:
@@ -125,7 +125,7 @@ class Plan:
         ]) + "\n"
 
     def llama_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``llama_cpp.Llama`` / :func:`pipeline._llama.load_llama` (no overrides)."""
+        """Keyword arguments for ``llama_cpp.Llama`` / :func:`pipeline.engine._llama.load_llama` (no overrides)."""
         return dict(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch, flash_attn=self.flash_attn,
                     type_k=KV_TYPE_IDS[self.type_k], type_v=KV_TYPE_IDS[self.type_v],
                     n_gpu_layers=self.gpu_layers, use_mmap=self.mmap)
@@ -367,7 +367,7 @@ def comparison_table(results: list[PlanResult]) -> str:
 __all__ = [
     "Budget", "DEFAULT_GPU_MARGIN", "DEFAULT_RAM_MARGIN", "FIT_MARGIN", "Plan", "PlanResult", "UBATCHES",
     "baseline_plan", "compare", "comparison_table", "evaluate", "fit_like", "fits", "plan", "recipe_plan",
-    # re-exported from pipeline.spec, pipeline.memory and pipeline.speed
+    # re-exported from pipeline.planner.spec, pipeline.planner.memory and pipeline.planner.speed
     "DeviceMemory", "DryRun", "GGML_TYPES", "KV_TYPES", "KV_TYPE_IDS", "LayerSpec", "Memory", "ModelSpec", "Speed",
     "compute_buffer_bytes", "decode_speed", "dry_run", "kv_bytes", "kv_cells", "kv_type_supported", "memory",
     "parse_dry_run", "prefill_speed", "read_gguf", "type_bytes",

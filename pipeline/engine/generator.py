@@ -23,9 +23,9 @@ from typing import Callable, Iterator, Sequence
 
 from . import offload
 from ._gguf import read_header
-from .config import EngineConfig
-from .errors import EngineError
-from .spec import KV_TYPE_IDS, type_bytes
+from ..config import EngineConfig
+from ..errors import EngineError
+from ..planner.spec import KV_TYPE_IDS, type_bytes
 
 
 @dataclass
@@ -269,7 +269,7 @@ class Engine:
     def namespace(self) -> str:
         """The prefix cache's namespace: this model file and every setting that shapes its KV contents."""
         from .cache import namespace
-        from .models import file_identity
+        from ..models import file_identity
 
         s = self.settings
         return namespace(file_identity(self.model_path), n_ctx=self.n_ctx, type_k=s.type_k, type_v=s.type_v,

@@ -4,7 +4,7 @@ Three things:
 
 * :class:`TensorOverrides`: the C array of ``llama_model_tensor_buft_override``
   (pattern, buffer type) that llama.cpp's loader reads, built from
-  :class:`pipeline.offload.Override` values;
+  :class:`pipeline.engine.offload.Override` values;
 * :func:`load_llama`: build a ``llama_cpp.Llama`` whose model loads with those
   overrides and with model params the ``Llama`` constructor has no argument for
   (``use_extra_bufts``, ``no_alloc``, ``no_host``...);
@@ -33,7 +33,7 @@ from typing import Any
 import llama_cpp
 import llama_cpp.llama_cpp as _llama_cpp_c
 
-from .errors import EngineError
+from ..errors import EngineError
 from .offload import Override
 
 # --------------------------------------------------------------------------- ggml

@@ -17,13 +17,13 @@ totals (``gpu``, ``copy``, ``cpu``). The output head runs for one token only.
 Decode (one token) is memory-bandwidth bound: bytes of the active weights and of
 the KV cache read per token, on each device, over its memory bandwidth.
 
-The hardware figures come from a :class:`~pipeline.hardware.HardwareProfile`.
+The hardware figures come from a :class:`~pipeline.planner.hardware.HardwareProfile`.
 Calibration: the ``rtx3090`` profile's ``gpu_flops`` and ``h2d_pinned`` were
 solved so this model reproduces the recipe's two measurements on a 3090
 (Qwen3.6-35B-A3B Q6_K, 64K context, mmap off): 564 tok/s at ``-b 512 -ub 128``
 with experts on the GPU as far as they fit (the baseline) and 1330 tok/s at
 ``-b 1024 -ub 512`` with 8 layers' experts on the CPU; see
-:func:`pipeline.plan.recipe_plan`, :func:`pipeline.plan.baseline_plan` and
+:func:`pipeline.planner.plan.recipe_plan`, :func:`pipeline.planner.plan.baseline_plan` and
 ``tests/test_plan.py``. ``rag tune`` measures the real speeds on a machine.
 """
 
@@ -37,7 +37,7 @@ from .hardware import HardwareProfile
 from .memory import kv_cells
 from .spec import LayerSpec, ModelSpec, type_bytes
 
-if TYPE_CHECKING:  # a Plan is only read here; pipeline.plan imports this module
+if TYPE_CHECKING:  # a Plan is only read here; pipeline.planner.plan imports this module
     from .plan import Plan
 
 #: llama.cpp's op offload copies host weights to the GPU only for micro-batches of at least this many tokens.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .loaders import TextUnit
 
 Tokenize = Callable[[str], Sequence[int]]

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from .errors import StoreError
+from ..errors import StoreError
 
 if TYPE_CHECKING:
-    from .chunking import Chunk
+    from ..ingest.chunking import Chunk
 
 SCHEMA_VERSION = 1
 

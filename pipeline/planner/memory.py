@@ -1,7 +1,7 @@
 """The memory model: bytes per device for a plan, checked against llama.cpp's own dry run.
 
-:func:`memory` gives the bytes a :class:`~pipeline.plan.Plan` needs on the GPU and
-in host memory, from a :class:`~pipeline.spec.ModelSpec`:
+:func:`memory` gives the bytes a :class:`~pipeline.planner.plan.Plan` needs on the GPU and
+in host memory, from a :class:`~pipeline.planner.spec.ModelSpec`:
 
 * weights: llama.cpp keeps ``token_embd`` in host memory always; layers
   ``>= n_layers - gpu_layers`` and (with ``gpu_layers > n_layers``) the output
@@ -29,7 +29,7 @@ in host memory, from a :class:`~pipeline.spec.ModelSpec`:
   (``CUDA_Host``) compute buffer is the KQ mask plus ``8*embd`` per token.
 
 The margins a plan keeps free on each device are the planner's business
-(:class:`pipeline.plan.Budget`). :func:`dry_run` asks llama.cpp itself (model
+(:class:`pipeline.planner.plan.Budget`). :func:`dry_run` asks llama.cpp itself (model
 param ``no_alloc``: nothing allocated) for the real KV and compute buffer sizes,
 and :func:`parse_dry_run` reads them from its log; llama_cpp is imported only there.
 """
@@ -41,11 +41,11 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .hardware import HardwareProfile
 from .spec import LayerSpec, ModelSpec, type_bytes
 
-if TYPE_CHECKING:  # a Plan is only read here; pipeline.plan imports this module
+if TYPE_CHECKING:  # a Plan is only read here; pipeline.planner.plan imports this module
     from .plan import Plan
 
 MiB = 1024**2
@@ -206,7 +206,7 @@ def parse_dry_run(log: str) -> DryRun:
 
 def dry_run(path: str | os.PathLike[str], plan: Plan, *, n_threads: int = 1) -> DryRun:
     """Run llama.cpp's own dry run (model param ``no_alloc``) for ``plan`` and read the sizes it logs."""
-    from ._llama import LlamaLog, load_llama
+    from ..engine._llama import LlamaLog, load_llama
 
     kwargs = plan.llama_kwargs()
     kwargs.pop("use_mmap")  # a dry run cannot map

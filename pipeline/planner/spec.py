@@ -3,7 +3,7 @@
 A :class:`ModelSpec` holds per-layer byte counts (routed experts apart from the
 rest), the embeddings and output head, attention shapes and layer kinds (full
 attention, sliding window, recurrent). :meth:`ModelSpec.from_gguf` reads them from
-a GGUF file's header and tensor list (through :func:`pipeline._gguf.read_header`;
+a GGUF file's header and tensor list (through :func:`pipeline.engine._gguf.read_header`;
 no weights read); :meth:`ModelSpec.qwen36_35b_a3b` builds them from published
 shapes. Also the ggml type sizes the memory model needs (:func:`type_bytes`).
 
@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ._gguf import ArrayInfo, read_header
-from .errors import ConfigError
-from .offload import EXPERT_PATTERN
+from ..engine._gguf import ArrayInfo, read_header
+from ..errors import ConfigError
+from ..engine.offload import EXPERT_PATTERN
 
 # --------------------------------------------------------------------------- ggml types
 
@@ -347,8 +347,8 @@ def ggml_type_name(type_id: int) -> str:
 def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], str]]]:
     """(metadata, tensor infos) of a GGUF file, header only, as :meth:`ModelSpec.from_metadata` takes them.
 
-    A thin adapter over :func:`pipeline._gguf.read_header`: long arrays (the
-    vocabulary) are :class:`pipeline._gguf.ArrayInfo` (type and length), tensor
+    A thin adapter over :func:`pipeline.engine._gguf.read_header`: long arrays (the
+    vocabulary) are :class:`pipeline.engine._gguf.ArrayInfo` (type and length), tensor
     infos are (name, shape in ggml order, ggml type name).
     """
     header = read_header(path)

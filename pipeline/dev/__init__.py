@@ -1,0 +1,1 @@
+"""Development tools: generated test models and the benchmark runner."""

@@ -1,0 +1,1 @@
+"""Ingest: files → text units (loaders) → chunks (chunking) → the store, driven by :mod:`.run`."""
