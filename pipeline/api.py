@@ -142,24 +142,18 @@ class Pipeline:
 
     def engine_settings(self, model_path: Path):
         """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""
-        import dataclasses
-
-        from .config import EngineConfig
+        from .profiles import tuned_engine
 
         settings = self.config.engine
         if not settings.tuned:
             return settings
         from .engine.generator import ModelInfo
-        from .planner.tune import tuned_settings
 
         n_ctx = settings.n_ctx or ModelInfo.read(model_path).n_ctx_train
-        tuned = tuned_settings(self.config.home_path, model_path, n_ctx)
-        default = EngineConfig()
-        changes = {k.split(".", 1)[1]: v for k, v in tuned.items()
-                   if getattr(settings, k.split(".", 1)[1]) == getattr(default, k.split(".", 1)[1])}
+        settings, changes = tuned_engine(settings, self.config.home_path, model_path, n_ctx)
         if changes and self._log:
             self._log("using tuned settings: " + ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
-        return dataclasses.replace(settings, **changes)
+        return settings
 
     def plan(self, model: str | Path | None = None, *, builtin_spec: str | None = None, quant: str = "Q6_K",
              hardware: str | Path | None = None, vram_gb: float | None = None, ram_gb: float | None = None,
@@ -173,9 +167,10 @@ class Pipeline:
         the KV cache type. ``compare`` adds the recipe, its baseline and llama.cpp's fit side by side.
         """
         import dataclasses
+        import math
 
-        from .planner import plan as plan_mod
         from .errors import ConfigError
+        from .planner import plan as plan_mod
         from .planner.spec import ModelSpec
 
         if builtin_spec:
@@ -187,14 +182,20 @@ class Pipeline:
             spec = ModelSpec.from_gguf(models.resolve(ref, home=self.config.home_path, what="model",
                                                       log=self._log))
         hw = self.hardware(hardware)
+        for name, value in (("--vram", vram_gb), ("--ram", ram_gb)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a positive number of GiB, got {value:g}")
         if vram_gb is not None:
+            if not hw.has_gpu:
+                raise ConfigError(f"--vram {vram_gb:g} is a GPU budget, but the hardware profile {hw.name!r} has no "
+                                  "GPU: name one with --gpu (rtx3090, h100, ...), or drop --vram for a CPU plan")
             hw = dataclasses.replace(hw, vram=int(vram_gb * 2**30))
         if ram_gb is not None:
             hw = dataclasses.replace(hw, ram=int(ram_gb * 2**30))
         n_ctx = n_ctx or self.config.engine.n_ctx or spec.n_ctx_train
         kv_types = ("f16", "q8_0", "q4_0") if kv == "auto" else (kv or self.config.engine.type_k)
         best = plan_mod.plan(spec, hw, n_ctx=n_ctx, kv_types=kv_types, n_batch=n_batch, n_ubatch=n_ubatch)
-        fit = plan_mod.fit_like(spec, hw, n_ctx=n_ctx, kv=best.plan.type_k)
+        fit = plan_mod.fit_like(spec, hw, n_ctx=n_ctx, kv=best.settings.type_k)
         rows = plan_mod.compare(spec, hw, n_ctx=n_ctx) if compare else None
         return {"plan": best, "fit": fit, "hardware": hw, "compare": rows}
 
@@ -204,9 +205,10 @@ class Pipeline:
 
         Returns ``(TuneResult, profile path)``; later ``ask`` calls pick the profile up.
         """
+        from . import profiles
+        from .engine.generator import ModelInfo
         from .planner import hardware as hw_mod
         from .planner import tune as tune_mod
-        from .engine.generator import ModelInfo
 
         path = models.resolve(self.config.models.generator, home=self.config.home_path, what="generator",
                               log=self._log)
@@ -215,8 +217,8 @@ class Pipeline:
         result = tune_mod.tune(path, engine_settings=self.config.engine, hardware=hw, n_ctx=n_ctx,
                                max_seconds=max_seconds, n_tokens=n_tokens, progress=progress,
                                measure_hardware=measure_hardware)
-        target = tune_mod.write_profile(
-            result, tune_mod.profile_path(self.config.home_path, models.file_identity(path), n_ctx))
+        target = profiles.write_profile(
+            result.profile_text(), profiles.profile_path(self.config.home_path, models.file_identity(path), n_ctx))
         if measure_hardware and result.hardware is not None:
             hw_mod.save_profile(result.hardware, self.config.home_path / "hardware.toml")
         return result, target

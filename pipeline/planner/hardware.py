@@ -33,6 +33,7 @@ to their own datasheet figures: estimates, to be replaced by ``rag tune``.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import tomllib
@@ -65,6 +66,14 @@ class HardwareProfile:
     cpu_mem_bw: float = 50 * GB  # bytes/s
     gpu_reserved: int = 300 * 1024**2  # bytes taken by driver + CUDA context
     attn_efficiency: float = 0.5  # attention FLOP/s as a fraction of gpu_flops
+    # micro-batch efficiency (pipeline.planner.speed): e(u) = 1 / (1 + (half / u) ** exp), 0 = none
+    gpu_ubatch_half: float = 0.0  # tokens
+    gpu_ubatch_exp: float = 1.5
+    gpu_layer_overhead: float = 0.0  # seconds per layer per micro-batch (kernel launches, scheduling)
+    cpu_ubatch_half: float = 0.0  # tokens
+    cpu_ubatch_exp: float = 1.5
+    cpu_ubatch_cache: float = 0.0  # tokens: larger micro-batches spill the caches, cost x (1 + u / cache); 0 = none
+    cpu_layer_overhead: float = 0.0  # seconds per layer per micro-batch (thread barriers, scheduling)
 
     @property
     def has_gpu(self) -> bool:
@@ -115,9 +124,21 @@ class HardwareProfile:
                     out[name] = str(v)
             except (TypeError, ValueError):
                 raise ConfigError(f"Hardware profile key {name} has a bad value {v!r}.") from None
-            if isinstance(out[name], (int, float)) and out[name] < 0:  # type: ignore[operator]
-                raise ConfigError(f"Hardware profile key {name} cannot be negative ({v!r}).")
-        return cls(**out)  # type: ignore[arg-type]
+            if isinstance(out[name], (int, float)) and not (math.isfinite(out[name]) and out[name] >= 0):  # type: ignore[arg-type]
+                raise ConfigError(f"Hardware profile key {name} must be a finite number >= 0, not {v!r}.")
+        return cls(**out).checked()  # type: ignore[arg-type]
+
+    def checked(self) -> HardwareProfile:
+        """``self``, or a :class:`ConfigError` naming the figure a planner would divide by zero with."""
+        need = ["cpu_flops", "cpu_mem_bw", "cpu_ubatch_exp"]
+        if self.has_gpu:
+            need += ["gpu_flops", "h2d_pinned", "h2d_pageable", "gpu_mem_bw", "attn_efficiency", "gpu_ubatch_exp"]
+        zero = [k for k in need if not getattr(self, k) > 0]
+        if zero:
+            what = "a GPU (vram > 0)" if self.has_gpu else "a host"
+            raise ConfigError(f"The hardware profile {self.name!r} describes {what} but has no "
+                              f"{', '.join(zero)} (must be > 0).")
+        return self
 
 
 def _escape(s: str) -> str:
