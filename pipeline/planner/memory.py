@@ -210,7 +210,7 @@ def dry_run(path: str | os.PathLike[str], settings: EngineConfig, *, n_threads: 
     kwargs = Engine(path, replace(settings, threads=n_threads, threads_batch=n_threads)).llama_kwargs()
     kwargs.pop("use_mmap")  # a dry run cannot map
     with LlamaLog(chain=False) as log:
-        llm = load_llama(path, model_params={"no_alloc": True}, n_threads=n_threads, verbose=False, **kwargs)
+        llm = load_llama(path, model_params={"no_alloc": True}, **kwargs)
         llm.close()
     result = parse_dry_run(log.text)
     if not result.compute:
