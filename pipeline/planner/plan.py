@@ -86,10 +86,8 @@ def plan(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget | N
     kvs = tuple(t for t in kvs if kv_type_supported(spec, t)) or ("f16",)
     for kv in kvs:
         replace(base, type_k=kv, type_v=kv).validate()  # e.g. a quantised V cache without flash attention
-    if n_ubatch:
-        ubs: tuple[int, ...] = (min(n_ubatch, n_ctx),)
-    else:
-        ubs = tuple(u for u in UBATCHES if u <= max(min(n_ctx, n_batch or n_ctx), UBATCHES[0]))
+    cap = min(n_ctx, n_batch or n_ctx)  # llama.cpp clamps micro-batches to the batch and the context
+    ubs = (min(n_ubatch, n_ctx),) if n_ubatch else tuple(sorted({min(u, cap) for u in UBATCHES}))
     n = spec.n_layers
     gpu = hw.has_gpu
     has_experts = spec.expert_bytes > 0
@@ -97,7 +95,7 @@ def plan(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget | N
     found: list[tuple[PlanResult, int, int, int]] = []  # (result, experts on CPU, KV index, ubatch)
     for kv_index, kv in enumerate(kvs):
         for ub in ubs:
-            nb = max(min(n_batch or ub, n_ctx), ub)
+            nb = max(min(n_batch or ub, n_ctx), ub)  # n_batch = n_ubatch unless fixed
             for frm in (("first", "last") if has_experts and gpu else ("first",)):
                 for k in cpu_counts:
                     if frm == "last" and k in (0, n):
