@@ -30,9 +30,13 @@ to their own datasheet figures, and its curve's ``u_half`` by their number of
 multiprocessors (more of them need more rows to fill): estimates, to be replaced by
 measurements (``benchmarks/gpu_prefill.py`` reports the figures it implies).
 
-The ``cpu`` profile's CPU figures (FLOP/s and micro-batch curve) were measured on
-this project's 2-core development machines by ``rag tune --measure-hardware``
-(SmolLM2-135M, 2048-token prefills at ``-ub`` 128, 512 and 2048); run it on yours.
+The ``cpu`` profile's micro-batch curve was measured on this project's 2-core
+development machine by ``rag tune --measure-hardware`` (SmolLM2-135M Q4_1, 2048-token
+prefills at ``-ub`` 128, 512 and 2048: 7.8, 17.6 and 28.6 tok/s, fitted exactly by
+``cpu_ubatch_half`` 2048, ``cpu_ubatch_exp`` 0.75, ``cpu_ubatch_cache`` 8192), with a
+load average of 18 on its 2 cores; ``cpu_flops`` scales that fit to the 180 tok/s
+FACTS.md records for the same prefill on an idle machine. Run it on yours: the
+result is saved as ``$RAG_HOME/hardware.toml`` and used by later plans.
 
 :func:`measure_cpu_flops` and :func:`measure_hardware` measure the host's figures
 (``rag tune --measure-hardware``). Standard library only, but for numpy in
@@ -187,7 +191,8 @@ PROFILES: dict[str, HardwareProfile] = {
     "h200": _gpu("h200", "NVIDIA H200", 143771 / 1024, 989, 5, 4800, 132, efficiency=0.3, attn_efficiency=0.4),
     "cpu": HardwareProfile(
         name="cpu", gpu_name="", vram=0, gpu_flops=0.0, h2d_pinned=0.0, h2d_pageable=0.0,
-        cpu_flops=0.3e12, ram=32 * GiB, gpu_mem_bw=0.0, cpu_mem_bw=40 * GB, gpu_reserved=0,
+        cpu_flops=127e9, ram=32 * GiB, gpu_mem_bw=0.0, cpu_mem_bw=40 * GB, gpu_reserved=0,
+        cpu_ubatch_half=2048.0, cpu_ubatch_exp=0.75, cpu_ubatch_cache=8192.0,
     ),
 }
 

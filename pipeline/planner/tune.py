@@ -29,6 +29,7 @@ measurements as comments); :mod:`pipeline.profiles` writes it where ``rag ask`` 
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import random
@@ -353,24 +354,22 @@ def fit_cpu_curve(spec: ModelSpec, hw: HardwareProfile, points: Sequence[tuple[E
     """``hw`` with the CPU FLOP/s and micro-batch curve (``cpu_ubatch_half``, ``cpu_ubatch_cache``) that best
     reproduce measured CPU prefills: ``points`` of (settings as run, prompt tokens, measured tokens/s).
 
-    A least-squares fit in log space over a grid of the two shape parameters (the exponent
-    kept); for each, the FLOP/s that scales the estimates onto the measurements is exact,
+    A least-squares fit in log space over a grid of the three shape parameters; for each, the FLOP/s that scales the estimates onto the measurements is exact,
     because every CPU term of the speed model is proportional to ``1 / cpu_flops``.
     """
     if not points:
         return hw
-    halves = [0.0] + [8.0 * 2 ** (i / 2) for i in range(17)]  # 8 .. 2048 tokens
+    halves = [0.0] + [8.0 * 2 ** (i / 4) for i in range(33)]  # 8 .. 2048 tokens
     caches = [0.0] + [256.0 * 2 ** (i / 2) for i in range(17)]  # 256 .. 65536 tokens
     base = replace(hw, vram=0, cpu_flops=1e12, cpu_layer_overhead=0.0)
     best: tuple[float, HardwareProfile] | None = None
-    for half in halves:
-        for cache in caches:
-            trial = replace(base, cpu_ubatch_half=half, cpu_ubatch_cache=cache)
-            logs = [math.log(tps) - math.log(prefill_speed(spec, s, trial, n).tokens_per_s) for s, n, tps in points]
-            mean = statistics.fmean(logs)
-            err = sum((x - mean) ** 2 for x in logs)
-            if best is None or err < best[0] - 1e-12:
-                best = (err, replace(trial, cpu_flops=1e12 * math.exp(mean)))
+    for half, cache, exp in itertools.product(halves, caches, (0.75, 1.0, 1.25, 1.5, 2.0)):
+        trial = replace(base, cpu_ubatch_half=half, cpu_ubatch_cache=cache, cpu_ubatch_exp=exp)
+        logs = [math.log(tps) - math.log(prefill_speed(spec, s, trial, n).tokens_per_s) for s, n, tps in points]
+        mean = statistics.fmean(logs)
+        err = sum((x - mean) ** 2 for x in logs)
+        if best is None or err < best[0] - 1e-12:
+            best = (err, replace(trial, cpu_flops=1e12 * math.exp(mean)))
     assert best is not None
     return replace(best[1], vram=hw.vram)
 
