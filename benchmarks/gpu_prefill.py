@@ -184,7 +184,14 @@ def measure(args: argparse.Namespace, log) -> dict:
                     f"estimated {row['estimated_tok_s']:.0f}")
         finally:
             engine.close()
-    return dict(rows=rows, implied=implied_constants(rows, spec, hw))
+    from pipeline.dev.bench import document, row
+
+    declared = []
+    for r in rows:
+        at = dict(n_ubatch=int(r["flags"][r["flags"].index("-ub") + 1]), series=r["config"], context=r["prompt_tokens"])
+        declared.append(row(f"{r['config']} @ {r['prompt_tokens']}: measured", r["measured_tok_s"], "tok/s", **at))
+        declared.append(row(f"{r['config']} @ {r['prompt_tokens']}: estimated", r["estimated_tok_s"], "tok/s"))
+    return document(declared, measurements=rows, implied=implied_constants(rows, spec, hw))
 
 
 def implied_constants(rows: list[dict], spec, hw) -> dict:
@@ -252,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result.update(device=platform.node(), qtype=args.qtype, budget_gib=args.budget_gib,
                   shapes=QWEN3_30B_A3B, total_seconds=time.perf_counter() - t0)
-    print(table(result["rows"]))
+    print(table(result["measurements"]))
     if result["implied"]:
         print("implied constants:", json.dumps(result["implied"]))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
