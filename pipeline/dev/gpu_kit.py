@@ -128,10 +128,23 @@ def toolchain(cuda: str, *, python: str = sys.executable) -> Path:
     return root
 
 
+def _key_args(cuda: str, archs: tuple[str, ...]) -> list[str]:
+    return kit_cmake_args(archs) + [f"-DRAG_KIT_CUDA={cuda}"]  # the toolchain's major version is part of the key
+
+
+def cached_wheel(cuda: str, archs: tuple[str, ...] = ARCHS) -> Path:
+    """The kit's wheel from the cache; a clear error where ``build`` has not made it yet."""
+    cached = sorted(wheel_folder(_key_args(cuda, archs)).glob("llama_cpp_python-*.whl"))
+    if not cached:
+        raise SystemExit(f"no CUDA {cuda} kit wheel for sm_{', sm_'.join(archs)} in {wheel_folder(_key_args(cuda, archs))}: "
+                         f"run `python pipeline/dev/gpu_kit.py build --cuda {cuda}` first")
+    return cached[0]
+
+
 def build(*, cuda: str, archs: tuple[str, ...] = ARCHS, python: str = sys.executable,
           sdist: str | None = None) -> Path:
     """The kit's wheel: built once per (version, CUDA major, flags), then taken from the cache."""
-    args = kit_cmake_args(archs) + [f"-DRAG_KIT_CUDA={cuda}"]  # the toolchain's major version is part of the key
+    args = _key_args(cuda, archs)
     cached = sorted(wheel_folder(args).glob("llama_cpp_python-*.whl"))
     if cached:
         return cached[0]
@@ -151,6 +164,138 @@ def build(*, cuda: str, archs: tuple[str, ...] = ARCHS, python: str = sys.execut
     return wheel
 
 
+def _site_env(site: Path, lib_dirs: list[Path]) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*map(str, lib_dirs), *filter(None, [env.get("LD_LIBRARY_PATH")])])
+    return env
+
+
+def _install(wheels: list[Path], site: Path, *, python: str = sys.executable, offline: bool = True) -> None:
+    shutil.rmtree(site, ignore_errors=True)
+    subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                    *(["--no-index"] if offline else []), "--target", str(site), *map(str, wheels)], check=True)
+
+
+_PROBE = """
+import ctypes, json, pathlib, llama_cpp
+lib = pathlib.Path(llama_cpp.__file__).parent / "lib"
+ggml = ctypes.CDLL(str(lib / "libggml.so"))
+ggml.ggml_backend_load_all() if hasattr(ggml, "ggml_backend_load_all") else None
+ggml.ggml_backend_reg_count.restype = ctypes.c_size_t
+ggml.ggml_backend_reg_get.restype = ctypes.c_void_p
+ggml.ggml_backend_reg_get.argtypes = [ctypes.c_size_t]
+ggml.ggml_backend_reg_name.restype = ctypes.c_char_p
+ggml.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+ggml.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+ggml.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+regs = {}
+for i in range(ggml.ggml_backend_reg_count()):
+    reg = ggml.ggml_backend_reg_get(i)
+    regs[ggml.ggml_backend_reg_name(reg).decode()] = ggml.ggml_backend_reg_dev_count(reg)
+print(json.dumps(dict(version=llama_cpp.__version__, backends=regs,
+                      gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
+                      system_info=llama_cpp.llama_print_system_info().decode(errors="replace"))))
+"""
+
+
+def probe(site: Path, lib_dirs: list[Path], *, python: str = sys.executable) -> dict:
+    """What llama.cpp installed in ``site`` reports: its backends (with their device counts), GPU offload."""
+    out = subprocess.run([python, "-c", _PROBE], env=_site_env(site, lib_dirs), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"importing the kit's llama_cpp failed:\n{out.stderr.strip()}")
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    info["log"] = out.stderr.strip()
+    return info
+
+
+def check(*, cuda: str, archs: tuple[str, ...] = ARCHS, python: str = sys.executable) -> dict:
+    """Here, with no GPU: the cached wheel installs, imports, and llama.cpp lists its CUDA backend."""
+    wheel = cached_wheel(cuda, archs)
+    root = toolchain(cuda, python=python)
+    site = rag_home() / "cuda" / f"cu{cuda}" / "check-site"
+    _install([wheel], site, python=python, offline=True)
+    info = probe(site, [root / "lib"], python=python)
+    if "CUDA" not in info["backends"]:
+        raise SystemExit(f"llama.cpp lists no CUDA backend: {info['backends']}")
+    info["wheel"] = str(wheel)
+    info["wheel_mib"] = round(wheel.stat().st_size / 2**20, 1)
+    return info
+
+
+def pack(*, cuda: str, archs: tuple[str, ...] = ARCHS, out: Path = ROOT / "gpu-kit",
+         python: str = sys.executable) -> Path:
+    """The kit folder: the wheel, the pure-Python wheels it needs, a manifest and ``run.sh``."""
+    wheel = cached_wheel(cuda, archs)
+    wheels = out / "wheels"
+    shutil.rmtree(out, ignore_errors=True)
+    wheels.mkdir(parents=True)
+    shutil.copy2(wheel, wheels / wheel.name)
+    subprocess.run([python, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+                    "--only-binary", ":all:", "-d", str(wheels), *EXTRA_WHEELS], check=True)
+    manifest = dict(llama_cpp_python=LLAMA_CPP_VERSION, cuda=cuda, archs=list(archs),
+                    cmake_args=kit_cmake_args(archs), wheels=sorted(p.name for p in wheels.glob("*.whl")),
+                    mib=round(sum(p.stat().st_size for p in wheels.iterdir()) / 2**20, 1),
+                    needs=[f"{lib}.{cuda}" for lib in RUNTIME_LIBS] + ["an NVIDIA driver for CUDA " + cuda])
+    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / "run.sh").write_text("#!/bin/sh\n# On the GPU machine, from the repository root: install the kit offline, "
+                                "run benchmarks/gpu_prefill.py.\n"
+                                'exec python3 pipeline/dev/gpu_kit.py run --kit "$(dirname "$0")" "$@"\n')
+    (out / "run.sh").chmod(0o755)
+    print(f"kit: {out} ({manifest['mib']} MiB): {', '.join(manifest['wheels'])}", file=sys.stderr)
+    return out
+
+
+def find_cuda_libs(major: str, *, python: str = sys.executable) -> list[Path]:
+    """Folders holding this machine's CUDA ``major`` runtime and cuBLAS (pip's nvidia packages, /usr/local/cuda)."""
+    prefix = subprocess.run([python, "-c", "import sys, site; print('\\n'.join(site.getsitepackages() + [sys.prefix]))"],
+                            capture_output=True, text=True).stdout.split()
+    candidates: list[Path] = []
+    for base in map(Path, prefix):
+        candidates += sorted(base.glob("nvidia/*/lib")) + sorted(base.glob("nvidia/*/*/lib"))
+    candidates += [Path(p) for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+    candidates += [Path("/usr/local/cuda/lib64"), Path("/usr/local/cuda/targets/x86_64-linux/lib"),
+                   Path("/usr/lib/x86_64-linux-gnu")]
+    found: list[Path] = []
+    for lib in RUNTIME_LIBS:
+        for d in candidates:
+            if (d / f"{lib}.{major}").exists():
+                if d not in found:
+                    found.append(d)
+                break
+        else:
+            raise SystemExit(f"no {lib}.{major} on this machine: the kit was built for CUDA {major} "
+                             f"(build one with --cuda for the CUDA this machine has)")
+    return found
+
+
+def run(*, kit: Path, json_out: Path, seconds: float = 450.0, extra: list[str] | None = None,
+        python: str = sys.executable) -> int:
+    """On the GPU machine: install the kit offline, check llama.cpp sees the GPU, run the benchmark in time."""
+    t0 = time.perf_counter()
+    manifest = json.loads((kit / "MANIFEST.json").read_text())
+    site = kit / "site"
+    _install(sorted((kit / "wheels").glob("*.whl")), site, python=python, offline=True)
+    libs = find_cuda_libs(str(manifest["cuda"]), python=python)
+    info = probe(site, libs, python=python)
+    print(f"[kit] llama-cpp-python {info['version']}, backends {info['backends']}, GPU offload {info['gpu_offload']}, "
+          f"CUDA libraries from {', '.join(map(str, libs))}", flush=True)
+    if not info["gpu_offload"]:
+        print(info["log"][-2000:], file=sys.stderr)
+        raise SystemExit("llama.cpp sees no GPU with this kit")
+    cmd = [python, str(ROOT / "benchmarks" / "gpu_prefill.py"), "--skip-build", "--json", str(json_out),
+           "--max-seconds", str(max(60.0, seconds - 150.0)), *(extra or [])]
+    print("[kit] " + " ".join(cmd), flush=True)
+    try:
+        rc = subprocess.run(cmd, env=_site_env(site, libs), timeout=max(1.0, seconds - (time.perf_counter() - t0))
+                            ).returncode
+    except subprocess.TimeoutExpired:
+        print(f"[kit] stopped after {seconds:.0f} s", file=sys.stderr)
+        return 124
+    print(f"[kit] done in {time.perf_counter() - t0:.0f} s: {json_out}", flush=True)
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="step", required=True)
@@ -158,9 +303,30 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--cuda", choices=sorted(TOOLCHAINS), default="13", help="CUDA major version of the target")
     b.add_argument("--archs", default=",".join(ARCHS), help="GPU architectures (default %(default)s)")
     b.add_argument("--sdist", help="build from this llama-cpp-python source archive instead of PyPI's")
+    for name, text in (("check", "import the built wheel here and check llama.cpp lists its CUDA backend"),
+                       ("pack", "write the kit folder (wheel, pure-Python wheels, manifest, run.sh)")):
+        c = sub.add_parser(name, help=text)
+        c.add_argument("--cuda", choices=sorted(TOOLCHAINS), default="13")
+        c.add_argument("--archs", default=",".join(ARCHS))
+        if name == "pack":
+            c.add_argument("--out", type=Path, default=ROOT / "gpu-kit")
+    r = sub.add_parser("run", help="on the GPU machine: install the kit offline and run benchmarks/gpu_prefill.py")
+    r.add_argument("--kit", type=Path, default=ROOT / "gpu-kit")
+    r.add_argument("--json", dest="json_out", type=Path, default=Path("gpu_prefill.json"))
+    r.add_argument("--seconds", type=float, default=450.0, help="the whole run's limit (default %(default)s)")
+    r.add_argument("extra", nargs="*", help="more gpu_prefill.py options, after --")
     ns = ap.parse_args(argv)
+    archs = tuple(getattr(ns, "archs", ",".join(ARCHS)).split(","))
     if ns.step == "build":
-        print(build(cuda=ns.cuda, archs=tuple(ns.archs.split(",")), sdist=ns.sdist))
+        print(build(cuda=ns.cuda, archs=archs, sdist=ns.sdist))
+    elif ns.step == "check":
+        info = check(cuda=ns.cuda, archs=archs)
+        print(json.dumps({k: v for k, v in info.items() if k != "log"}, indent=2))
+        print("\n".join(line for line in info["log"].splitlines() if "cuda" in line.lower())[-2000:])
+    elif ns.step == "pack":
+        print(pack(cuda=ns.cuda, archs=archs, out=ns.out))
+    else:
+        return run(kit=ns.kit, json_out=ns.json_out, seconds=ns.seconds, extra=ns.extra)
     return 0
 
 
