@@ -34,6 +34,7 @@ from dataclasses import replace
 
 from ..config import EngineConfig
 from .hardware import HardwareProfile
+from .plan import baseline_plan, recipe_plan
 from .spec import ModelSpec
 from .speed import prefill_speed
 
@@ -99,18 +100,11 @@ def shape_error(estimates: list[float], sweep) -> float:
     return math.sqrt(statistics.fmean([(x - mean) ** 2 for x in logs]))
 
 
-def _recipe_settings():
-    from .plan import baseline_plan, recipe_plan
-
-    return baseline_plan, recipe_plan
-
-
 def solve_recipe(hw: HardwareProfile) -> HardwareProfile:
     """``hw`` with the GPU FLOP/s and pinned bandwidth that reproduce :data:`RECIPE_3090` exactly (its curve kept).
 
     Each prefill's seconds are ``a / flops + b / bandwidth + c``: two measurements, two unknowns.
     """
-    baseline_plan, recipe_plan = _recipe_settings()
     spec = ModelSpec.qwen36_35b_a3b("Q6_K")
     f0, b0 = 1e12, 1e9
     probe = replace(hw, gpu_flops=f0, h2d_pinned=b0, h2d_pageable=b0 / 2)
