@@ -90,12 +90,13 @@ def resolve_args() -> list[str]:
 
 
 def ensure_wheel(args: list[str], *, python: str = sys.executable, env: dict[str, str] | None = None,
-                 sdist: str | None = None) -> Path:
+                 sdist: str | None = None, build_dir: str | None = None) -> Path:
     """Return the wheel for ``args``, building it only if no build with that key exists.
 
     ``env`` adds environment variables for the build that are not part of its key (a
-    toolchain's location, say); ``sdist`` builds from that source archive instead of
-    fetching it.
+    toolchain's location, say); ``sdist`` builds from that source archive or folder
+    instead of fetching it; ``build_dir`` keeps CMake's build folder there, so that an
+    interrupted build resumes where it stopped (with a source folder, which stays put).
     """
     folder = wheel_folder(args)
     wheels = sorted(folder.glob("llama_cpp_python-*.whl"))
@@ -112,6 +113,7 @@ def ensure_wheel(args: list[str], *, python: str = sys.executable, env: dict[str
     subprocess.run(
         [python, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
          "--no-binary", "llama-cpp-python", "-w", str(tmp),
+         *([f"--config-settings=build-dir={build_dir}", "-v"] if build_dir else []),  # a long build: its log
          sdist or f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
         env=env, check=True,
     )

@@ -49,6 +49,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -156,10 +157,24 @@ def build(*, cuda: str, archs: tuple[str, ...] = ARCHS, python: str = sys.execut
         "PATH": f"{root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
         "LD_LIBRARY_PATH": f"{root / 'lib'}{os.pathsep}{os.environ.get('LD_LIBRARY_PATH', '')}",
     }
+    # A fixed source folder and build folder: a build stopped half-way (it takes hours on 2 cores)
+    # resumes where it stopped the next time, instead of starting over.
+    work = rag_home() / "cuda" / f"cu{cuda}"
+    src = work / "src" / f"llama_cpp_python-{LLAMA_CPP_VERSION}"
+    if not (src / "pyproject.toml").exists():
+        archive = Path(sdist) if sdist else None
+        if archive is None:
+            dl = work / "src"
+            dl.mkdir(parents=True, exist_ok=True)
+            subprocess.run([python, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(dl),
+                            f"llama-cpp-python=={LLAMA_CPP_VERSION}"], check=True)
+            archive = dl / f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
+        with tarfile.open(archive) as tar:
+            tar.extractall(src.parent, filter="data")
     print(f"building llama-cpp-python {LLAMA_CPP_VERSION} for CUDA {cuda}, sm_{', sm_'.join(archs)} "
-          "(one-time; well over an hour on 2 cores)", file=sys.stderr)
+          "(one-time; hours on 2 cores; resumes if stopped)", file=sys.stderr)
     t = time.perf_counter()
-    wheel = ensure_wheel(args, python=python, env=env, sdist=sdist)
+    wheel = ensure_wheel(args, python=python, env=env, sdist=str(src), build_dir=str(work / "build"))
     print(f"built {wheel} in {time.perf_counter() - t:.0f} s", file=sys.stderr)
     return wheel
 
