@@ -150,9 +150,10 @@ class Pipeline:
         from .engine.generator import ModelInfo
 
         n_ctx = settings.n_ctx or ModelInfo.read(model_path).n_ctx_train
-        settings, changes = tuned_engine(settings, self.config.home_path, model_path, n_ctx)
-        if changes and self._log:
-            self._log("using tuned settings: " + ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
+        settings, changes, note = tuned_engine(settings, self.config.home_path, model_path, n_ctx)
+        if self._log and (changes or note):
+            self._log("warning: " + note if note else
+                      "using tuned settings: " + ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
         return settings
 
     def plan(self, model: str | Path | None = None, *, builtin_spec: str | None = None, quant: str = "Q6_K",

@@ -58,14 +58,18 @@ def tuned_settings(home: Path, model_path: str | os.PathLike[str], n_ctx: int) -
 
 
 def tuned_engine(settings: EngineConfig, home: Path, model_path: str | os.PathLike[str], n_ctx: int
-                 ) -> tuple[EngineConfig, dict[str, Any]]:
-    """``settings`` with the tuned profile laid over the keys left at their defaults, and those changes.
+                 ) -> tuple[EngineConfig, dict[str, Any], str]:
+    """``settings`` with the tuned profile laid over the keys left at their defaults: (settings, the changes,
+    a note).
 
-    Unchanged where ``settings.tuned`` is off or the model was not tuned at ``n_ctx``. The
-    result is validated: a profile cannot smuggle in settings llama.cpp would refuse.
+    Unchanged where ``settings.tuned`` is off or the model was not tuned at ``n_ctx``. A profile
+    whose keys do not go with the ones you set (a quantised V cache from the profile with flash
+    attention you turned off, say) is not used, and the note says why.
     """
+    from .errors import ConfigError
+
     if not settings.tuned:
-        return settings, {}
+        return settings, {}, ""
     default = EngineConfig()
     changes = {}
     for key, value in tuned_settings(home, model_path, n_ctx).items():
@@ -73,8 +77,15 @@ def tuned_engine(settings: EngineConfig, home: Path, model_path: str | os.PathLi
         if getattr(settings, name) == getattr(default, name):
             changes[name] = value
     if not changes:
-        return settings, {}
-    return dataclasses.replace(settings, **changes).validate(), changes
+        return settings, {}, ""
+    merged = dataclasses.replace(settings, **changes)
+    if merged.n_ubatch > merged.n_batch:  # your n_batch, the profile's n_ubatch: llama.cpp would clamp it too
+        merged = dataclasses.replace(merged, n_ubatch=merged.n_batch)
+        changes.pop("n_ubatch", None)
+    try:
+        return merged.validate(), changes, ""
+    except ConfigError as exc:
+        return settings, {}, f"the tuned profile does not go with the settings you set, not used: {exc}"
 
 
 __all__ = ["PROFILE_KEYS", "profile_path", "read_profile", "tuned_engine", "tuned_settings", "write_profile"]

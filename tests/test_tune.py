@@ -96,9 +96,16 @@ def test_profile_written_and_read_back(tuned, tmp_path) -> None:
     assert tuned_settings(tmp_path, result.model, 4096) == {}
     # answering lays it over the settings left at their defaults, never over ones set
     mine = EngineConfig(n_ubatch=64, n_batch=64)
-    laid, changes = tuned_engine(mine, tmp_path, result.model, N_CTX)
-    assert laid.n_ubatch == 64 and "n_ubatch" not in changes
-    assert tuned_engine(replace(mine, tuned=False), tmp_path, result.model, N_CTX) == (replace(mine, tuned=False), {})
+    laid, changes, note = tuned_engine(mine, tmp_path, result.model, N_CTX)
+    assert laid.n_ubatch == 64 and "n_ubatch" not in changes and not note
+    off = replace(mine, tuned=False)
+    assert tuned_engine(off, tmp_path, result.model, N_CTX) == (off, {}, "")
+    # a profile that does not go with what you set is not used, and says why
+    write_profile(result.profile_text().replace('type_v = "f16"', 'type_v = "q8_0"'), path)
+    no_fa = EngineConfig(flash_attn=False)
+    laid, changes, note = tuned_engine(no_fa, tmp_path, result.model, N_CTX)
+    assert laid == no_fa and changes == {} and "not used" in note and "flash attention" in note
+    write_profile(result.profile_text(), path)
     (tmp_path / "typed.toml").write_text('[engine]\nn_ubatch = "lots"\n')
     with pytest.raises(ConfigError, match="n_ubatch"):
         read_profile(tmp_path / "typed.toml")
