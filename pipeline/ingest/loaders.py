@@ -153,7 +153,7 @@ def read_bytes(path: Path, *, limit: int = 0, truncate: bool = False) -> bytes:
         if truncate:
             return data[:limit]
         what = "decompressed size" if gz else "size"
-        raise NotADocument(f"{what} over the limit of {limit / 2**20:g} MB (ingest.max_file_mb)")
+        raise NotADocument(f"{what} over the limit of {limit / 2**20:.3g} MB (ingest.max_file_mb)")
     return data
 
 

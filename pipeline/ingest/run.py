@@ -167,8 +167,8 @@ def ingest(scanned: Scan, *, store: Store, embedder: Embedder, chunk_size: int,
             report.files.append(FileOutcome(source, "skipped", "unsupported file type"))
             continue
         if max_bytes and found.size > max_bytes:
-            report.files.append(FileOutcome(source, "skipped", f"{found.size / 2**20:,.1f} MB is over the "
-                                            f"size limit of {max_bytes / 2**20:g} MB (ingest.max_file_mb)"))
+            report.files.append(FileOutcome(source, "skipped", f"{found.size / 2**20:.3g} MB is over the "
+                                            f"size limit of {max_bytes / 2**20:.3g} MB (ingest.max_file_mb)"))
             continue
         record = known.get(source)
         if record and record.size == found.size and record.mtime_ns == found.mtime_ns:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import StoreError
+from .failures import storage_error
 from .schema import upgrade
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ class Catalog:
         except BaseException as exc:
             self.db.close()
             if isinstance(exc, sqlite3.DatabaseError):
-                raise StoreError(f"cannot open the catalog {path}: {exc}") from None
+                raise storage_error(exc, path.parent, doing="opening the catalog of") from None
             raise
 
     def close(self) -> None:

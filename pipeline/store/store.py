@@ -18,7 +18,6 @@ cleanups first. Only one process opens a store at a time (see :mod:`.lock`).
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import sqlite3
 import time
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .catalog import Catalog, CollectionInfo, DocumentRecord, StoredChunk
+from .failures import storage_error
 from ..errors import StoreError
 from .lock import StoreLock
 from .names import check_collection_name
@@ -36,23 +36,7 @@ if TYPE_CHECKING:
 
     from ..ingest.chunking import Chunk
 
-__all__ = ["Store", "check_collection_name", "chunk_id", "storage_error"]
-
-_FULL = ("database or disk is full", "no space left on device", "disk quota exceeded", "file too large")
-
-
-def storage_error(exc: BaseException, path: Path) -> StoreError:
-    """A failed write to the store (SQLite, Chroma or the file system) as a message for a person."""
-    detail = " ".join(str(exc).split()) or type(exc).__name__
-    code = getattr(exc, "errno", None)
-    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or any(m in detail.lower() for m in _FULL):
-        return StoreError(
-            f"the disk holding the store {path} is full ({detail}). Nothing committed was lost: "
-            "free some space and run the command again; it finishes what this run left undone")
-    if code in (errno.EROFS, errno.EACCES, errno.EPERM) or "readonly database" in detail.lower():
-        return StoreError(f"the store {path} cannot be written ({detail}): rag needs write access to "
-                          "the store directory")
-    return StoreError(f"writing to the store {path} failed: {detail}")
+__all__ = ["Store", "check_collection_name", "chunk_id"]
 
 
 def chunk_id(source: str, content_hash: str, index: int) -> str:
