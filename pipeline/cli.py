@@ -232,8 +232,9 @@ class _IngestProgress:
             elapsed = self.last - self.started
             share = ev.done_bytes / ev.total_bytes if ev.total_bytes else 0.0
             rate = f", {ev.done_tokens / elapsed:,.0f} tokens/s" if elapsed > 0 else ""
-            click.echo(f"embedding: {share:.0%} of {ev.total_bytes / 2**20:,.1f} MB, {detail}{rate}",
-                       err=True)
+            size = (f"{ev.total_bytes / 2**20:,.1f} MB" if ev.total_bytes >= 2**20
+                    else f"{ev.total_bytes / 1024:,.0f} KB")
+            click.echo(f"embedding: {share:.0%} of {size}, {detail}{rate}", err=True)
 
     def close(self) -> None:
         if self.bar is not None:

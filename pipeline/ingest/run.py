@@ -1,8 +1,9 @@
 """Orchestration of ``rag ingest``: scan, diff against the store, load → chunk → embed → commit.
 
 A document is identified by its absolute path as found (symlinks not resolved,
-see :mod:`.scan`) and versioned by the SHA-256 of its bytes. Unchanged files (same size and mtime, or same hash) cost nothing;
-changed ones replace their old chunks through the store's commit protocol.
+see :mod:`.scan`) and versioned by the SHA-256 of its bytes. Unchanged files
+(same size and mtime, or same hash) cost nothing; changed ones replace their
+old chunks through the store's commit protocol.
 Loading and chunking run in a background thread, one document ahead of the
 embedder, so that on a multi-core machine they hide behind embedding.
 """

@@ -238,6 +238,7 @@ class _Walker:
         if not inside and not self.follow:
             self._problem(path, "skipped", f"symlink leaves the folder (to {real}); "
                                            "--follow-symlinks includes such links")
+            self.result.protected.add(str(path))  # a document from a run that followed it stays
             return
         if stat.S_ISDIR(target.st_mode):
             linked_dirs.append((path, rel))
