@@ -169,6 +169,10 @@ def test_links_leaving_the_folder_are_skipped_unless_followed_and_keep_their_own
     names = {s["source"] for s in status()["sources"]}
     assert str(docs / "linked.md") in names and str(docs / "passwd") in names  # the link's path, not the target
     assert not any(n.startswith("/etc/") or "elsewhere" in n for n in names)
+    # without the flag again: the links are reported, and what the earlier run stored stays
+    result = run("ingest", docs, "--prune")
+    assert result.exit_code == 0 and "removed" not in result.output and "missing" not in result.output
+    assert str(docs / "linked.md") in {s["source"] for s in status()["sources"]}
 
     (docs / "linked.md").unlink()
     (docs / "passwd").unlink()

@@ -67,7 +67,8 @@ class Scan:
         return any(str(p) in self.protected for p in (path, *path.parents))
 
     def covers(self, source: str) -> bool:
-        """True if ``source`` lies under a folder given, or is a file given: the run speaks for it."""
+        """True if ``source`` lies under a folder given: the run speaks for it (files named directly
+        always exist, or the scan fails)."""
         path = Path(source)
         return any(folder == path or folder in path.parents for folder in self.folders)
 

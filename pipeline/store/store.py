@@ -100,11 +100,13 @@ class Store:
     @contextmanager
     def _writing(self) -> Iterator[None]:
         """Turn a failed write (full disk, read-only files, a Chroma error) into a :class:`StoreError`."""
-        from chromadb.errors import ChromaError
-
         try:
             yield
-        except (OSError, sqlite3.Error, ChromaError) as exc:
+        except (OSError, sqlite3.Error) as exc:
+            raise storage_error(exc, self.path) from None
+        except Exception as exc:
+            if not type(exc).__module__.startswith("chromadb"):  # a bug, not the store's state
+                raise
             raise storage_error(exc, self.path) from None
 
     @property
