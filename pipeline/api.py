@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 from . import models
 from .config import Config, load_config
 from .ingest.run import IngestReport, Progress, ingest
-from .ingest.scan import absolute, scan
+from .ingest.scan import scan, source_names
 from .retrieve import Hit, search
 from .store.store import Store
 
@@ -344,11 +344,10 @@ class Pipeline:
             if doc is None:
                 prompt = packed(retrieve(store, k=top_k or a.top_k))
             else:
-                source = str(absolute(doc))  # documents are named by the path they were found at
-                record = store.catalog.document(store.name, source)
-                if record is None:  # stores written before symlinks were kept in names
-                    source = str(Path(doc).expanduser().resolve())
-                    record = store.catalog.document(store.name, source)
+                source, record = str(doc), None
+                for source in source_names(doc):
+                    if (record := store.catalog.document(store.name, source)) is not None:
+                        break
                 if record is None:
                     raise InputError(f"{doc} is not in collection '{store.name}' (ingest it first)")
                 prompt = packed(whole_document(source, store=store))

@@ -9,7 +9,9 @@ Symlinks: a link whose target lies inside the folder being ingested is followed
 (files and folders); a link that leaves it is reported and skipped unless
 ``follow_symlinks`` is set. Either way a document is known by the path it was
 found at (absolute, links not resolved), never by the link's target, so when the
-link goes away ``--prune`` removes the document.
+link goes away ``--prune`` removes the document. (Only the folders given, and the folder
+holding each file given, are resolved: a store keeps the names it had when ``/home`` or
+``/tmp`` is itself a link, or the folder given is.)
 
 A folder that could not be read completely is listed in :attr:`Scan.protected`,
 as are files and folders present but not selected (hidden, or filtered out by
@@ -73,9 +75,20 @@ class Scan:
         return any(folder == path or folder in path.parents for folder in self.folders)
 
 
-def absolute(path: str | Path) -> Path:
-    """``path`` made absolute without resolving links: how a document is named (its source)."""
-    return Path(os.path.abspath(Path(path).expanduser()))
+def source_name(path: str | Path) -> Path:
+    """How a document at ``path`` (a path given by the user) is named: absolute, the folder that
+    holds it resolved, its own name kept even when it is a link."""
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    if not path.name:
+        return path  # the root folder
+    return Path(os.path.realpath(path.parent)) / path.name
+
+
+def source_names(path: str | Path) -> list[str]:
+    """The names a document given as ``path`` may have in a store, most likely first (for lookups:
+    below a linked folder, documents keep the link's path)."""
+    names = [str(source_name(path)), os.path.abspath(Path(path).expanduser()), os.path.realpath(path)]
+    return list(dict.fromkeys(names))
 
 
 def matches(rel: str, name: str, patterns: Sequence[str]) -> bool:
@@ -109,7 +122,7 @@ def scan(paths: Iterable[str | Path], *, include: Sequence[str] = (), exclude: S
     matching one of its. Files named directly are taken whatever the filters say. A path
     that does not exist is an :class:`InputError`, raised before anything else happens.
     """
-    given = [absolute(p) for p in paths]
+    given = [source_name(p) for p in paths]
     missing = [str(p) for p in given if not os.path.lexists(p)]
     if missing:
         raise InputError("path does not exist: " + ", ".join(missing))
@@ -138,6 +151,7 @@ class _Walker:
                           "broken symlink" if exc.errno == errno.ENOENT else _os_reason(exc))
             return
         if stat.S_ISDIR(st.st_mode):
+            path = Path(os.path.realpath(path))  # a folder given is where documents are; below it, names as found
             self.result.folders.append(path)
             self._walk(path, st)
         elif stat.S_ISREG(st.st_mode):
