@@ -106,9 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     model_load_s = time.perf_counter() - t0
     chunker = base.chunker
 
-    files, _ = scan([samples])
     chunks = []
-    for path in files:
+    for path in (f.path for f in scan([samples]).files):
         if detect_format(path) is None:
             continue
         doc = load(path)
