@@ -106,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     model_load_s = time.perf_counter() - t0
     chunker = base.chunker
 
+    files = [f.path for f in scan([samples]).files]
     chunks = []
-    for path in (f.path for f in scan([samples]).files):
+    for path in files:
         if detect_format(path) is None:
             continue
         doc = load(path)
