@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     model_load_s = time.perf_counter() - t0
     chunker = base.chunker
 
-    files, _ = scan([samples])
+    files = [f.path for f in scan([samples]).files]
     chunks = []
     for path in files:
         if detect_format(path) is None:

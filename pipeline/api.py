@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 from . import models
 from .config import Config, load_config
 from .ingest.run import IngestReport, Progress, ingest
-from .ingest.scan import scan
+from .ingest.scan import scan, source_names
 from .retrieve import Hit, search
 from .store.store import Store
 
@@ -246,10 +246,19 @@ class Pipeline:
         return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
 
     @contextmanager
-    def store(self) -> Iterator[Store]:
-        """The collection's store, open and locked for the duration of the ``with`` block."""
-        with Store(self.config.store_path, self.config.store.collection, wait=self.config.store.wait) as s:
+    def store(self, *, create: bool = True) -> Iterator[Store]:
+        """The collection's store, open and locked for the duration of the ``with`` block.
+
+        ``create=False`` (every read) refuses to open a store that does not exist yet.
+        """
+        with Store(self.config.store_path, self.config.store.collection, wait=self.config.store.wait,
+                   create=create) as s:
             yield s
+
+    def _check_embedder(self, store: Store) -> None:
+        """Dense search with another embedder than the collection's would compare unrelated vectors."""
+        if self.config.retrieval.dense:
+            store.check_embedder(embedder=self.config.models.embedder, embedder_id=self.embedder.identity)
 
     def pull_models(self) -> dict[str, str]:
         """Provision the configured models (download, convert) and return their local paths."""
@@ -261,15 +270,24 @@ class Pipeline:
 
     # -- operations ---------------------------------------------------------------------------
 
-    def ingest(self, paths: Iterable[str | Path], *, prune: bool = False,
+    def ingest(self, paths: Iterable[str | Path], *, prune: bool = False, include: Iterable[str] = (),
+               exclude: Iterable[str] = (), follow_symlinks: bool | None = None,
                progress: Progress | None = None) -> IngestReport:
-        """Embed new and changed files under ``paths`` into the collection (see :func:`.ingest.ingest`)."""
-        scanned = scan(paths)  # a missing path fails before any model loads or the store opens
+        """Embed new and changed files under ``paths`` into the collection (see :func:`.ingest.ingest`).
+
+        ``include``/``exclude`` are shell-style globs matched against file names (or against
+        paths relative to the folder, for a glob with a ``/``); ``follow_symlinks`` (default:
+        ``ingest.follow_symlinks``) also follows links that leave the folder.
+        """
+        i = self.config.ingest
+        follow = i.follow_symlinks if follow_symlinks is None else follow_symlinks
+        # A missing path fails before any model loads or the store opens.
+        scanned = scan(paths, include=tuple(include), exclude=tuple(exclude), follow_symlinks=follow)
         with self.store() as store:
             c = self.config.chunking
             return ingest(scanned, store=store, embedder=self.embedder, chunk_size=c.size,
                           chunk_overlap=c.overlap, embedder_ref=self.config.models.embedder,
-                          prune=prune, progress=progress)
+                          prune=prune, max_bytes=int(i.max_file_mb * 2**20), progress=progress)
 
     def search(self, query: str, *, top_k: int | None = None) -> list[Hit]:
         """The best chunks for ``query`` by hybrid retrieval."""
@@ -278,8 +296,9 @@ class Pipeline:
         if not query.strip():
             raise InputError("the query is empty")
         r = self.config.retrieval
-        with self.store() as store:
+        with self.store(create=False) as store:
             store.require()
+            self._check_embedder(store)
             return search(query, store=store, embedder=self.embedder if r.dense else None,
                           top_k=top_k or r.top_k, dense=r.dense, lexical=r.lexical,
                           candidates=max(r.candidates, top_k or 0), rrf_k=r.rrf_k)
@@ -320,15 +339,18 @@ class Pipeline:
                           source=source, use_mmr=a.mmr, mmr_lambda=a.mmr_lambda)
             return expand(hits, store=store, neighbours=a.neighbours)
 
-        with self.store() as store:
+        with self.store(create=False) as store:
             store.require()
             if store.catalog.totals(store.name)[0] == 0:
                 raise StoreError(f"collection '{store.name}' is empty; run `rag ingest PATH` first")
+            self._check_embedder(store)
             if doc is None:
                 prompt = packed(retrieve(store, k=top_k or a.top_k))
             else:
-                source = str(Path(doc).expanduser().resolve())
-                record = store.catalog.document(store.name, source)
+                source, record = str(doc), None
+                for source in source_names(doc):
+                    if (record := store.catalog.document(store.name, source)) is not None:
+                        break
                 if record is None:
                     raise InputError(f"{doc} is not in collection '{store.name}' (ingest it first)")
                 prompt = packed(whole_document(source, store=store))
@@ -356,7 +378,7 @@ class Pipeline:
 
             raise ConfigError("the prefix cache is off (cache.enabled = false): nothing to warm")
         engine, a = self.engine, self.config.ask
-        with self.store() as store:
+        with self.store(create=False) as store:
             store.require()
             prompts = {}
             for source in sorted(store.documents()):
@@ -381,7 +403,7 @@ class Pipeline:
         if not (path / "catalog.sqlite").exists():
             return CollectionStatus(collection=name, store=str(path), exists=False,
                                     generator=self.config.models.generator)
-        with self.store() as store:
+        with self.store(create=False) as store:
             info = store.info
             if info is None:
                 return CollectionStatus(collection=name, store=str(path), exists=False,
@@ -401,7 +423,9 @@ class Pipeline:
 
     def drop(self) -> bool:
         """Delete the collection; False if it did not exist."""
-        with self.store() as store:
+        if not (self.config.store_path / "catalog.sqlite").exists():
+            return False
+        with self.store(create=False) as store:
             if store.info is None:
                 return False
             store.drop()

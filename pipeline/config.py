@@ -40,6 +40,15 @@ class ChunkingConfig:
 
 
 @dataclass(frozen=True)
+class IngestConfig:
+    """What ``rag ingest`` reads. Files over ``max_file_mb`` (decompressed, for ``.gz``) are skipped
+    and reported; 0 = no limit. ``follow_symlinks`` also follows links that leave the folder."""
+
+    max_file_mb: float = 32.0
+    follow_symlinks: bool = False
+
+
+@dataclass(frozen=True)
 class EmbedConfig:
     """How the embedder runs. ``batch_tokens = 0`` lets the hardware decide how chunks are grouped per decode."""
 
@@ -217,6 +226,7 @@ class Config:
 
     home: str = ""
     models: ModelsConfig = field(default_factory=ModelsConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
     chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -243,6 +253,9 @@ class Config:
         return dataclasses.asdict(self)
 
     def validate(self) -> "Config":
+        if not 0 <= self.ingest.max_file_mb < float("inf"):  # also refuses nan
+            raise ConfigError(f"ingest.max_file_mb must be a number >= 0 (0 = no limit), got "
+                              f"{self.ingest.max_file_mb}")
         c = self.chunking
         if c.size < 16:
             raise ConfigError(f"chunking.size must be at least 16 tokens, got {c.size}")
@@ -456,7 +469,7 @@ def toml_value(value: Any) -> str:
 
 
 __all__ = [
-    "Config", "ModelsConfig", "ChunkingConfig", "EmbedConfig", "StoreConfig", "RetrievalConfig",
+    "Config", "ModelsConfig", "IngestConfig", "ChunkingConfig", "EmbedConfig", "StoreConfig", "RetrievalConfig",
     "EngineConfig", "AskConfig", "CacheConfig", "PLANNED_KEYS",
     "load_config", "read_toml", "env_settings", "resolve_home", "to_toml",
 ]
