@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -40,6 +41,19 @@ class QueryCommand(click.Command):
             exc.message += (f" A {what} that starts with a dash goes after --: "
                             f"{ctx.command_path} -- {shlex.quote(token)}")
             raise
+
+
+class FiniteFloat(click.FloatRange):
+    """A number within a range that is not NaN or infinite (``float()`` accepts both, and a NaN
+    passes every range check)."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 def _pipeline(ctx: click.Context, **overrides: Any):
@@ -433,8 +447,8 @@ def models_pull(ctx, refs):
 @click.option("--quant", default="Q6_K", show_default=True, help="Quantisation for --spec (Q4_K_M, Q6_K, Q8_0, f16).")
 @click.option("--gpu", "hardware", help="Hardware profile: rtx3090, rtx4090, a100-40gb, a100-80gb, h100, h200, cpu, "
               "or a profile TOML. [default: the one `rag tune --measure-hardware` saved, else cpu]")
-@click.option("--vram", "vram_gb", type=float, help="GPU memory budget in GiB (overrides the profile).")
-@click.option("--ram", "ram_gb", type=float, help="Host memory budget in GiB (overrides the profile).")
+@click.option("--vram", "vram_gb", type=FiniteFloat(min=0), help="GPU memory budget in GiB (overrides the profile).")
+@click.option("--ram", "ram_gb", type=FiniteFloat(min=0), help="Host memory budget in GiB (overrides the profile).")
 @click.option("--ctx", "n_ctx", type=click.IntRange(min=1), help="Context length. [default: engine.n_ctx]")
 @click.option("--kv", type=click.Choice(["f16", "q8_0", "q4_0", "auto"]), help="KV cache type; auto searches.")
 @click.option("-b", "--n-batch", type=click.IntRange(min=1), help="Fix n_batch instead of searching.")
@@ -477,7 +491,7 @@ def plan(ctx, model, builtin_spec, quant, hardware, vram_gb, ram_gb, n_ctx, kv, 
 
 
 @cli.command()
-@click.option("--max-seconds", type=click.FloatRange(min=0), default=120, show_default=True,
+@click.option("--max-seconds", type=FiniteFloat(min=0), default=120, show_default=True,
               help="Time budget for the measurements.")
 @click.option("--tokens", "n_tokens", type=click.IntRange(min=16), help="Prompt length measured per candidate.")
 @click.option("--measure-hardware", is_flag=True, help="Also measure this machine and save it as the hardware profile.")
