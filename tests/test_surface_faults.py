@@ -254,3 +254,11 @@ def test_models_list_shows_other_models_in_the_home(store_dir, tmp_path, model_h
 def test_prefix_cache_off_is_a_configuration_error(store_dir):
     result = run("cache", "stats", env={"RAG_CACHE_ENABLED": "false"})
     assert result.exit_code == 2 and "the prefix cache is off" in result.output
+
+
+@pytest.mark.parametrize("args", [["plan", "--vram", "nan"], ["plan", "--ram", "inf"], ["plan", "--vram", "-1"],
+                                  ["tune", "--max-seconds", "nan"]])
+def test_float_options_refuse_nan_infinities_and_negatives(store_dir, args):
+    result = run(*args)
+    assert result.exit_code == 2
+    assert f"Invalid value for '{args[1]}'" in result.output.splitlines()[-1]
