@@ -445,10 +445,13 @@ def _cache_cmds(d: Drill, cache: Path) -> None:
             raise Defect(f"`rag {' '.join(args)}` cannot recover the cache: {ran.brief()}")
 
 
-def _cache_probe(fault: Callable[[Path], Path], *, after: bool = True) -> Callable[[Drill], None]:
+def _cache_probe(fault: Callable[[Path], Path], *, after: bool = True,
+                 non_root: bool = False) -> Callable[[Drill], None]:
     """Ask once (saving a state), apply ``fault`` to the cache directory, ask again and run
     `cache stats` and `cache clear`: the answer must come (exit 0), the commands must work."""
     def check(d: Drill) -> None:
+        if non_root:
+            _need_non_root()
         cache = d.fresh("cache") / "cache"
         _, first = _ask(d, cache)
         where = fault(cache)
@@ -468,7 +471,6 @@ def _corrupt_index(cache: Path) -> Path:
 
 
 def _read_only(cache: Path) -> Path:
-    _need_non_root()
     for p in [cache, *cache.rglob("*")]:
         p.chmod(0o555 if p.is_dir() else 0o444)
     return cache
@@ -610,7 +612,7 @@ def probes(*, kills: int) -> list[Probe]:
         Probe("cache", "cache.corrupt-index", "a corrupted index.sqlite costs time, not the answer; stats/clear work",
               _cache_probe(_corrupt_index)),
         Probe("cache", "cache.read-only-dir", "a read-only cache directory costs time, not the answer",
-              _cache_probe(_read_only, after=False)),
+              _cache_probe(_read_only, after=False, non_root=True)),
         Probe("cache", "cache.path-is-file", "RAG_CACHE_PATH naming a file costs time, not the answer",
               _cache_probe(_path_is_file)),
         Probe("cache", "cache.truncated-states", "truncated state files are detected; the answer is unchanged",
