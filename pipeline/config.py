@@ -229,17 +229,20 @@ def _check_values(config: Config) -> None:
     A NaN passes every range check (each comparison is false) and an infinity passes the
     lower bounds; either breaks the arithmetic later (``int(nan)``, a sampler at ``inf``).
     """
-    items = [(f.name, getattr(config, f.name)) for f in dataclasses.fields(config)]
-    for name, value in items:
-        section = [(f"{name}.{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value)] \
-            if dataclasses.is_dataclass(value) else [(name, value)]
-        for key, v in section:
-            if isinstance(v, float) and not math.isfinite(v):
-                raise ConfigError(f"{key} must be a finite number, got {v!r}")
-            if isinstance(v, int) and not -2**31 <= v < 2**31:
-                raise ConfigError(f"{key} is out of range: {v} (at most {2**31 - 1:,})")
-            if isinstance(v, str) and "\0" in v:
-                raise ConfigError(f"{key} contains a NUL character")
+    settings = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            settings += [(f"{f.name}.{g.name}", getattr(value, g.name)) for g in dataclasses.fields(value)]
+        else:
+            settings.append((f.name, value))
+    for key, v in settings:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{key} must be a finite number, got {v!r}")
+        if isinstance(v, int) and not -2**31 <= v < 2**31:
+            raise ConfigError(f"{key} is out of range: {v} (at most {2**31 - 1:,})")
+        if isinstance(v, str) and "\0" in v:
+            raise ConfigError(f"{key} contains a NUL character")
 
 
 def resolve_home(home: str = "") -> Path:
