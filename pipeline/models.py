@@ -300,11 +300,6 @@ def hf_request(ref: str) -> urllib.request.Request:
     return urllib.request.Request(f"{base}/{owner}/{repo}/resolve/main/{'/'.join(rest)}", headers=headers)
 
 
-def hf_url(ref: str) -> str:
-    """The download URL of an ``hf:`` reference, without credentials."""
-    return hf_request(ref).full_url
-
-
 def _transient(exc: BaseException) -> bool:
     if isinstance(exc, urllib.error.HTTPError):
         return exc.code >= 500 or exc.code == 429
