@@ -1,6 +1,6 @@
-"""The fault drill (benchmarks/drills.py) in a bounded form, and its checks on their own.
+"""The fault drill (tests/drills/drill.py) in a bounded form, and its checks on their own.
 
-``HOLDS`` lists the probes this code base handles; the full drill (``python benchmarks/drills.py``)
+``HOLDS`` lists the probes this code base handles; the full drill (``python tests/drills/drill.py``)
 runs every probe, including those that wait for fixes elsewhere.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests" / "drills"))
 
-import drills  # noqa: E402
+import drill as drills  # noqa: E402
 
 HOLDS = [
     "kill.ingest.1", "kill.prune.1",
@@ -33,7 +33,7 @@ HOLDS = [
 
 def test_bounded_drill_finds_no_defect(tmp_path, model_home):
     out = tmp_path / "drill.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "drills.py"), "--only", ",".join(HOLDS),
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "drills" / "drill.py"), "--only", ",".join(HOLDS),
                            "--kills", "1", "--json", str(out)], capture_output=True, text=True, timeout=600)
     results = json.loads(out.read_text())["results"]
     assert [r["name"] for r in results] == [p.name for p in drills.probes(kills=1) if p.name in HOLDS]

@@ -18,10 +18,10 @@ expected outcome. The areas:
 It prints `area | tried | handled | defects`, then each defect with what was expected and
 what happened; --json writes the same. The exit status is 1 when a defect was found.
 
-    .venv/bin/python benchmarks/drills.py                      # everything (a few minutes)
-    .venv/bin/python benchmarks/drills.py --areas config,files --json drill.json
-    .venv/bin/python benchmarks/drills.py --only files.fifo,config.env.cache.max_gb=nan
-    .venv/bin/python benchmarks/drills.py --list               # probe names
+    .venv/bin/python tests/drills/drill.py                      # everything (a few minutes)
+    .venv/bin/python tests/drills/drill.py --areas config,files --json drill.json
+    .venv/bin/python tests/drills/drill.py --only files.fifo,config.env.cache.max_gb=nan
+    .venv/bin/python tests/drills/drill.py --list               # probe names
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 DOCUMENTED_EXITS = {0, 1, 2, 3, 4, 5, 6}
