@@ -109,8 +109,12 @@ class Pipeline:
     def from_config(cls, path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
                     environ: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None
                     ) -> "Pipeline":
-        """Settings from a TOML file (or the embedded defaults), the environment and ``overrides``."""
-        return cls(load_config(path, environ=environ, overrides=overrides), log=log)
+        """Settings from a TOML file (or the embedded defaults), the environment and ``overrides``.
+
+        Configuration warnings go to ``log`` when one is given, else to :mod:`warnings`.
+        """
+        warn = (lambda m: log(f"warning: {m}")) if log else None
+        return cls(load_config(path, environ=environ, overrides=overrides, warn=warn), log=log)
 
     # -- resources ----------------------------------------------------------------------------
 

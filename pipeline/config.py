@@ -9,18 +9,27 @@ that names it, and a value of the wrong type is an error that names the key.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import os
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
+from .store.names import check_collection_name
 from .planner.spec import KV_TYPE_IDS
 
 ENV_PREFIX = "RAG_"
 # Variables with a meaning of their own, not "section_key" overrides.
 _ENV_RESERVED = {"RAG_HOME", "RAG_CONFIG", "RAG_TEST_MINILM_DIR", "RAG_LLAMA_CMAKE_ARGS"}
+_ENV_RESERVED_PREFIXES = ("RAG_TEST_",)  # the test suite's own knobs
+
+
+class ConfigWarning(UserWarning):
+    """A setting that is probably a mistake but not an error, e.g. a ``RAG_*`` variable that matches nothing."""
 
 
 @dataclass(frozen=True)
@@ -252,7 +261,15 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def resolved(self) -> "Config":
+        """These settings with ``home``, ``store.path`` and ``cache.path`` as the paths that will be used."""
+        return dataclasses.replace(
+            self, home=str(self.home_path.absolute()),
+            store=dataclasses.replace(self.store, path=str(self.store_path.absolute())),
+            cache=dataclasses.replace(self.cache, path=str(self.cache_path.absolute())))
+
     def validate(self) -> "Config":
+        _check_values(self)
         if not 0 <= self.ingest.max_file_mb < float("inf"):  # also refuses nan
             raise ConfigError(f"ingest.max_file_mb must be a number >= 0 (0 = no limit), got "
                               f"{self.ingest.max_file_mb}")
@@ -270,6 +287,7 @@ class Config:
             raise ConfigError("retrieval.dense and retrieval.lexical cannot both be off")
         if r.candidates < r.top_k:
             raise ConfigError(f"retrieval.candidates ({r.candidates}) must be >= retrieval.top_k ({r.top_k})")
+        check_collection_name(self.store.collection)
         if self.store.wait < 0:
             raise ConfigError("store.wait must be >= 0 seconds")
         self.engine.validate()
@@ -284,6 +302,29 @@ class Config:
 
 
 KV_TYPES = tuple(KV_TYPE_IDS)
+
+
+def _check_values(config: Config) -> None:
+    """Checks that hold for every setting of a type: floats are finite, integers fit the 32 bits
+    llama.cpp's parameters have, strings hold no NUL.
+
+    A NaN passes every range check (each comparison is false) and an infinity passes the
+    lower bounds; either breaks the arithmetic later (``int(nan)``, a sampler at ``inf``).
+    """
+    settings = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            settings += [(f"{f.name}.{g.name}", getattr(value, g.name)) for g in dataclasses.fields(value)]
+        else:
+            settings.append((f.name, value))
+    for key, v in settings:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{key} must be a finite number, got {v!r}")
+        if isinstance(v, int) and not -2**31 <= v < 2**31:
+            raise ConfigError(f"{key} is out of range: {v} (at most {2**31 - 1:,})")
+        if isinstance(v, str) and "\0" in v:
+            raise ConfigError(f"{key} contains a NUL character")
 
 
 def resolve_home(home: str = "") -> Path:
@@ -404,12 +445,23 @@ def read_toml(path: Path) -> dict[str, Any]:
     return _flatten(data, str(path))
 
 
-def env_settings(environ: Mapping[str, str]) -> dict[str, str]:
-    """``RAG_SECTION_KEY=value`` variables as dotted keys; an unknown key in a known section is an error."""
+def env_names() -> dict[str, str]:
+    """Every ``RAG_SECTION_KEY`` variable that sets something, mapped to its dotted setting."""
+    return {f"{ENV_PREFIX}{section}_{f.name}".upper(): f"{section}.{f.name}"
+            for section, typ in _sections().items() for f in dataclasses.fields(_resolve(typ))}
+
+
+def env_settings(environ: Mapping[str, str], *, warn: Callable[[str], None] | None = None) -> dict[str, str]:
+    """``RAG_SECTION_KEY=value`` variables as dotted keys.
+
+    An unknown key in a known section is an error; a ``RAG_*`` variable that names no
+    section is reported to ``warn`` (it may belong to another program), with the likely
+    setting when one is close.
+    """
     out: dict[str, str] = {}
     sections = _sections()
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name in _ENV_RESERVED:
+        if not name.startswith(ENV_PREFIX) or name in _ENV_RESERVED or name.startswith(_ENV_RESERVED_PREFIXES):
             continue
         rest = name[len(ENV_PREFIX):].lower()
         for section in sections:
@@ -420,7 +472,23 @@ def env_settings(environ: Mapping[str, str]) -> dict[str, str]:
                     raise ConfigError(f"unknown setting '{section}.{key}' in environment variable {name}")
                 out[f"{section}.{key}"] = value
                 break
+        else:
+            if warn is not None:
+                warn(_unknown_env_message(name))
     return out
+
+
+def _unknown_env_message(name: str) -> str:
+    names = env_names()
+    close = difflib.get_close_matches(name.upper(), [*names, *sorted(_ENV_RESERVED)], n=1, cutoff=0.75)
+    hint = ""
+    if close:
+        hint = f" (did you mean {close[0]}" + (f", setting {names[close[0]]}" if close[0] in names else "") + "?)"
+    return f"environment variable {name} matches no setting and is ignored{hint}"
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, ConfigWarning, stacklevel=4)
 
 
 def load_config(
@@ -428,18 +496,20 @@ def load_config(
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Config:
     """Build the settings: defaults, then ``path`` (or ``$RAG_CONFIG``), then the environment, then ``overrides``.
 
     ``overrides`` uses dotted keys (``{"store.collection": "papers"}``); ``None`` values are ignored,
-    so CLI options that were not given can be passed straight through.
+    so CLI options that were not given can be passed straight through. Warnings (a ``RAG_*``
+    variable that matches no setting) go to ``warn``, by default as a :class:`ConfigWarning`.
     """
     environ = os.environ if environ is None else environ
     config = Config()
     path = path or environ.get("RAG_CONFIG") or None
     if path:
         config = _apply(config, read_toml(Path(path)), origin=str(path), from_text=False)
-    config = _apply(config, env_settings(environ), origin="the environment", from_text=True)
+    config = _apply(config, env_settings(environ, warn=warn or _warn), origin="the environment", from_text=True)
     if overrides:
         config = _apply(config, dict(overrides), origin="the options", from_text=False)
     return config.validate()
@@ -470,6 +540,6 @@ def toml_value(value: Any) -> str:
 
 __all__ = [
     "Config", "ModelsConfig", "IngestConfig", "ChunkingConfig", "EmbedConfig", "StoreConfig", "RetrievalConfig",
-    "EngineConfig", "AskConfig", "CacheConfig", "PLANNED_KEYS",
-    "load_config", "read_toml", "env_settings", "resolve_home", "to_toml",
+    "EngineConfig", "AskConfig", "CacheConfig", "ConfigWarning", "PLANNED_KEYS",
+    "load_config", "read_toml", "env_settings", "env_names", "resolve_home", "to_toml",
 ]
