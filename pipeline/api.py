@@ -135,7 +135,7 @@ class Pipeline:
         from .ingest.chunking import for_embedder
 
         c = self.config.chunking
-        return for_embedder(self.embedder, size=c.size, overlap=c.overlap)
+        return for_embedder(self.embedder, size=c.size, overlap=c.overlap, contextual=c.contextual)
 
     @cached_property
     def engine(self):
@@ -272,7 +272,7 @@ class Pipeline:
             c = self.config.chunking
             return ingest(scanned, store=store, embedder=self.embedder, chunk_size=c.size,
                           chunk_overlap=c.overlap, embedder_ref=self.config.models.embedder,
-                          prune=prune, progress=progress)
+                          prune=prune, contextual=c.contextual, progress=progress)
 
     def search(self, query: str, *, top_k: int | None = None,
                timings: dict[str, float] | None = None) -> list[Hit]:
@@ -296,6 +296,8 @@ class Pipeline:
         from .rerank import make_reranker
 
         r = dataclasses.replace(self.config.retrieval, **changes) if changes else self.config.retrieval
+        if r.dense:
+            self.embedder.dim  # loads the model outside the timed stages
         reranker = make_reranker(r.rerank, candidates=max(r.rerank_candidates, top_k),
                                  dense_weight=r.rerank_dense_weight)
         return search(query, store=store, embedder=self.embedder if r.dense else None, top_k=top_k,

@@ -22,7 +22,7 @@ from ..errors import StoreError
 if TYPE_CHECKING:
     from ..ingest.chunking import Chunk
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: chunks.context (title + heading path), indexed by FTS beside the text
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -35,15 +35,20 @@ CREATE TABLE IF NOT EXISTS documents (
     PRIMARY KEY (collection, source));
 CREATE TABLE IF NOT EXISTS chunks (
     id INTEGER PRIMARY KEY, chunk_id TEXT UNIQUE, collection TEXT, source TEXT, content_hash TEXT,
-    idx INTEGER, page INTEGER, start INTEGER, "end" INTEGER, tokens INTEGER, text TEXT);
+    idx INTEGER, page INTEGER, start INTEGER, "end" INTEGER, tokens INTEGER, text TEXT, context TEXT);
 CREATE INDEX IF NOT EXISTS chunks_by_doc ON chunks (collection, source, idx);
-CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
-    text, content='chunks', content_rowid='id', tokenize="unicode61 tokenchars '_'");
-CREATE TRIGGER IF NOT EXISTS chunks_ai AFTER INSERT ON chunks BEGIN
-    INSERT INTO chunks_fts(rowid, text) VALUES (new.id, new.text); END;
-CREATE TRIGGER IF NOT EXISTS chunks_ad AFTER DELETE ON chunks BEGIN
-    INSERT INTO chunks_fts(chunks_fts, rowid, text) VALUES ('delete', old.id, old.text); END;
 CREATE TABLE IF NOT EXISTS pending (collection TEXT, source TEXT, PRIMARY KEY (collection, source));
+"""
+
+# The lexical index: a chunk's header (``context``: title and heading path) and its text.
+_FTS = """
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
+    context, text, content='chunks', content_rowid='id', tokenize="unicode61 tokenchars '_'");
+CREATE TRIGGER IF NOT EXISTS chunks_ai AFTER INSERT ON chunks BEGIN
+    INSERT INTO chunks_fts(rowid, context, text) VALUES (new.id, new.context, new.text); END;
+CREATE TRIGGER IF NOT EXISTS chunks_ad AFTER DELETE ON chunks BEGIN
+    INSERT INTO chunks_fts(chunks_fts, rowid, context, text) VALUES ('delete', old.id, old.context, old.text);
+    END;
 """
 
 
@@ -110,6 +115,8 @@ class Catalog:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
+            _add_chunk_context(self.db)
+            self.db.executescript(_FTS)
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open the catalog {path}: {exc}") from None
@@ -164,9 +171,9 @@ class Catalog:
                             (collection, doc.source))
             self.db.executemany(
                 "INSERT INTO chunks (chunk_id, collection, source, content_hash, idx, page, start,"
-                ' "end", tokens, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+                ' "end", tokens, text, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
                 [(cid, collection, doc.source, doc.content_hash, c.index, c.page, c.start, c.end,
-                  c.tokens, c.text) for cid, c in zip(chunk_ids, chunks)])
+                  c.tokens, c.text, c.context or None) for cid, c in zip(chunk_ids, chunks)])
             self.db.execute(
                 "INSERT OR REPLACE INTO documents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (collection, doc.source, doc.content_hash, doc.size, doc.mtime_ns, doc.format,
@@ -241,6 +248,27 @@ class Catalog:
 
     def _tx(self):
         return _Transaction(self.db)
+
+
+def _add_chunk_context(db: sqlite3.Connection) -> None:
+    """Schema 1 → 2: add ``chunks.context`` and re-create the FTS index over (context, text).
+
+    Old rows keep a NULL header, which indexes exactly as before; re-ingesting a
+    document gives its chunks headers. Runs in one transaction, once per store.
+    """
+    columns = {row[1] for row in db.execute("PRAGMA table_info(chunks)")}
+    if "context" in columns:
+        return
+    try:
+        db.executescript(
+            "BEGIN IMMEDIATE; ALTER TABLE chunks ADD COLUMN context TEXT;"
+            " DROP TRIGGER IF EXISTS chunks_ai; DROP TRIGGER IF EXISTS chunks_ad; DROP TABLE IF EXISTS chunks_fts;"
+            + _FTS + " INSERT INTO chunks_fts(chunks_fts) VALUES ('rebuild');"
+            f" UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema'; COMMIT;")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
 
 
 class _Transaction:
