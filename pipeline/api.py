@@ -299,7 +299,7 @@ class Pipeline:
         if r.dense:
             self.embedder.dim  # loads the model outside the timed stages
         reranker = make_reranker(r.rerank, candidates=max(r.rerank_candidates, top_k),
-                                 dense_weight=r.rerank_dense_weight)
+                                 dense_weight=r.rerank_dense_weight, normalise=r.rerank_normalise)
         return search(query, store=store, embedder=self.embedder if r.dense else None, top_k=top_k,
                       dense=r.dense, lexical=r.lexical, candidates=max(r.candidates, top_k), rrf_k=r.rrf_k,
                       source=source, use_mmr=use_mmr, mmr_lambda=self.config.ask.mmr_lambda,

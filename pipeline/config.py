@@ -78,6 +78,7 @@ class RetrievalConfig:
     rerank: str = "scores"
     rerank_candidates: int = 40
     rerank_dense_weight: float = 0.5
+    rerank_normalise: str = "max"
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,8 @@ class Config:
             raise ConfigError(f"retrieval.candidates ({r.candidates}) must be >= retrieval.top_k ({r.top_k})")
         if r.rerank not in ("scores", "none"):
             raise ConfigError(f"retrieval.rerank must be 'scores' or 'none', got {r.rerank!r}")
+        if r.rerank_normalise not in ("max", "minmax"):
+            raise ConfigError(f"retrieval.rerank_normalise must be 'max' or 'minmax', got {r.rerank_normalise!r}")
         if r.rerank_candidates < 1 or not 0.0 <= r.rerank_dense_weight <= 1.0:
             raise ConfigError("retrieval.rerank_candidates must be >= 1 and retrieval.rerank_dense_weight in [0, 1]")
         if self.store.wait < 0:

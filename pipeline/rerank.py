@@ -47,6 +47,17 @@ def minmax(values: Sequence[float]) -> list[float]:
     return [(v - lo) / (hi - lo) for v in values]
 
 
+def bymax(values: Sequence[float]) -> list[float]:
+    """``values`` (clipped at 0) divided by the largest: keeps how far apart they are in absolute terms."""
+    hi = max(max(values), 0.0)
+    if hi <= 1e-12:
+        return [0.0] * len(values)
+    return [max(v, 0.0) / hi for v in values]
+
+
+NORMALISE = {"minmax": minmax, "max": bymax}
+
+
 @dataclass(frozen=True)
 class ScoreRerank:
     """Normalised convex combination of completed dense and BM25 scores over the top candidates.
@@ -58,6 +69,7 @@ class ScoreRerank:
 
     candidates: int = 40
     dense_weight: float = 0.5
+    normalise: str = "max"
     name: str = "scores"
 
     def __call__(self, query: str, fused: Sequence[Candidate], *, vector: "np.ndarray | None",
@@ -79,11 +91,12 @@ class ScoreRerank:
             dense = [known.get(cid, 0.0) for cid in ids]
         lexical = store.catalog.bm25(store.name, query, ids)
         lex = [lexical.get(cid, 0.0) for cid in ids]
+        norm = NORMALISE[self.normalise]
         if dense is None:
-            scores = minmax(lex)
+            scores = norm(lex)
         else:
             w = self.dense_weight
-            scores = [w * d + (1 - w) * s for d, s in zip(minmax(dense), minmax(lex))]
+            scores = [w * d + (1 - w) * s for d, s in zip(norm(dense), norm(lex))]
         order = sorted(range(len(head)), key=lambda i: (-scores[i], head[i][0].source, head[i][0].index))
         out = []
         for i in order:
@@ -95,12 +108,12 @@ class ScoreRerank:
         return out + [(c, min(scores) - 1.0 - i, d) for i, (c, _, d) in enumerate(tail)]
 
 
-def make_reranker(kind: str, *, candidates: int, dense_weight: float) -> Reranker | None:
+def make_reranker(kind: str, *, candidates: int, dense_weight: float, normalise: str = "max") -> Reranker | None:
     """The configured reranker (``retrieval.rerank``): "scores", or None for "none"."""
     if kind == "none":
         return None
     if kind == "scores":
-        return ScoreRerank(candidates=candidates, dense_weight=dense_weight)
+        return ScoreRerank(candidates=candidates, dense_weight=dense_weight, normalise=normalise)
     from .errors import ConfigError
 
     raise ConfigError(f"retrieval.rerank must be 'scores' or 'none', got {kind!r}")
