@@ -13,7 +13,9 @@ What it measures, in one process, over the same corpus (default: the repo's ``sa
   inside the timed call).
 * **pipeline embedding**: ``Embedder.embed_tokens`` at its default settings over the same
   token sequences.
-* **whole ingest**: ``Pipeline.ingest`` into a fresh temporary store, model already loaded.
+* **whole ingest**: ``Pipeline.ingest`` into a fresh temporary store, model already loaded;
+  at the defaults (contextual chunks: each chunk embedded with its title and heading path)
+  and with ``chunking.contextual`` off, interleaved, so their ratio is the headers' cost.
 * **re-ingest**: the same ingest again, nothing changed, same Pipeline object.
 
 Repeats are interleaved (rotating order) and each figure is the median, so machine noise hits
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     # -- interleaved repeats --------------------------------------------------------------
     samples_s: dict[str, list[float]] = {k: [] for k in (
         "raw_fa_on", "raw_fa_off", "packed_2048", "pipeline_embed", "ingest_report", "ingest_wall",
-        "ingest_embed", "reingest_report", "reingest_wall")}
+        "ingest_embed", "reingest_report", "reingest_wall", "ingest_plain_report")}
     ingest_tokens: list[int] = []
     ingest_chunks: list[int] = []
     reingest_status: list[str] = []
@@ -175,7 +177,19 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 p.close()
 
-    steps = [run_raw_on, run_pipeline, run_ingest, run_raw_off, run_packed]
+    def run_ingest_plain():
+        with tempfile.TemporaryDirectory(prefix="rag-bench-") as tmp:
+            p = Pipeline.from_config(overrides={"store.path": tmp, "store.collection": "bench",
+                                                "chunking.contextual": False})
+            try:
+                p.embedder.llm
+                p.chunker
+                p.embedder.embed(["warm up"])
+                samples_s["ingest_plain_report"].append(p.ingest([samples]).seconds)
+            finally:
+                p.close()
+
+    steps = [run_raw_on, run_pipeline, run_ingest, run_raw_off, run_ingest_plain, run_packed]
     for r in range(repeat):
         k = r % len(steps)
         for step in steps[k:] + steps[:k]:
@@ -201,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         (f"pipeline Embedder.embed_tokens (group_tokens={embedder.group_tokens})",
          med["pipeline_embed"], rate(med["pipeline_embed"])),
         ("whole ingest, warm (report.seconds)", med["ingest_report"], rate(med["ingest_report"])),
+        ("  same, contextual chunks off", med["ingest_plain_report"], rate(med["ingest_plain_report"])),
         ("  same, wall time around Pipeline.ingest", med["ingest_wall"], rate(med["ingest_wall"])),
         ("  of which embedding (report.embed_seconds)", med["ingest_embed"], rate(med["ingest_embed"])),
         ("re-ingest, unchanged corpus (report.seconds)", med["reingest_report"], None),
@@ -222,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     w = max(len(r[0]) for r in rows)
     print(f"{'row':<{w}}  {'seconds':>8}  {'tokens/s':>9}  {'x raw':>6}   all runs (s)")
-    keys = ["raw_fa_on", "raw_fa_off", "packed_2048", "pipeline_embed", "ingest_report", "ingest_wall",
+    keys = ["raw_fa_on", "raw_fa_off", "packed_2048", "pipeline_embed", "ingest_report", "ingest_plain_report",
+            "ingest_wall",
             "ingest_embed", "reingest_report", "reingest_wall"]
     for (label, sec, rt), key in zip(rows, keys):
         runs = " ".join(f"{x:.3f}" for x in samples_s[key])
@@ -260,9 +276,10 @@ def main(argv: list[str] | None = None) -> int:
             "seconds": {k: {"median": med[k], "runs": v} for k, v in samples_s.items()},
             "tokens_per_second": {k: rate(med[k]) for k in (
                 "raw_fa_on", "raw_fa_off", "packed_2048", "pipeline_embed", "ingest_report",
-                "ingest_wall", "ingest_embed")},
+                "ingest_plain_report", "ingest_wall", "ingest_embed")},
             "ratios": {"pipeline_over_raw": pipe_ratio, "ingest_over_raw": ingest_ratio,
-                       "reingest_over_ingest": re_ratio},
+                       "reingest_over_ingest": re_ratio,
+                       "contextual_over_plain_ingest": rate(med["ingest_report"]) / rate(med["ingest_plain_report"])},
             "checks": {name: ok for name, ok, _ in checks},
             "sanity": {"same_sequences": same_seqs, "min_cosine_raw_vs_pipeline": agreement,
                        "ingest_tokens_match": tokens_match},

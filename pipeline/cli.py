@@ -588,7 +588,9 @@ def eval_(ctx, questions, settings, compare, answers, misses, write_template, pe
         data = [r.to_dict() for r in reports]
         _echo_json(data[0] if len(data) == 1 else data)
         return
-    click.echo(_eval_table(reports))
+    from .evaluate import table
+
+    click.echo(table(reports))
     for r in reports:
         for u in r.unreachable:
             click.echo(f"warning: {r.label}: question {u['id']}: {u['reason']} (counted as a miss)", err=True)
@@ -605,23 +607,6 @@ def eval_(ctx, questions, settings, compare, answers, misses, write_template, pe
             click.echo(f"answers ({r.label}): {a['answer_contains_expected']}/{a['with_expected_answer']} contain the "
                        f"expected text; {a['cites_expected_page']}/{a['questions']} cite the expected page; "
                        f"{a['expected_page_in_prompt']}/{a['questions']} had it in the prompt")
-
-
-def _eval_table(reports) -> str:
-    head = ["config", "setting", "questions", "recall@1", "recall@5", "recall@10", "MRR", "nDCG@10",
-            "embed ms", "dense ms", "lexical ms", "rerank ms", "total ms"]
-    rows = []
-    for r in reports:
-        for s in r.settings:
-            d = s.summary()
-            lat = d["latency_ms"]
-            rows.append([r.label, d["setting"], str(d["questions"])]
-                        + [f"{d[m]:.3f}" for m in ("recall@1", "recall@5", "recall@10", "mrr", "ndcg@10")]
-                        + [f"{lat[k]:.1f}" if k in lat else "-" for k in ("embed_query", "dense", "lexical",
-                                                                          "rerank", "total")])
-    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 @cli.command("config")

@@ -216,6 +216,24 @@ class EvalReport:
         return d
 
 
+def table(reports: Sequence[EvalReport]) -> str:
+    """A Markdown table: one row per config and setting, metrics then median latency per stage."""
+    head = ["config", "setting", "questions", "recall@1", "recall@5", "recall@10", "MRR", "nDCG@10",
+            "embed ms", "dense ms", "lexical ms", "rerank ms", "total ms"]
+    rows = []
+    for r in reports:
+        for s in r.settings:
+            d = s.summary()
+            lat = d["latency_ms"]
+            rows.append([r.label, d["setting"], str(d["questions"])]
+                        + [f"{d[m]:.3f}" for m in ("recall@1", "recall@5", "recall@10", "mrr", "ndcg@10")]
+                        + [f"{lat[k]:.1f}" if k in lat else "-"
+                           for k in ("embed_query", "dense", "lexical", "rerank", "total")])
+    lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 Search = Callable[[str, str], "tuple[list[Hit], dict[str, float]]"]
 
 
