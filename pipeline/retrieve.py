@@ -8,8 +8,8 @@ misses; reciprocal-rank fusion needs no score calibration between the two.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
-
 from typing import TYPE_CHECKING
 
 from .store.catalog import StoredChunk
@@ -140,15 +140,12 @@ class _Stopwatch:
     """Seconds between laps, added to ``into`` under each lap's name (nothing when ``into`` is None)."""
 
     def __init__(self, into: dict[str, float] | None):
-        import time
-
-        self._now = time.perf_counter
         self.into = into
-        self.last = self._now()
+        self.last = time.perf_counter()
 
     def lap(self, name: str) -> None:
         if self.into is not None:
-            now = self._now()
+            now = time.perf_counter()
             self.into[name] = self.into.get(name, 0.0) + now - self.last
             self.last = now
 
