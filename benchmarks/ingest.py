@@ -249,19 +249,24 @@ def main(argv: list[str] | None = None) -> int:
     print()
 
     pipe_ratio = rate(med["pipeline_embed"]) / raw
-    ingest_ratio = rate(med["ingest_report"]) / raw
+    # The raw rows embed chunk texts without headers: the same work as an ingest with contextual
+    # chunks off. The headers' extra tokens are a deliberate cost, shown by its own ratio.
+    ingest_ratio = rate(med["ingest_plain_report"]) / raw
+    contextual_ratio = rate(med["ingest_report"]) / rate(med["ingest_plain_report"])
     re_ratio = med["reingest_report"] / med["ingest_report"]
     checks = [
         ("pipeline embedding >= raw one-chunk rate", pipe_ratio >= TOLERANCE,
          f"ratio {pipe_ratio:.3f} (PASS if >= {TOLERANCE}, i.e. 3% noise tolerance)"),
         ("whole ingest >= 80% of raw", ingest_ratio >= INGEST_FRACTION,
-         f"ratio {ingest_ratio:.3f} (PASS if >= {INGEST_FRACTION}; report.seconds; wall-time ratio "
-         f"{rate(med['ingest_wall']) / raw:.3f})"),
+         f"ratio {ingest_ratio:.3f} (PASS if >= {INGEST_FRACTION}; contextual chunks off, the raw rows' "
+         f"work; report.seconds)"),
         ("re-ingest <= 5% of first ingest", re_ratio <= REINGEST_FRACTION,
          f"ratio {re_ratio:.4f} (PASS if <= {REINGEST_FRACTION}; {med['reingest_report']:.3f} s vs "
          f"{med['ingest_report']:.3f} s; wall {med['reingest_wall'] / med['ingest_wall']:.4f}); "
          f"re-ingest said: {reingest_status[0]}"),
     ]
+    print(f"contextual chunks (title + heading path embedded with each chunk): {contextual_ratio:.3f} x the "
+          f"content tokens/s of plain chunks (wall-time ratio with them on: {rate(med['ingest_wall']) / raw:.3f} of raw)")
     print("target checks:")
     for name, ok, detail in checks:
         print(f"  [{'PASS' if ok else 'FAIL'}] {name}: {detail}")
@@ -279,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ingest_plain_report", "ingest_wall", "ingest_embed")},
             "ratios": {"pipeline_over_raw": pipe_ratio, "ingest_over_raw": ingest_ratio,
                        "reingest_over_ingest": re_ratio,
-                       "contextual_over_plain_ingest": rate(med["ingest_report"]) / rate(med["ingest_plain_report"])},
+                       "contextual_over_plain_ingest": contextual_ratio},
             "checks": {name: ok for name, ok, _ in checks},
             "sanity": {"same_sequences": same_seqs, "min_cosine_raw_vs_pipeline": agreement,
                        "ingest_tokens_match": tokens_match},
