@@ -342,8 +342,13 @@ def template(store: "Store", *, per_document: int = 5, relative_to: Path | None 
     return lines
 
 
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
 def _phrase(text: str, words: int = 8) -> str:
-    """A run of words from the middle of a chunk: specific enough to point at it."""
-    tokens = text.split()
+    """A run of words from the middle of the chunk's longest sentence (headings and markup
+    skipped): specific enough to point at the chunk, readable as a hint."""
+    sentences = [s.split() for s in _SENTENCE.split(text) if s.strip() and not s.lstrip().startswith(("#", "|"))]
+    tokens = max(sentences, key=len, default=text.split())
     mid = max(0, len(tokens) // 2 - words // 2)
     return " ".join(tokens[mid:mid + words])

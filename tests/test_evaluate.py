@@ -191,3 +191,15 @@ def test_eval_without_questions_or_collection_is_a_clear_error(make_pipeline, tm
     questions = write_questions(tmp_path / "q.jsonl", [{"question": "q", "source": "a.pdf"}])
     empty = CliRunner().invoke(cli, ["eval", str(questions)])
     assert empty.exit_code != 0 and "Traceback" not in empty.output and "Error" in empty.output
+
+
+def test_search_stats_reports_each_retrieval_stage(make_pipeline, corpus):
+    make_pipeline().ingest([corpus])
+    result = CliRunner().invoke(cli, ["search", "ERR_SOCKET_ZX81", "--stats"])
+    assert result.exit_code == 0, result.output
+    line = next(x for x in result.output.splitlines() if x.startswith("retrieval:"))
+    for stage in ("embed query", "dense", "lexical", "fuse", "rerank", "total"):
+        assert f"{stage} " in line and " ms" in line
+    timings: dict = {}
+    make_pipeline(retrieval__rerank="none").search("ERR_SOCKET_ZX81", timings=timings)
+    assert set(timings) == {"embed_query", "dense", "lexical", "fuse"} and all(v >= 0 for v in timings.values())
