@@ -203,3 +203,20 @@ def test_search_stats_reports_each_retrieval_stage(make_pipeline, corpus):
     timings: dict = {}
     make_pipeline(retrieval__rerank="none").search("ERR_SOCKET_ZX81", timings=timings)
     assert set(timings) == {"embed_query", "dense", "lexical", "fuse"} and all(v >= 0 for v in timings.values())
+
+
+def test_answers_are_generated_and_checked(make_pipeline, corpus, tmp_path):
+    """--answers on the real generator (a short context and answer to keep it quick)."""
+    make_pipeline().ingest([corpus])
+    questions = write_questions(tmp_path / "q.jsonl", [
+        {"question": "Which fruit is rich in potassium?", "source": "manual.pdf", "pages": [2], "answer": "banana"}])
+    rag = make_pipeline(engine__n_ctx=1024, ask__max_tokens=8, ask__top_k=2)
+    report = rag.evaluate(questions, settings=["lexical"], answers=True)
+    [row] = report.answers
+    assert row["id"] == "1" and isinstance(row["answer"], str) and row["answer"]
+    assert row["given_ok"] is True  # page 2 was among the prompt's sources
+    assert row["answer_ok"] == ("banana" in row["answer"].lower())
+    assert row["cited_ok"] <= row["given_ok"] and all(isinstance(n, int) for n in row["cited"])
+    data = report.to_dict()
+    assert data["answers"]["summary"]["questions"] == 1
+    assert data["answers"]["summary"]["expected_page_in_prompt"] == 1
