@@ -6,9 +6,11 @@ score of a chunk both sides rank moderately, so a small embedder's misses outvot
 the lexical side's hits (and the other way round for paraphrases). This stage
 takes the fused top ``candidates`` and gives every one of them *both* scores: the
 cosine similarity of its stored vector to the query, and its BM25 score for the
-query (0 when it shares no term). Each score is min-max normalised over the
-candidates and the two are combined convexly, so neither retriever can veto a
-chunk the other is sure about.
+query (0 when it shares no term). Each score is divided by the best candidate's
+(or, optionally, min-max scaled) and the two are combined convexly, so neither
+retriever can veto a chunk the other is sure about. Dividing by the best keeps
+how far apart the scores really are: cosine similarities of a small embedder lie
+close together, and min-max scaling would blow a 0.04 gap up to the whole range.
 
 No cross-encoder model can be provisioned the way the default models are (from a
 PyPI wheel without heavy dependencies), so this is the reranker the pipeline
