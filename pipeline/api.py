@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from . import models
 from .config import Config, load_config
@@ -22,6 +22,7 @@ from .store.store import Store
 
 if TYPE_CHECKING:
     from .context import Prompt
+    from .evaluate import EvalReport, Question
     from .engine.generator import EngineStats, Generation
 
 
@@ -64,21 +65,25 @@ class Answer:
     dropped_passages: int = 0
     truncated: bool = False
     notes: list[str] | None = None
+    retrieval: dict[str, float] | None = None  # seconds per retrieval stage (see Pipeline.search)
 
     def to_dict(self) -> dict:
         return {"question": self.question, "answer": self.text, "sources": self.sources,
                 "stats": self.stats.to_dict(), "dropped_passages": self.dropped_passages,
-                "truncated": self.truncated, "notes": list(self.notes or [])}
+                "truncated": self.truncated, "notes": list(self.notes or []),
+                "retrieval_seconds": {k: round(v, 6) for k, v in (self.retrieval or {}).items()}}
 
 
 class AnswerStream:
     """Text pieces as the model writes them; ``answer`` is complete once iteration ends."""
 
-    def __init__(self, question: str, prompt: "Prompt", generation: "Generation", notes: list[str]):
+    def __init__(self, question: str, prompt: "Prompt", generation: "Generation", notes: list[str],
+                 retrieval: dict[str, float] | None = None):
         self.question = question
         self.prompt = prompt
         self._generation = generation
         self._notes = notes
+        self._retrieval = retrieval
         self.answer: Answer | None = None
 
     @property
@@ -89,7 +94,8 @@ class AnswerStream:
         yield from self._generation
         stats = self._generation.stats
         self.answer = Answer(self.question, self._generation.text.strip(), self.prompt.sources, stats,
-                             self.prompt.dropped, self.prompt.truncated, self._notes + stats.notes)
+                             self.prompt.dropped, self.prompt.truncated, self._notes + stats.notes,
+                             self._retrieval)
 
     def result(self) -> Answer:
         for _ in self:
@@ -133,7 +139,7 @@ class Pipeline:
         from .ingest.chunking import for_embedder
 
         c = self.config.chunking
-        return for_embedder(self.embedder, size=c.size, overlap=c.overlap)
+        return for_embedder(self.embedder, size=c.size, overlap=c.overlap, contextual=c.contextual)
 
     @cached_property
     def engine(self):
@@ -291,21 +297,84 @@ class Pipeline:
             c = self.config.chunking
             return ingest(scanned, store=store, embedder=self.embedder, chunk_size=c.size,
                           chunk_overlap=c.overlap, embedder_ref=self.config.models.embedder,
-                          prune=prune, max_bytes=int(i.max_file_mb * 2**20), progress=progress)
+                          prune=prune, max_bytes=int(i.max_file_mb * 2**20), contextual=c.contextual,
+                          progress=progress)
 
-    def search(self, query: str, *, top_k: int | None = None) -> list[Hit]:
-        """The best chunks for ``query`` by hybrid retrieval."""
+    def search(self, query: str, *, top_k: int | None = None,
+               timings: dict[str, float] | None = None) -> list[Hit]:
+        """The best chunks for ``query`` by hybrid retrieval and reranking.
+
+        ``timings``, when given, receives seconds per stage (embed_query, dense, lexical, fuse, rerank).
+        """
         from .errors import InputError
 
         if not query.strip():
             raise InputError("the query is empty")
-        r = self.config.retrieval
         with self.store(create=False) as store:
             store.require()
             self._check_embedder(store)
-            return search(query, store=store, embedder=self.embedder if r.dense else None,
-                          top_k=top_k or r.top_k, dense=r.dense, lexical=r.lexical,
-                          candidates=max(r.candidates, top_k or 0), rrf_k=r.rrf_k)
+            return self._search(store, query, top_k=top_k or self.config.retrieval.top_k, timings=timings)
+
+    def _search(self, store: Store, query: str, *, top_k: int, source: str | None = None,
+                use_mmr: bool = False, timings: dict[str, float] | None = None, **changes) -> list[Hit]:
+        """Retrieval as configured (``changes`` override retrieval settings: dense, lexical, rerank)."""
+        import dataclasses
+
+        from .rerank import make_reranker
+
+        r = dataclasses.replace(self.config.retrieval, **changes) if changes else self.config.retrieval
+        if r.dense:
+            self.embedder.dim  # loads the model outside the timed stages
+        reranker = make_reranker(r.rerank, candidates=max(r.rerank_candidates, top_k),
+                                 dense_weight=r.rerank_dense_weight, normalise=r.rerank_normalise)
+        return search(query, store=store, embedder=self.embedder if r.dense else None, top_k=top_k,
+                      dense=r.dense, lexical=r.lexical, candidates=max(r.candidates, top_k), rrf_k=r.rrf_k,
+                      source=source, use_mmr=use_mmr, mmr_lambda=self.config.ask.mmr_lambda,
+                      rerank=reranker, timings=timings)
+
+    def evaluate(self, questions: "str | Path | Sequence[Question]", *,
+                 settings: "Sequence[str] | None" = None, answers: bool = False, label: str = "",
+                 progress: Callable[[str, int], None] | None = None) -> "EvalReport":
+        """Run a question set through each retrieval setting (see :mod:`.evaluate`).
+
+        ``questions`` is a JSONL path or loaded questions; ``settings`` names entries of
+        :data:`.evaluate.SETTINGS` (default: dense, lexical, hybrid, hybrid+rerank). With
+        ``answers``, each question is also answered and checked (slow: one generation each).
+        """
+        from . import evaluate as ev
+
+        qs = ev.load_questions(questions) if isinstance(questions, (str, Path)) else list(questions)
+        names = tuple(settings or ev.DEFAULT_SETTINGS)
+        with self.store(create=False) as store:
+            store.require()
+            self._check_embedder(store)
+            missing = ev.unreachable(qs, store)
+            if any(ev.SETTINGS.get(n, {}).get("dense") for n in names):
+                self.embedder.embed(["warm-up"])  # the model load is not query latency
+
+            def one(question: str, name: str):
+                changes = dict(ev.SETTINGS[name])
+                mmr = changes.pop("mmr", False)
+                seconds: dict[str, float] = {}
+                hits = self._search(store, question, top_k=ev.DEPTH, use_mmr=mmr, timings=seconds, **changes)
+                return hits, seconds
+
+            report = ev.run(qs, one, settings=names, label=label, progress=progress)
+        report.unreachable = missing
+        if answers:
+            report.answers = []
+            for q in qs:
+                answer = self.ask(q.question)
+                report.answers.append(ev.check_answer(q, answer.text, answer.sources))
+        return report
+
+    def eval_template(self, *, per_document: int = 5) -> list[dict]:
+        """Starter lines for a question set over this collection (see :func:`.evaluate.template`)."""
+        from .evaluate import template
+
+        with self.store(create=False) as store:
+            store.require()
+            return template(store, per_document=per_document)
 
     def ask(self, question: str, *, doc: str | Path | None = None, top_k: int | None = None) -> Answer:
         """Answer ``question`` from retrieved passages (or from one whole document with ``doc``)."""
@@ -318,18 +387,20 @@ class Pipeline:
 
         if not question.strip():
             raise InputError("the question is empty")
-        prompt, notes = self._prompt(question, doc=doc, top_k=top_k)
+        timings: dict[str, float] = {}
+        prompt, notes = self._prompt(question, doc=doc, top_k=top_k, timings=timings)
         a = self.config.ask
         generation = self.engine.generate(prompt.tokens, max_tokens=a.max_tokens, temperature=a.temperature,
                                           repeat_penalty=a.repeat_penalty, prefix_len=len(prompt.prefix_tokens))
-        return AnswerStream(question, prompt, generation, notes)
+        return AnswerStream(question, prompt, generation, notes, timings)
 
-    def _prompt(self, question: str, *, doc, top_k: int | None) -> "tuple[Prompt, list[str]]":
+    def _prompt(self, question: str, *, doc, top_k: int | None,
+                timings: dict[str, float] | None = None) -> "tuple[Prompt, list[str]]":
         from .context import pack
         from .errors import InputError, StoreError
         from .retrieve import expand, whole_document
 
-        a, r = self.config.ask, self.config.retrieval
+        a = self.config.ask
         engine = self.engine
         notes: list[str] = []
 
@@ -338,9 +409,7 @@ class Pipeline:
                         n_ctx=engine.n_ctx, reserve=a.max_tokens, system=a.system_prompt)
 
         def retrieve(store, *, k, source=None):
-            hits = search(question, store=store, embedder=self.embedder if r.dense else None, top_k=k,
-                          dense=r.dense, lexical=r.lexical, candidates=max(r.candidates, k), rrf_k=r.rrf_k,
-                          source=source, use_mmr=a.mmr, mmr_lambda=a.mmr_lambda)
+            hits = self._search(store, question, top_k=k, source=source, use_mmr=a.mmr, timings=timings)
             return expand(hits, store=store, neighbours=a.neighbours)
 
         with self.store(create=False) as store:

@@ -278,19 +278,25 @@ class _IngestProgress:
 @click.option("-k", "--top-k", type=click.IntRange(min=1), help="Number of hits. [default: from config, 5]")
 @click.option("--dense/--no-dense", default=None, help="Use the vector (dense) side.")
 @click.option("--lexical/--no-lexical", default=None, help="Use the BM25 (lexical) side.")
+@click.option("--rerank/--no-rerank", default=None, help="Rerank the fused candidates (retrieval.rerank).")
+@click.option("--stats", "show_stats", is_flag=True, help="Print the time each retrieval stage took.")
 @store_options
 @json_option
 @click.pass_context
 @handles_errors
-def search(ctx, query, top_k, dense, lexical, collection, store_path, as_json):
-    """Retrieve the chunks that best match QUERY (hybrid dense + BM25), without generating.
+def search(ctx, query, top_k, dense, lexical, rerank, show_stats, collection, store_path, as_json):
+    """Retrieve the chunks that best match QUERY (hybrid dense + BM25, reranked), without generating.
 
     A QUERY that starts with a dash goes after --: rag search -- --n-cpu-moe
     """
     overrides = _store_overrides(collection, store_path)
-    overrides.update({"retrieval.dense": dense, "retrieval.lexical": lexical})
+    overrides.update({"retrieval.dense": dense, "retrieval.lexical": lexical,
+                      "retrieval.rerank": None if rerank is None else ("scores" if rerank else "none")})
+    timings: dict[str, float] = {}
     with _pipeline(ctx, **overrides) as rag:
-        hits = rag.search(query, top_k=top_k)
+        hits = rag.search(query, top_k=top_k, timings=timings)
+    if show_stats and not as_json:
+        click.echo(_retrieval_line(timings), err=True)
     if as_json:
         _echo_json([{"source": h.source, "page": h.page, "score": h.score, "text": h.text,
                      "found_by": list(h.found_by), "chunk": h.index, "dense_rank": h.dense_rank,
@@ -304,6 +310,14 @@ def search(ctx, query, top_k, dense, lexical, collection, store_path, as_json):
         click.secho(f"[{i}] {where}  score {h.score:.4f}  ({' + '.join(h.found_by)})", bold=True)
         click.echo(_indent(h.text))
         click.echo()
+
+
+def _retrieval_line(seconds: dict[str, float]) -> str:
+    """One line of retrieval latency per stage, in milliseconds."""
+    names = {"embed_query": "embed query", "dense": "dense", "lexical": "lexical", "fuse": "fuse",
+             "rerank": "rerank"}
+    parts = [f"{label} {seconds[key] * 1000:.1f} ms" for key, label in names.items() if key in seconds]
+    return "retrieval: " + " | ".join(parts) + f" | total {sum(seconds.values()) * 1000:.1f} ms"
 
 
 def _display_path(source: str) -> str:
@@ -374,6 +388,8 @@ def ask(ctx, question, doc, top_k, show_stats, n_ctx, max_tokens, collection, st
             f"prefill {st.prefill_seconds:.2f} s at {st.prefill_tokens_per_second:,.0f} tok/s | "
             f"TTFT {st.ttft_seconds:.2f} s | decode {st.decode_tokens} tokens at "
             f"{st.decode_tokens_per_second:.1f} tok/s | model load {st.load_seconds:.2f} s", err=True)
+        if answer.retrieval:
+            click.echo(_retrieval_line(answer.retrieval), err=True)
 
 
 @cli.command()
@@ -600,6 +616,87 @@ def bench(names, quick, json_path, plot_path, verbose):
         click.echo(f"plot: {plot_path}")
     if not results.ok:
         raise click.ClickException("some benchmarks failed")
+
+
+@cli.command("eval")
+@click.argument("questions", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-s", "--setting", "settings", multiple=True,
+              type=click.Choice(["dense", "lexical", "hybrid", "hybrid+mmr", "hybrid+rerank"]),
+              help="Retrieval setting to measure (repeatable). [default: dense, lexical, hybrid, hybrid+rerank]")
+@click.option("--compare", "compare", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also run with this TOML config (repeatable); results side by side.")
+@click.option("--answers", is_flag=True, help="Also answer each question and check the answer and its citations (slow).")
+@click.option("--misses", is_flag=True, help="List the questions whose page is not in the top 5, per setting.")
+@click.option("--template", "write_template", is_flag=True,
+              help="Write a starter question set from the collection to QUESTIONS (or stdout) and stop.")
+@click.option("--per-document", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Template lines per document.")
+@store_options
+@json_option
+@click.pass_context
+@handles_errors
+def eval_(ctx, questions, settings, compare, answers, misses, write_template, per_document, collection,
+          store_path, as_json):
+    """Measure whether retrieval finds the page that holds each answer in QUESTIONS (JSONL).
+
+    Prints recall@1/5/10, MRR, nDCG@10 and the median query latency per stage for each
+    retrieval setting. Each line of QUESTIONS: {"question": ..., "source": "docs/manual.pdf",
+    "pages": [12], "answer": "optional substring"}; for documents without pages, "evidence"
+    (a phrase of the passage) instead of "pages". `--template` starts such a file.
+    """
+    from .api import Pipeline
+
+    overrides = _store_overrides(collection, store_path)
+    if write_template:
+        with _pipeline(ctx, **overrides) as rag:
+            lines = rag.eval_template(per_document=per_document)
+        text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+        if questions is None:
+            click.echo(text, nl=False)
+        else:
+            if questions.exists():
+                raise click.ClickException(f"{questions} exists; not overwriting it")
+            questions.write_text(text, encoding="utf-8")
+            click.echo(f"wrote {len(lines)} template lines to {questions}: write each question in your own "
+                       "words, fill in 'answer' if you like, and delete lines you do not want", err=True)
+        return
+    if questions is None:
+        raise click.UsageError("QUESTIONS is required (or use --template)")
+    base = ctx.find_root().params.get("config_path")
+    runs = [(str(base) if base else "current config", base, overrides)]
+    runs += [(str(path), path, {}) for path in compare]
+    reports = []
+    for label, path, extra in runs:
+        live = not as_json and sys.stderr.isatty()
+        show = (lambda qid, n: click.echo(f"\r{label}: {n} questions", nl=False, err=True)) if live else None
+        with Pipeline.from_config(path, overrides=extra, log=lambda m: click.echo(m, err=True)) as rag:
+            reports.append(rag.evaluate(questions, settings=settings or None, answers=answers, label=label,
+                                        progress=show))
+        if live:
+            click.echo(err=True)
+    if as_json:
+        data = [r.to_dict() for r in reports]
+        _echo_json(data[0] if len(data) == 1 else data)
+        return
+    from .evaluate import table
+
+    click.echo(table(reports))
+    for r in reports:
+        for u in r.unreachable:
+            click.echo(f"warning: {r.label}: question {u['id']}: {u['reason']} (counted as a miss)", err=True)
+        if misses:
+            for s in r.settings:
+                for q in s.misses():
+                    top = ", ".join(f"{Path(t['source']).name} p{t['page']}" if t["page"] else Path(t["source"]).name
+                                    for t in q["top"])
+                    click.echo(f"miss@5 {r.label} / {s.name}: [{q['id']}] {q['question']} (rank {q['rank']}; top: {top})")
+        if r.answers is not None:
+            from .evaluate import answer_summary
+
+            a = answer_summary(r.answers)
+            click.echo(f"answers ({r.label}): {a['answer_contains_expected']}/{a['with_expected_answer']} contain the "
+                       f"expected text; {a['cites_expected_page']}/{a['questions']} cite the expected page; "
+                       f"{a['expected_page_in_prompt']}/{a['questions']} had it in the prompt")
 
 
 @cli.command("config")

@@ -42,10 +42,16 @@ class ModelsConfig:
 
 @dataclass(frozen=True)
 class ChunkingConfig:
-    """Chunk sizes, in tokens of the embedder's own tokenizer."""
+    """Chunk sizes, in tokens of the embedder's own tokenizer.
+
+    With ``contextual``, each chunk is embedded and BM25-indexed with its document
+    title and heading path in front (never shown in passages); changing it needs a
+    re-ingest into a fresh collection to take effect on stored chunks.
+    """
 
     size: int = 256
     overlap: int = 32
+    contextual: bool = True
 
 
 @dataclass(frozen=True)
@@ -78,13 +84,19 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class RetrievalConfig:
-    """Hybrid retrieval: dense (Chroma) and lexical (BM25) hits fused by reciprocal rank."""
+    """Hybrid retrieval: dense (Chroma) and lexical (BM25) hits fused by reciprocal rank, then
+    the top ``rerank_candidates`` reranked (``rerank``: "scores" = both sides' normalised
+    scores combined with ``rerank_dense_weight`` for the dense side; "none" = fusion only)."""
 
     top_k: int = 5
     dense: bool = True
     lexical: bool = True
     candidates: int = 40
     rrf_k: int = 60
+    rerank: str = "scores"
+    rerank_candidates: int = 40
+    rerank_dense_weight: float = 0.5
+    rerank_normalise: str = "max"
 
 
 #: The ``[engine]`` keys that say what llama.cpp runs with and where the weights live: what the
@@ -288,6 +300,12 @@ class Config:
         if r.candidates < r.top_k:
             raise ConfigError(f"retrieval.candidates ({r.candidates}) must be >= retrieval.top_k ({r.top_k})")
         check_collection_name(self.store.collection)
+        if r.rerank not in ("scores", "none"):
+            raise ConfigError(f"retrieval.rerank must be 'scores' or 'none', got {r.rerank!r}")
+        if r.rerank_normalise not in ("max", "minmax"):
+            raise ConfigError(f"retrieval.rerank_normalise must be 'max' or 'minmax', got {r.rerank_normalise!r}")
+        if r.rerank_candidates < 1 or not 0.0 <= r.rerank_dense_weight <= 1.0:
+            raise ConfigError("retrieval.rerank_candidates must be >= 1 and retrieval.rerank_dense_weight in [0, 1]")
         if self.store.wait < 0:
             raise ConfigError("store.wait must be >= 0 seconds")
         self.engine.validate()

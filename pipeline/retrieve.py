@@ -8,11 +8,16 @@ misses; reciprocal-rank fusion needs no score calibration between the two.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from .store.catalog import StoredChunk
 from .engine.embed import Embedder
 from .store.store import Store
+
+if TYPE_CHECKING:
+    from .rerank import Reranker
 
 
 @dataclass(frozen=True)
@@ -93,17 +98,30 @@ def mmr(query_vector, candidates: list, vectors: dict, *, k: int, lam: float) ->
 
 def search(query: str, *, store: Store, embedder: Embedder | None, top_k: int, dense: bool = True,
            lexical: bool = True, candidates: int = 40, rrf_k: int = 60, source: str | None = None,
-           use_mmr: bool = False, mmr_lambda: float = 0.7) -> list[Hit]:
-    """The ``top_k`` best chunks for ``query`` from the enabled sides. ``store`` must be open."""
+           use_mmr: bool = False, mmr_lambda: float = 0.7, rerank: "Reranker | None" = None,
+           timings: dict[str, float] | None = None) -> list[Hit]:
+    """The ``top_k`` best chunks for ``query`` from the enabled sides. ``store`` must be open.
+
+    ``rerank`` (see :mod:`.rerank`) re-orders the fused candidates; ``timings``, when given,
+    receives the seconds spent per stage (embed_query, dense, lexical, fuse, rerank).
+    """
     store.require()
+    clock = _Stopwatch(timings)
     rankings: dict[str, list[tuple[StoredChunk, float]]] = {}
     vector = None
     if dense and embedder is not None:
         vector = embedder.embed([query])[0]
+        clock.lap("embed_query")
         rankings["dense"] = store.dense(vector, limit=candidates, source=source)
+        clock.lap("dense")
     if lexical:
         rankings["lexical"] = store.lexical(query, limit=candidates, source=source)
+        clock.lap("lexical")
     fused = rrf(rankings, k=rrf_k)
+    clock.lap("fuse")
+    if rerank is not None and len(rankings) > 1:
+        fused = rerank(query, fused, vector=vector, store=store)
+        clock.lap("rerank")
     if use_mmr and vector is not None and len(fused) > top_k:
         fused = mmr(vector, fused, store.vectors([c[0].chunk_id for c in fused]), k=top_k, lam=mmr_lambda)
     hits = []
@@ -116,6 +134,20 @@ def search(query: str, *, store: Store, embedder: Embedder | None, top_k: int, d
                         dense_rank=d_rank, dense_similarity=None if d_score is None else round(d_score, 4),
                         lexical_rank=l_rank, bm25=None if l_score is None else round(l_score, 4)))
     return hits
+
+
+class _Stopwatch:
+    """Seconds between laps, added to ``into`` under each lap's name (nothing when ``into`` is None)."""
+
+    def __init__(self, into: dict[str, float] | None):
+        self.into = into
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.into is not None:
+            now = time.perf_counter()
+            self.into[name] = self.into.get(name, 0.0) + now - self.last
+            self.last = now
 
 
 def merge_chunks(chunks: list[StoredChunk], *, rank: int = 0) -> list[Passage]:

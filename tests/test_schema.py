@@ -35,6 +35,9 @@ CREATE TABLE IF NOT EXISTS pending (collection TEXT, source TEXT, PRIMARY KEY (c
 """
 
 
+V1_CHUNK_COLUMNS = 'id, chunk_id, collection, source, content_hash, idx, page, start, "end", tokens, text'
+
+
 def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
@@ -47,7 +50,8 @@ def make_v1_store(store_dir, corpus) -> dict:
     path = store_dir / "catalog.sqlite"
     new = sqlite3.connect(path)
     rows = {t: new.execute(f"SELECT * FROM {t}").fetchall()
-            for t in ("collections", "documents", "chunks", "pending")}
+            for t in ("collections", "documents", "pending")}
+    rows["chunks"] = new.execute(f"SELECT {V1_CHUNK_COLUMNS} FROM chunks").fetchall()
     new.close()
     path.unlink()
     for extra in ("-wal", "-shm"):
@@ -82,7 +86,8 @@ def test_a_version_1_store_opens_migrated_with_its_documents_searchable(store_di
 
     db = sqlite3.connect(store_dir / "catalog.sqlite")
     assert db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == (str(SCHEMA_VERSION),)
-    assert db.execute("SELECT * FROM chunks ORDER BY id").fetchall() == rows["chunks"]
+    assert db.execute(f"SELECT {V1_CHUNK_COLUMNS} FROM chunks ORDER BY id").fetchall() == rows["chunks"]
+    assert db.execute("SELECT COUNT(*) FROM chunks WHERE context IS NOT NULL").fetchone() == (0,)
     assert db.execute("SELECT * FROM documents ORDER BY source").fetchall() == sorted(rows["documents"],
                                                                                      key=lambda r: r[1])
     db.close()

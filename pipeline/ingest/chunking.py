@@ -3,6 +3,10 @@
 Chunks never cross a page boundary, so every chunk has one page number, and
 never exceed the embedder's maximum sequence length: a piece the recursive
 splitter cannot break at a separator is cut on token boundaries instead.
+
+A contextual chunker also gives each chunk a header, its document title and the
+heading path in force there (:mod:`.headings`): embedded and BM25-indexed with
+the chunk (:attr:`Chunk.indexed_text`), never part of the text shown as a passage.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from ..errors import ConfigError
+from .headings import HeadingTrail, context_header
 from .loaders import TextUnit
 
 Tokenize = Callable[[str], Sequence[int]]
@@ -25,13 +30,20 @@ class Chunk:
     page: int | None
     start: int  # character offsets in the page's (or document's) text
     end: int
-    tokens: int
+    tokens: int  # of ``text``: what passages cost in a prompt
+    context: str = ""  # title and heading path; indexed, never shown
+
+    @property
+    def indexed_text(self) -> str:
+        """What the embedder and the lexical index see: the header, then the text."""
+        return f"{self.context}\n\n{self.text}" if self.context else self.text
 
 
 class Chunker:
     """Splits text units into chunks of at most ``size`` tokens with ``overlap`` tokens shared."""
 
-    def __init__(self, tokenize: Tokenize, *, size: int, overlap: int, max_tokens: int):
+    def __init__(self, tokenize: Tokenize, *, size: int, overlap: int, max_tokens: int,
+                 contextual: bool = False):
         from langchain_text_splitters import Language, RecursiveCharacterTextSplitter
 
         if size > max_tokens:
@@ -41,6 +53,7 @@ class Chunker:
         self.size = size
         self.overlap = overlap
         self.max_tokens = max_tokens
+        self.contextual = contextual
         self._splitters = {
             fmt: RecursiveCharacterTextSplitter(
                 separators=seps, chunk_size=size, chunk_overlap=overlap,
@@ -56,11 +69,16 @@ class Chunker:
     def count(self, text: str) -> int:
         return len(self._tokenize(text))
 
-    def split(self, units: Iterable[TextUnit], *, fmt: str = "text") -> list[Chunk]:
-        """All chunks of one document, in reading order."""
+    def split(self, units: Iterable[TextUnit], *, fmt: str = "text", title: str | None = None) -> list[Chunk]:
+        """All chunks of one document, in reading order; with ``contextual``, each headed by
+        ``title`` and the heading path at its start (the first quarter of it, so a chunk that
+        opens with a section's last lines and then starts the next section is headed by the next)."""
         splitter = self._splitters["markdown" if fmt == "markdown" else "plain"]
         chunks: list[Chunk] = []
+        trail = HeadingTrail(fmt)
         for unit in units:
+            if self.contextual:
+                trail.start_unit(unit.text)
             for doc in splitter.create_documents([unit.text]):
                 text = doc.page_content
                 start = int(doc.metadata.get("start_index", -1))
@@ -69,9 +87,12 @@ class Chunker:
                 for piece, offset in self._enforce_max(text):
                     if not piece.strip():
                         continue
+                    context = ""
+                    if self.contextual:
+                        context = context_header(title, trail.path_at(start + offset + len(piece) // 4))
                     chunks.append(Chunk(text=piece, index=len(chunks), page=unit.page,
                                         start=start + offset, end=start + offset + len(piece),
-                                        tokens=self.count(piece)))
+                                        tokens=self.count(piece), context=context))
         return chunks
 
     def _enforce_max(self, text: str) -> list[tuple[str, int]]:
@@ -100,6 +121,7 @@ class Chunker:
         return pieces
 
 
-def for_embedder(embedder, *, size: int, overlap: int) -> Chunker:
+def for_embedder(embedder, *, size: int, overlap: int, contextual: bool = False) -> Chunker:
     """A chunker that counts in ``embedder``'s tokens, capped at its maximum sequence length."""
-    return Chunker(embedder.tokenize, size=size, overlap=overlap, max_tokens=embedder.max_tokens)
+    return Chunker(embedder.tokenize, size=size, overlap=overlap, max_tokens=embedder.max_tokens,
+                   contextual=contextual)

@@ -139,13 +139,15 @@ class _Todo:
 
 def ingest(scanned: Scan, *, store: Store, embedder: Embedder, chunk_size: int,
            chunk_overlap: int, embedder_ref: str = "", prune: bool = False, max_bytes: int = 0,
+           contextual: bool = False,
            progress: Progress | None = None) -> IngestReport:
     """Bring the store's collection in line with ``scanned`` (from :func:`.scan.scan`).
 
     ``store`` must be open. Scanning comes first and apart, so that a missing path fails
     before the store is opened or created. Files over ``max_bytes`` (0 = no limit) are
     skipped and reported. Documents under paths the scan could not read, or did not
-    select, are never pruned.
+    select, are never pruned. With ``contextual``, chunks are embedded and indexed with
+    their title and heading path (see :mod:`.chunking`).
 
     Nothing is loaded (no model, no splitter) unless some file needs embedding, so a run
     over an unchanged corpus costs a directory scan and one catalog read.
@@ -202,7 +204,7 @@ def ingest(scanned: Scan, *, store: Store, embedder: Embedder, chunk_size: int,
             report.files.append(FileOutcome(source, "missing"))
 
     if todo:
-        chunker = for_embedder(embedder, size=chunk_size, overlap=chunk_overlap)
+        chunker = for_embedder(embedder, size=chunk_size, overlap=chunk_overlap, contextual=contextual)
         store.ensure_collection(embedder=embedder_ref or str(embedder.model_path),
                                 embedder_id=embedder.identity, dim=embedder.dim,
                                 chunk_size=chunk_size, chunk_overlap=chunk_overlap)
@@ -253,10 +255,10 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: Embedder, *,
                 return
             try:
                 doc = load(item.path, max_bytes=max_bytes)
-                chunks = chunker.split(doc.units, fmt=doc.format)
+                chunks = chunker.split(doc.units, fmt=doc.format, title=doc.title or item.path.name)
                 if not chunks:
                     raise LoadError("no text to index")
-                seqs = [embedder._sequence(c.text) for c in chunks]
+                seqs = [embedder._sequence(c.indexed_text) for c in chunks]
                 result: object = (doc, chunks, seqs)
             except LoadError as exc:
                 result = exc

@@ -150,9 +150,9 @@ class Catalog:
                             (collection, doc.source))
             self.db.executemany(
                 "INSERT INTO chunks (chunk_id, collection, source, content_hash, idx, page, start,"
-                ' "end", tokens, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+                ' "end", tokens, text, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
                 [(cid, collection, doc.source, doc.content_hash, c.index, c.page, c.start, c.end,
-                  c.tokens, c.text) for cid, c in zip(chunk_ids, chunks)])
+                  c.tokens, c.text, c.context or None) for cid, c in zip(chunk_ids, chunks)])
             self.db.execute(
                 "INSERT OR REPLACE INTO documents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (collection, doc.source, doc.content_hash, doc.size, doc.mtime_ns, doc.format,
@@ -195,6 +195,19 @@ class Catalog:
             " ORDER BY score LIMIT ?",
             (match, collection, source, source, limit))
         return [(StoredChunk(*r[:9]), -float(r[9])) for r in rows]
+
+    def bm25(self, collection: str, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
+        """BM25 scores (positive, higher is better) of these chunks for ``query``; chunks that
+        share no term with it are absent. Scores use whole-index statistics, as :meth:`search` does."""
+        match = fts_query(query)
+        if match is None or not chunk_ids:
+            return {}
+        marks = ",".join("?" * len(chunk_ids))
+        rows = self.db.execute(
+            "SELECT c.chunk_id, bm25(chunks_fts) FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
+            f" WHERE chunks_fts MATCH ? AND c.collection = ? AND c.chunk_id IN ({marks})",
+            (match, collection, *chunk_ids))
+        return {cid: -float(score) for cid, score in rows}
 
     def chunks(self, collection: str, source: str, *, first: int = 0, last: int | None = None
                ) -> list[StoredChunk]:

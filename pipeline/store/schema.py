@@ -10,7 +10,10 @@ History:
 1. the first catalog: chunk ids unique across the whole store, so one file could
    not be in two collections;
 2. chunk ids unique per collection; collections whose names Chroma refuses (they
-   could never hold a document) are removed.
+   could never hold a document) are removed;
+3. ``chunks.context``: each chunk's header (document title and heading path), indexed
+   by the full-text index beside the text and embedded with it, never shown. Old rows
+   keep a NULL header, which indexes exactly as before.
 """
 
 from __future__ import annotations
@@ -21,21 +24,43 @@ from typing import Callable
 from ..errors import StoreError
 from .names import name_problem
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
-_CHUNKS = """
+_CHUNKS_V2 = """
 CREATE TABLE {name} (
     id INTEGER PRIMARY KEY, chunk_id TEXT, collection TEXT, source TEXT, content_hash TEXT,
     idx INTEGER, page INTEGER, start INTEGER, "end" INTEGER, tokens INTEGER, text TEXT,
     UNIQUE (collection, chunk_id));
 """
 
-_CHUNK_INDEXES = """
+_CHUNK_INDEXES_V2 = """
 CREATE INDEX chunks_by_doc ON chunks (collection, source, idx);
 CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN
     INSERT INTO chunks_fts(rowid, text) VALUES (new.id, new.text); END;
 CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN
     INSERT INTO chunks_fts(chunks_fts, rowid, text) VALUES ('delete', old.id, old.text); END;
+"""
+
+_CHUNKS = """
+CREATE TABLE {name} (
+    id INTEGER PRIMARY KEY, chunk_id TEXT, collection TEXT, source TEXT, content_hash TEXT,
+    idx INTEGER, page INTEGER, start INTEGER, "end" INTEGER, tokens INTEGER, text TEXT, context TEXT,
+    UNIQUE (collection, chunk_id));
+"""
+
+# The lexical index: a chunk's header (``context``: title and heading path) and its text.
+_FTS = """
+CREATE VIRTUAL TABLE chunks_fts USING fts5(
+    context, text, content='chunks', content_rowid='id', tokenize="unicode61 tokenchars '_'");
+"""
+
+_CHUNK_INDEXES = """
+CREATE INDEX chunks_by_doc ON chunks (collection, source, idx);
+CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN
+    INSERT INTO chunks_fts(rowid, context, text) VALUES (new.id, new.context, new.text); END;
+CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN
+    INSERT INTO chunks_fts(chunks_fts, rowid, context, text) VALUES ('delete', old.id, old.context, old.text);
+    END;
 """
 
 # The current schema, for a new catalog.
@@ -48,10 +73,7 @@ CREATE TABLE documents (
     collection TEXT, source TEXT, content_hash TEXT, size INTEGER, mtime_ns INTEGER,
     format TEXT, title TEXT, pages INTEGER, n_chunks INTEGER, n_tokens INTEGER, ingested_at REAL,
     PRIMARY KEY (collection, source));
-""" + _CHUNKS.format(name="chunks") + """
-CREATE VIRTUAL TABLE chunks_fts USING fts5(
-    text, content='chunks', content_rowid='id', tokenize="unicode61 tokenchars '_'");
-""" + _CHUNK_INDEXES + """
+""" + _CHUNKS.format(name="chunks") + _FTS + _CHUNK_INDEXES + """
 CREATE TABLE pending (collection TEXT, source TEXT, PRIMARY KEY (collection, source));
 """
 
@@ -59,12 +81,12 @@ CREATE TABLE pending (collection TEXT, source TEXT, PRIMARY KEY (collection, sou
 def _v1_to_v2(db: sqlite3.Connection) -> None:
     # SQLite cannot drop a column's UNIQUE constraint: rebuild the table under the same row ids,
     # so the full-text index (keyed by row id) stays valid; it is rebuilt anyway to be certain.
-    db.execute(_CHUNKS.format(name="chunks_v2"))
+    db.execute(_CHUNKS_V2.format(name="chunks_v2"))
     db.execute('INSERT INTO chunks_v2 SELECT id, chunk_id, collection, source, content_hash, idx, page,'
                ' start, "end", tokens, text FROM chunks')
     db.execute("DROP TABLE chunks")  # its index and triggers go with it
     db.execute("ALTER TABLE chunks_v2 RENAME TO chunks")
-    for statement in _statements(_CHUNK_INDEXES):
+    for statement in _statements(_CHUNK_INDEXES_V2):
         db.execute(statement)
     db.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('rebuild')")
     # Version 1 recorded a collection before Chroma checked its name; such a collection
@@ -76,8 +98,19 @@ def _v1_to_v2(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM pending WHERE collection = ?", (name,))
 
 
+def _v2_to_v3(db: sqlite3.Connection) -> None:
+    db.execute("ALTER TABLE chunks ADD COLUMN context TEXT")
+    db.execute("DROP TRIGGER chunks_ai")
+    db.execute("DROP TRIGGER chunks_ad")
+    db.execute("DROP TABLE chunks_fts")
+    db.execute("DROP INDEX chunks_by_doc")
+    for statement in _statements(_FTS + _CHUNK_INDEXES):
+        db.execute(statement)
+    db.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('rebuild')")
+
+
 # MIGRATIONS[v] turns a catalog of version v into version v + 1.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def _statements(script: str) -> list[str]:
