@@ -119,6 +119,8 @@ def configurations(spec, n_ctx: int, budget_gib: float):
 
 
 def measure(args: argparse.Namespace, log) -> dict:
+    import numpy as np
+
     from pipeline.dev.synthetic import write_timing_moe_model
 
     contexts = sorted(int(c) for c in args.contexts.split(","))
@@ -144,7 +146,8 @@ def measure(args: argparse.Namespace, log) -> dict:
         write_timing_moe_model(path, qtype=args.qtype, **s)
         log(f"model: written in {time.perf_counter() - t:.0f} s ({path.stat().st_size / GiB:.1f} GiB)")
 
-    from pipeline.engine._llama import load_llama
+    from pipeline.engine._llama import load
+    from pipeline.engine.generator import load_params
 
     rng = random.Random(0)
     rows = []
@@ -154,18 +157,19 @@ def measure(args: argparse.Namespace, log) -> dict:
             log(f"skipping {label}: out of time")
             continue
         t = time.perf_counter()
-        kw = p.llama_kwargs()
-        llm = load_llama(path, overrides=p.overrides(spec.n_layers), n_threads=os.cpu_count() or 8,
-                         verbose=False, **kw)
+        settings = p.engine_settings(threads=os.cpu_count() or 8)
+        llm = load(path, **load_params(settings, n_ctx=p.n_ctx, overrides=p.overrides(spec.n_layers)))
         load_s = time.perf_counter() - t
         try:
             for ctx in contexts:
                 if time.perf_counter() > deadline:
                     break
-                tokens = [rng.randrange(300, spec.n_vocab) for _ in range(ctx - 8)]
-                llm.reset()
+                tokens = np.array([rng.randrange(300, spec.n_vocab) for _ in range(ctx - 8)], dtype=np.int32)
+                llm.clear()
                 t = time.perf_counter()
-                llm.eval(tokens)
+                for lo in range(0, len(tokens), llm.n_batch):
+                    llm.decode(tokens[lo:lo + llm.n_batch], lo)
+                llm.synchronize()
                 sec = time.perf_counter() - t
                 est = evaluate(spec, p, hw, n_tokens=len(tokens), label=label)
                 row = dict(config=label, n_ctx=p.n_ctx, prompt_tokens=len(tokens), seconds=sec,

@@ -22,7 +22,7 @@ from .store.store import Store
 
 if TYPE_CHECKING:
     from .context import Prompt
-    from .engine.generator import EngineStats, Generation
+    from .engine.stages import EngineStats, Generation, TextEmbedder, TextGenerator
 
 
 @dataclass(frozen=True)
@@ -149,10 +149,10 @@ class Pipeline:
         settings = self.config.engine
         if not settings.tuned:
             return settings
-        from .engine.generator import ModelInfo
+        from .engine.model_info import ModelInfo
         from .planner.tune import tuned_settings
 
-        n_ctx = settings.n_ctx or ModelInfo.read(model_path).n_ctx_train
+        n_ctx = ModelInfo.read(model_path).context_length(settings.n_ctx, settings.rope_scaling)
         tuned = tuned_settings(self.config.home_path, model_path, n_ctx)
         default = EngineConfig()
         changes = {k.split(".", 1)[1]: v for k, v in tuned.items()
@@ -206,17 +206,15 @@ class Pipeline:
         """
         from .planner import hardware as hw_mod
         from .planner import tune as tune_mod
-        from .engine.generator import ModelInfo
 
         path = models.resolve(self.config.models.generator, home=self.config.home_path, what="generator",
                               log=self._log)
         hw = self.hardware()
-        n_ctx = self.config.engine.n_ctx or ModelInfo.read(path).n_ctx_train
-        result = tune_mod.tune(path, engine_settings=self.config.engine, hardware=hw, n_ctx=n_ctx,
+        result = tune_mod.tune(path, engine_settings=self.config.engine, hardware=hw, n_ctx=self.config.engine.n_ctx,
                                max_seconds=max_seconds, n_tokens=n_tokens, progress=progress,
                                measure_hardware=measure_hardware)
         target = tune_mod.write_profile(
-            result, tune_mod.profile_path(self.config.home_path, models.file_identity(path), n_ctx))
+            result, tune_mod.profile_path(self.config.home_path, models.file_identity(path), result.n_ctx))
         if measure_hardware and result.hardware is not None:
             hw_mod.save_profile(result.hardware, self.config.home_path / "hardware.toml")
         return result, target

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
-from .planner.spec import KV_TYPE_IDS
+from .engine.ggml import KV_TYPE_IDS
 
 ENV_PREFIX = "RAG_"
 # Variables with a meaning of their own, not "section_key" overrides.

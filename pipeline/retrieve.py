@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .store.catalog import StoredChunk
-from .engine.embed import Embedder
+from .engine.stages import TextEmbedder
 from .store.store import Store
 
 
@@ -91,7 +91,7 @@ def mmr(query_vector, candidates: list, vectors: dict, *, k: int, lam: float) ->
     return chosen
 
 
-def search(query: str, *, store: Store, embedder: Embedder | None, top_k: int, dense: bool = True,
+def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: int, dense: bool = True,
            lexical: bool = True, candidates: int = 40, rrf_k: int = 60, source: str | None = None,
            use_mmr: bool = False, mmr_lambda: float = 0.7) -> list[Hit]:
     """The ``top_k`` best chunks for ``query`` from the enabled sides. ``store`` must be open."""

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..engine.embed import Embedder
+from ..engine.stages import TextEmbedder
 from ..errors import LoadError
 from ..store.catalog import DocumentRecord
 from ..store.store import Store
@@ -118,7 +118,7 @@ class _Todo:
     mtime_ns: int
 
 
-def ingest(scanned: tuple[list[Path], list[Path]], *, store: Store, embedder: Embedder, chunk_size: int,
+def ingest(scanned: tuple[list[Path], list[Path]], *, store: Store, embedder: TextEmbedder, chunk_size: int,
            chunk_overlap: int, embedder_ref: str = "", prune: bool = False,
            progress: Progress | None = None) -> IngestReport:
     """Bring the store's collection in line with ``scanned`` (files and folders, from :func:`scan`).
@@ -191,7 +191,7 @@ def _under(source: str, folders: list[Path], files: list[Path]) -> bool:
     return any(folder == path or folder in path.parents for folder in folders)
 
 
-def _prepared(todo: list[_Todo], chunker: Chunker, embedder: Embedder) -> Iterator[tuple[_Todo, object]]:
+def _prepared(todo: list[_Todo], chunker: Chunker, embedder: TextEmbedder) -> Iterator[tuple[_Todo, object]]:
     """(item, (document, chunks, token sequences) or LoadError), loaded one document ahead."""
     out: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
@@ -205,7 +205,7 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: Embedder) -> Iterat
                 chunks = chunker.split(doc.units, fmt=doc.format)
                 if not chunks:
                     raise LoadError("no text to index")
-                seqs = [embedder._sequence(c.text) for c in chunks]
+                seqs = [embedder.sequence(c.text) for c in chunks]
                 result: object = (doc, chunks, seqs)
             except LoadError as exc:
                 result = exc
@@ -228,7 +228,7 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: Embedder) -> Iterat
                 pass
 
 
-def _commit(item: _Todo, loaded: object, *, store: Store, embedder: Embedder,
+def _commit(item: _Todo, loaded: object, *, store: Store, embedder: TextEmbedder,
             report: IngestReport, emit: Progress) -> FileOutcome:
     if isinstance(loaded, LoadError):
         return FileOutcome(str(item.path), "failed", str(loaded))

@@ -31,7 +31,8 @@ in host memory, from a :class:`~pipeline.planner.spec.ModelSpec`:
 The margins a plan keeps free on each device are the planner's business
 (:class:`pipeline.planner.plan.Budget`). :func:`dry_run` asks llama.cpp itself (model
 param ``no_alloc``: nothing allocated) for the real KV and compute buffer sizes,
-and :func:`parse_dry_run` reads them from its log; llama_cpp is imported only there.
+and :func:`parse_dry_run` reads them from its log; llama.cpp is used only there (through
+:mod:`pipeline.engine._llama`, with the engine's own translation of settings).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from .hardware import HardwareProfile
-from .spec import LayerSpec, ModelSpec, type_bytes
+from ..engine.ggml import type_bytes
+from .spec import LayerSpec, ModelSpec
 
 if TYPE_CHECKING:  # a Plan is only read here; pipeline.planner.plan imports this module
     from .plan import Plan
@@ -206,13 +208,12 @@ def parse_dry_run(log: str) -> DryRun:
 
 def dry_run(path: str | os.PathLike[str], plan: Plan, *, n_threads: int = 1) -> DryRun:
     """Run llama.cpp's own dry run (model param ``no_alloc``) for ``plan`` and read the sizes it logs."""
-    from ..engine._llama import LlamaLog, load_llama
+    from ..engine._llama import LlamaLog, load
+    from ..engine.generator import load_params
 
-    kwargs = plan.llama_kwargs()
-    kwargs.pop("use_mmap")  # a dry run cannot map
+    settings = plan.engine_settings(threads=n_threads)  # expert placement aside: it moves no buffer's size
     with LlamaLog(chain=False) as log:
-        llm = load_llama(path, model_params={"no_alloc": True}, n_threads=n_threads, verbose=False, **kwargs)
-        llm.close()
+        load(path, model_params={"no_alloc": True}, **load_params(settings, n_ctx=plan.n_ctx)).close()
     result = parse_dry_run(log.text)
     if not result.compute:
         raise ConfigError(f"llama.cpp's dry run of {path} logged no compute buffer size.")

@@ -34,7 +34,8 @@ from .hardware import GiB, HardwareProfile
 from .memory import DeviceMemory, DryRun, Memory, compute_buffer_bytes, dry_run, kv_bytes, kv_cells, memory, \
     parse_dry_run
 from ..engine.offload import EXPERT_PATTERN, n_cpu_moe
-from .spec import GGML_TYPES, KV_TYPE_IDS, KV_TYPES, LayerSpec, ModelSpec, kv_type_supported, read_gguf, type_bytes
+from ..engine.ggml import GGML_TYPES, KV_TYPE_IDS, type_bytes
+from .spec import KV_TYPES, LayerSpec, ModelSpec, kv_type_supported, read_gguf
 from .speed import Speed, decode_speed, prefill_speed
 
 MiB = 1024**2
@@ -124,11 +125,15 @@ class Plan:
             f"mmap = {'true' if self.mmap else 'false'}",
         ]) + "\n"
 
-    def llama_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``llama_cpp.Llama`` / :func:`pipeline.engine._llama.load_llama` (no overrides)."""
-        return dict(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch, flash_attn=self.flash_attn,
-                    type_k=KV_TYPE_IDS[self.type_k], type_v=KV_TYPE_IDS[self.type_v],
-                    n_gpu_layers=self.gpu_layers, use_mmap=self.mmap)
+    def engine_settings(self, **extra: Any):
+        """This plan as engine settings (:class:`pipeline.config.EngineConfig`; ``extra``: threads...),
+        which :func:`pipeline.engine.generator.load_params` turns into llama.cpp's."""
+        from ..config import EngineConfig
+
+        return EngineConfig(n_ctx=self.n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                            flash_attn=self.flash_attn, type_k=self.type_k, type_v=self.type_v,
+                            gpu_layers=self.gpu_layers, n_cpu_moe=self.n_cpu_moe, cpu_moe_from=self.cpu_moe_from,
+                            mmap=self.mmap, **extra)
 
 
 # --------------------------------------------------------------------------- fitting and planning

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from .hardware import HardwareProfile
 from .memory import kv_cells
-from .spec import LayerSpec, ModelSpec, type_bytes
+from ..engine.ggml import type_bytes
+from .spec import LayerSpec, ModelSpec
 
 if TYPE_CHECKING:  # a Plan is only read here; pipeline.planner.plan imports this module
     from .plan import Plan
