@@ -99,18 +99,34 @@ class AnswerStream:
 
 
 class Pipeline:
-    """Ingest, search and (later) ask over one collection, with settings from :mod:`.config`."""
+    """Ingest, search and ask over one collection, with settings from :mod:`.config`.
 
-    def __init__(self, config: Config, *, log: Callable[[str], None] | None = None):
+    The embedder and the generator are the configured llama.cpp models, loaded on first
+    use, unless ``embedder`` or ``generator`` is given: any object that fulfils
+    :class:`~pipeline.engine.stages.TextEmbedder` / :class:`~pipeline.engine.stages.TextGenerator`
+    (the tests' fakes, a remote backend). The pipeline closes only what it made.
+    """
+
+    def __init__(self, config: Config, *, log: Callable[[str], None] | None = None,
+                 embedder: "TextEmbedder | None" = None, generator: "TextGenerator | None" = None):
         self.config = config.validate()
         self._log = log
+        self._given: set[str] = set()
+        if embedder is not None:
+            self.__dict__["embedder"] = embedder  # fills the cached property
+            self._given.add("embedder")
+        if generator is not None:
+            self.__dict__["engine"] = generator
+            self._given.add("engine")
 
     @classmethod
     def from_config(cls, path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
-                    environ: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None
+                    environ: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None,
+                    embedder: "TextEmbedder | None" = None, generator: "TextGenerator | None" = None
                     ) -> "Pipeline":
         """Settings from a TOML file (or the embedded defaults), the environment and ``overrides``."""
-        return cls(load_config(path, environ=environ, overrides=overrides), log=log)
+        return cls(load_config(path, environ=environ, overrides=overrides), log=log, embedder=embedder,
+                   generator=generator)
 
     # -- resources ----------------------------------------------------------------------------
 
@@ -262,9 +278,9 @@ class Pipeline:
         scanned = scan(paths)  # a missing path fails before any model loads or the store opens
         with self.store() as store:
             c = self.config.chunking
+            ref = None if "embedder" in self._given else self.config.models.embedder
             return ingest(scanned, store=store, embedder=self.embedder, chunk_size=c.size,
-                          chunk_overlap=c.overlap, embedder_ref=self.config.models.embedder,
-                          prune=prune, progress=progress)
+                          chunk_overlap=c.overlap, embedder_ref=ref, prune=prune, progress=progress)
 
     def search(self, query: str, *, top_k: int | None = None) -> list[Hit]:
         """The best chunks for ``query`` by hybrid retrieval."""
@@ -272,12 +288,23 @@ class Pipeline:
 
         if not query.strip():
             raise InputError("the query is empty")
-        r = self.config.retrieval
         with self.store() as store:
             store.require()
-            return search(query, store=store, embedder=self.embedder if r.dense else None,
-                          top_k=top_k or r.top_k, dense=r.dense, lexical=r.lexical,
-                          candidates=max(r.candidates, top_k or 0), rrf_k=r.rrf_k)
+            return search(query, store=store, **self._search_settings(top_k or self.config.retrieval.top_k))
+
+    def _search_settings(self, k: int) -> dict[str, Any]:
+        """The keyword arguments of :func:`.retrieve.search` for ``k`` hits, from the retrieval settings."""
+        r = self.config.retrieval
+        return dict(embedder=self.embedder if r.dense else None, top_k=k, dense=r.dense, lexical=r.lexical,
+                    candidates=max(r.candidates, k), rrf_k=r.rrf_k)
+
+    def _pack(self, passages, question: str) -> "Prompt":
+        """``passages`` and ``question`` as a prompt for the generator (:func:`.context.pack`)."""
+        from .context import pack
+
+        engine, a = self.engine, self.config.ask
+        return pack(passages, question, chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
+                    n_ctx=engine.n_ctx, reserve=a.max_tokens, system=a.system_prompt)
 
     def ask(self, question: str, *, doc: str | Path | None = None, top_k: int | None = None) -> Answer:
         """Answer ``question`` from retrieved passages (or from one whole document with ``doc``)."""
@@ -297,22 +324,19 @@ class Pipeline:
         return AnswerStream(question, prompt, generation, notes)
 
     def _prompt(self, question: str, *, doc, top_k: int | None) -> "tuple[Prompt, list[str]]":
-        from .context import pack
         from .errors import InputError, StoreError
         from .retrieve import expand, whole_document
 
-        a, r = self.config.ask, self.config.retrieval
+        a = self.config.ask
         engine = self.engine
         notes: list[str] = []
 
         def packed(passages):
-            return pack(passages, question, chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
-                        n_ctx=engine.n_ctx, reserve=a.max_tokens, system=a.system_prompt)
+            return self._pack(passages, question)
 
         def retrieve(store, *, k, source=None):
-            hits = search(question, store=store, embedder=self.embedder if r.dense else None, top_k=k,
-                          dense=r.dense, lexical=r.lexical, candidates=max(r.candidates, k), rrf_k=r.rrf_k,
-                          source=source, use_mmr=a.mmr, mmr_lambda=a.mmr_lambda)
+            hits = search(question, store=store, **self._search_settings(k), source=source, use_mmr=a.mmr,
+                          mmr_lambda=a.mmr_lambda)
             return expand(hits, store=store, neighbours=a.neighbours)
 
         with self.store() as store:
@@ -343,21 +367,21 @@ class Pipeline:
         Returns ``{source: outcome}`` with outcome "saved", "cached" (already there) or
         "too long" (does not fit the context; questions about it use retrieved passages).
         """
-        from .context import pack
+        from .errors import ConfigError
         from .retrieve import whole_document
 
-        if self.prefix_cache is None:
-            from .errors import ConfigError
-
+        cache = self.prefix_cache
+        if cache is None:
             raise ConfigError("the prefix cache is off (cache.enabled = false): nothing to warm")
-        engine, a = self.engine, self.config.ask
+        if cache.unavailable or cache.read_only:
+            raise ConfigError(f"the prefix cache cannot save states: "
+                              f"{cache.unavailable or f'{cache.directory} is read-only'}")
+        engine = self.engine
         with self.store() as store:
             store.require()
             prompts = {}
             for source in sorted(store.documents()):
-                prompts[source] = pack(whole_document(source, store=store), "", chat=engine.chat,
-                                       tokenize=engine.tokenize, bos=engine.bos, n_ctx=engine.n_ctx,
-                                       reserve=a.max_tokens, system=a.system_prompt)
+                prompts[source] = self._pack(whole_document(source, store=store), "")
         outcomes = {}
         for source, prompt in prompts.items():
             if prompt.dropped or prompt.truncated:
@@ -405,8 +429,9 @@ class Pipeline:
     def close(self) -> None:
         for name in ("embedder", "engine", "prefix_cache"):
             resource = self.__dict__.pop(name, None)
-            if resource is not None:
+            if resource is not None and name not in self._given:
                 resource.close()
+        self._given.clear()
 
     def __enter__(self) -> "Pipeline":
         return self
