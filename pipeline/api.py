@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 from . import models
 from .config import Config, load_config
 from .ingest.run import IngestReport, Progress, ingest
-from .ingest.scan import scan
+from .ingest.scan import scan, source_names
 from .retrieve import Hit, search
 from .store.store import Store
 
@@ -124,8 +124,12 @@ class Pipeline:
                     environ: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None,
                     embedder: "TextEmbedder | None" = None, generator: "TextGenerator | None" = None
                     ) -> "Pipeline":
-        """Settings from a TOML file (or the embedded defaults), the environment and ``overrides``."""
-        return cls(load_config(path, environ=environ, overrides=overrides), log=log, embedder=embedder,
+        """Settings from a TOML file (or the embedded defaults), the environment and ``overrides``.
+
+        Configuration warnings go to ``log`` when one is given, else to :mod:`warnings`.
+        """
+        warn = (lambda m: log(f"warning: {m}")) if log else None
+        return cls(load_config(path, environ=environ, overrides=overrides, warn=warn), log=log, embedder=embedder,
                    generator=generator)
 
     # -- resources ----------------------------------------------------------------------------
@@ -158,24 +162,19 @@ class Pipeline:
 
     def engine_settings(self, model_path: Path):
         """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""
-        import dataclasses
-
-        from .config import EngineConfig
+        from .profiles import tuned_engine
 
         settings = self.config.engine
         if not settings.tuned:
             return settings
         from .engine.model_info import ModelInfo
-        from .planner.tune import tuned_settings
 
         n_ctx = ModelInfo.read(model_path).context_length(settings.n_ctx, settings.rope_scaling)
-        tuned = tuned_settings(self.config.home_path, model_path, n_ctx)
-        default = EngineConfig()
-        changes = {k.split(".", 1)[1]: v for k, v in tuned.items()
-                   if getattr(settings, k.split(".", 1)[1]) == getattr(default, k.split(".", 1)[1])}
-        if changes and self._log:
-            self._log("using tuned settings: " + ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
-        return dataclasses.replace(settings, **changes)
+        settings, changes, note = tuned_engine(settings, self.config.home_path, model_path, n_ctx)
+        if self._log and (changes or note):
+            self._log("warning: " + note if note else
+                      "using tuned settings: " + ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
+        return settings
 
     def plan(self, model: str | Path | None = None, *, builtin_spec: str | None = None, quant: str = "Q6_K",
              hardware: str | Path | None = None, vram_gb: float | None = None, ram_gb: float | None = None,
@@ -189,9 +188,10 @@ class Pipeline:
         the KV cache type. ``compare`` adds the recipe, its baseline and llama.cpp's fit side by side.
         """
         import dataclasses
+        import math
 
-        from .planner import plan as plan_mod
         from .errors import ConfigError
+        from .planner import plan as plan_mod
         from .planner.spec import ModelSpec
 
         if builtin_spec:
@@ -203,14 +203,20 @@ class Pipeline:
             spec = ModelSpec.from_gguf(models.resolve(ref, home=self.config.home_path, what="model",
                                                       log=self._log))
         hw = self.hardware(hardware)
+        for name, value in (("--vram", vram_gb), ("--ram", ram_gb)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a positive number of GiB, got {value:g}")
         if vram_gb is not None:
+            if not hw.has_gpu:
+                raise ConfigError(f"--vram {vram_gb:g} is a GPU budget, but the hardware profile {hw.name!r} has no "
+                                  "GPU: name one with --gpu (rtx3090, h100, ...), or drop --vram for a CPU plan")
             hw = dataclasses.replace(hw, vram=int(vram_gb * 2**30))
         if ram_gb is not None:
             hw = dataclasses.replace(hw, ram=int(ram_gb * 2**30))
         n_ctx = n_ctx or self.config.engine.n_ctx or spec.n_ctx_train
         kv_types = ("f16", "q8_0", "q4_0") if kv == "auto" else (kv or self.config.engine.type_k)
         best = plan_mod.plan(spec, hw, n_ctx=n_ctx, kv_types=kv_types, n_batch=n_batch, n_ubatch=n_ubatch)
-        fit = plan_mod.fit_like(spec, hw, n_ctx=n_ctx, kv=best.plan.type_k)
+        fit = plan_mod.fit_like(spec, hw, n_ctx=n_ctx, kv=best.settings.type_k)
         rows = plan_mod.compare(spec, hw, n_ctx=n_ctx) if compare else None
         return {"plan": best, "fit": fit, "hardware": hw, "compare": rows}
 
@@ -220,6 +226,7 @@ class Pipeline:
 
         Returns ``(TuneResult, profile path)``; later ``ask`` calls pick the profile up.
         """
+        from . import profiles
         from .planner import hardware as hw_mod
         from .planner import tune as tune_mod
 
@@ -229,8 +236,9 @@ class Pipeline:
         result = tune_mod.tune(path, engine_settings=self.config.engine, hardware=hw, n_ctx=self.config.engine.n_ctx,
                                max_seconds=max_seconds, n_tokens=n_tokens, progress=progress,
                                measure_hardware=measure_hardware)
-        target = tune_mod.write_profile(
-            result, tune_mod.profile_path(self.config.home_path, models.file_identity(path), result.n_ctx))
+        target = profiles.write_profile(
+            result.profile_text(), profiles.profile_path(self.config.home_path, models.file_identity(path),
+                                                         result.n_ctx))
         if measure_hardware and result.hardware is not None:
             hw_mod.save_profile(result.hardware, self.config.home_path / "hardware.toml")
         return result, target
@@ -257,10 +265,19 @@ class Pipeline:
         return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
 
     @contextmanager
-    def store(self) -> Iterator[Store]:
-        """The collection's store, open and locked for the duration of the ``with`` block."""
-        with Store(self.config.store_path, self.config.store.collection, wait=self.config.store.wait) as s:
+    def store(self, *, create: bool = True) -> Iterator[Store]:
+        """The collection's store, open and locked for the duration of the ``with`` block.
+
+        ``create=False`` (every read) refuses to open a store that does not exist yet.
+        """
+        with Store(self.config.store_path, self.config.store.collection, wait=self.config.store.wait,
+                   create=create) as s:
             yield s
+
+    def _check_embedder(self, store: Store) -> None:
+        """Dense search with another embedder than the collection's would compare unrelated vectors."""
+        if self.config.retrieval.dense:
+            store.check_embedder(embedder=self.config.models.embedder, embedder_id=self.embedder.identity)
 
     def pull_models(self) -> dict[str, str]:
         """Provision the configured models (download, convert) and return their local paths."""
@@ -272,15 +289,25 @@ class Pipeline:
 
     # -- operations ---------------------------------------------------------------------------
 
-    def ingest(self, paths: Iterable[str | Path], *, prune: bool = False,
+    def ingest(self, paths: Iterable[str | Path], *, prune: bool = False, include: Iterable[str] = (),
+               exclude: Iterable[str] = (), follow_symlinks: bool | None = None,
                progress: Progress | None = None) -> IngestReport:
-        """Embed new and changed files under ``paths`` into the collection (see :func:`.ingest.ingest`)."""
-        scanned = scan(paths)  # a missing path fails before any model loads or the store opens
+        """Embed new and changed files under ``paths`` into the collection (see :func:`.ingest.ingest`).
+
+        ``include``/``exclude`` are shell-style globs matched against file names (or against
+        paths relative to the folder, for a glob with a ``/``); ``follow_symlinks`` (default:
+        ``ingest.follow_symlinks``) also follows links that leave the folder.
+        """
+        i = self.config.ingest
+        follow = i.follow_symlinks if follow_symlinks is None else follow_symlinks
+        # A missing path fails before any model loads or the store opens.
+        scanned = scan(paths, include=tuple(include), exclude=tuple(exclude), follow_symlinks=follow)
         with self.store() as store:
             c = self.config.chunking
             ref = None if "embedder" in self._given else self.config.models.embedder
             return ingest(scanned, store=store, embedder=self.embedder, chunk_size=c.size,
-                          chunk_overlap=c.overlap, embedder_ref=ref, prune=prune, progress=progress)
+                          chunk_overlap=c.overlap, embedder_ref=ref, prune=prune,
+                          max_bytes=int(i.max_file_mb * 2**20), progress=progress)
 
     def search(self, query: str, *, top_k: int | None = None) -> list[Hit]:
         """The best chunks for ``query`` by hybrid retrieval."""
@@ -288,8 +315,9 @@ class Pipeline:
 
         if not query.strip():
             raise InputError("the query is empty")
-        with self.store() as store:
+        with self.store(create=False) as store:
             store.require()
+            self._check_embedder(store)
             return search(query, store=store, **self._search_settings(top_k or self.config.retrieval.top_k))
 
     def _search_settings(self, k: int) -> dict[str, Any]:
@@ -339,15 +367,18 @@ class Pipeline:
                           mmr_lambda=a.mmr_lambda)
             return expand(hits, store=store, neighbours=a.neighbours)
 
-        with self.store() as store:
+        with self.store(create=False) as store:
             store.require()
             if store.catalog.totals(store.name)[0] == 0:
                 raise StoreError(f"collection '{store.name}' is empty; run `rag ingest PATH` first")
+            self._check_embedder(store)
             if doc is None:
                 prompt = packed(retrieve(store, k=top_k or a.top_k))
             else:
-                source = str(Path(doc).expanduser().resolve())
-                record = store.catalog.document(store.name, source)
+                source, record = str(doc), None
+                for source in source_names(doc):
+                    if (record := store.catalog.document(store.name, source)) is not None:
+                        break
                 if record is None:
                     raise InputError(f"{doc} is not in collection '{store.name}' (ingest it first)")
                 prompt = packed(whole_document(source, store=store))
@@ -377,7 +408,7 @@ class Pipeline:
             raise ConfigError(f"the prefix cache cannot save states: "
                               f"{cache.unavailable or f'{cache.directory} is read-only'}")
         engine = self.engine
-        with self.store() as store:
+        with self.store(create=False) as store:
             store.require()
             prompts = {}
             for source in sorted(store.documents()):
@@ -400,7 +431,7 @@ class Pipeline:
         if not (path / "catalog.sqlite").exists():
             return CollectionStatus(collection=name, store=str(path), exists=False,
                                     generator=self.config.models.generator)
-        with self.store() as store:
+        with self.store(create=False) as store:
             info = store.info
             if info is None:
                 return CollectionStatus(collection=name, store=str(path), exists=False,
@@ -420,7 +451,9 @@ class Pipeline:
 
     def drop(self) -> bool:
         """Delete the collection; False if it did not exist."""
-        with self.store() as store:
+        if not (self.config.store_path / "catalog.sqlite").exists():
+            return False
+        with self.store(create=False) as store:
             if store.info is None:
                 return False
             store.drop()

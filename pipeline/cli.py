@@ -8,28 +8,59 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
-from .errors import RagError
+from .errors import ConfigError, InputError, RagError
 
 
 class UserError(click.ClickException):
-    """A :class:`RagError` shown as ``Error: message`` with the error's exit status."""
+    """A :class:`RagError` shown as ``Error: message`` (one line) with the error's exit status."""
 
     def __init__(self, err: RagError):
-        super().__init__(str(err))
+        super().__init__(_printable(str(err)))
         self.exit_code = err.exit_code
+
+
+class QueryCommand(click.Command):
+    """A command whose text argument may start with a dash (``rag search -- --n-cpu-moe``):
+    an unknown option's error says how to pass such text."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # the parser consumes ``args``
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            token = next((a for a in given if a.startswith(exc.option_name)), exc.option_name)
+            what = next(p.human_readable_name for p in self.params if isinstance(p, click.Argument)).lower()
+            exc.message += (f" A {what} that starts with a dash goes after --: "
+                            f"{ctx.command_path} -- {shlex.quote(token)}")
+            raise
+
+
+class FiniteFloat(click.FloatRange):
+    """A number within a range that is not NaN or infinite (``float()`` accepts both, and a NaN
+    passes every range check)."""
+
+    name = "number"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
 
 
 def _pipeline(ctx: click.Context, **overrides: Any):
     from .api import Pipeline
 
     config_path = ctx.find_root().params.get("config_path")
-    return Pipeline.from_config(config_path, overrides=overrides, log=lambda m: click.echo(m, err=True))
+    return Pipeline.from_config(config_path, overrides=overrides, log=lambda m: click.echo(_printable(m), err=True))
 
 
 def handles_errors(fn: Callable) -> Callable:
@@ -78,25 +109,36 @@ def cli(config_path: Path | None) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @store_options
 @click.option("--prune", is_flag=True, help="Remove documents whose files disappeared from the given folders.")
-@click.option("--strict", is_flag=True, help="Exit with status 1 if any file could not be read.")
+@click.option("--strict", is_flag=True, help="Exit with status 1 if any file or folder could not be read.")
+@click.option("--include", "include", multiple=True, metavar="GLOB",
+              help="Only files matching GLOB (name, or path under the folder if it has a '/'); repeatable.")
+@click.option("--exclude", "exclude", multiple=True, metavar="GLOB",
+              help="Leave out files and folders matching GLOB; repeatable.")
+@click.option("--follow-symlinks", is_flag=True, default=None,
+              help="Also follow symlinks that leave the folder. [default: ingest.follow_symlinks]")
 @click.option("--warm", is_flag=True, help="Then save each document's prompt state (see `rag warm`).")
 @json_option
 @click.pass_context
 @handles_errors
-def ingest(ctx, paths, collection, store_path, prune, strict, warm, as_json):
+def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, follow_symlinks, warm,
+           as_json):
     """Load, chunk, embed and store the documents under PATHS.
 
-    PDF, Markdown, text and HTML files are indexed; other files are skipped. Unchanged
-    files are not embedded again; changed files replace their old chunks.
+    PDF, Markdown, text and HTML files are indexed (also gzip-compressed, e.g. README.md.gz),
+    and files whose name says nothing (README, NEWS) when their content is text; other files
+    are skipped. Unchanged files are not embedded again; changed files replace their old chunks.
     """
     rag = _pipeline(ctx, **_store_overrides(collection, store_path))
-    bar = _IngestBar(enabled=not as_json and sys.stderr.isatty())
+    bar = _IngestProgress(bar=sys.stderr.isatty())
     try:
-        report = rag.ingest(paths, prune=prune, progress=bar.event)
+        report = rag.ingest(paths, prune=prune, include=include, exclude=exclude,
+                            follow_symlinks=follow_symlinks, progress=bar.event)
         bar.close()
         if not as_json:
+            for f in report.notable_skips:
+                click.echo(f"skipped: {_display_path(f.path)}: {_printable(f.reason)}", err=True)
             for f in report.failed:
-                click.echo(f"failed: {f.path}: {f.reason}", err=True)
+                click.echo(f"failed: {_display_path(f.path)}: {_printable(f.reason)}", err=True)
             click.echo(report.summary())
         warmed = _warm(rag, quiet=as_json) if warm else None
     finally:
@@ -149,7 +191,7 @@ def _prefix_cache(ctx):
     """The configured prefix cache (a context manager), or a user error when it is off."""
     rag = _pipeline(ctx)
     if rag.prefix_cache is None:
-        raise click.ClickException("the prefix cache is off (cache.enabled = false)")
+        raise UserError(ConfigError("the prefix cache is off (cache.enabled = false)"))
     return rag.prefix_cache
 
 
@@ -178,7 +220,7 @@ def cache_clear(ctx, yes):
     """Delete every saved prefix state."""
     with _prefix_cache(ctx) as cache:
         if not yes:
-            click.confirm(f"Delete every saved prefix state in {cache.directory}?", abort=True)
+            click.confirm(f"Delete every saved prefix state in {_printable(str(cache.directory))}?", abort=True)
         n = cache.clear()
         _echo_notes(cache.take_notes())
     click.echo(f"deleted {n} cached prefix states")
@@ -189,25 +231,48 @@ def _echo_notes(notes: list[str]) -> None:
         click.echo(f"note: {note}", err=True)
 
 
-class _IngestBar:
-    """A progress bar on stderr driven by the library's ingest events."""
+class _IngestProgress:
+    """Ingest progress on stderr, driven by the library's events, measured in bytes and tokens.
 
-    def __init__(self, *, enabled: bool):
-        self.enabled = enabled
+    On a terminal, a bar over the bytes to embed (so one long file moves it too). Otherwise
+    (a pipe, a log, ``--json`` in a script) one line every ``every`` seconds, and nothing for a
+    run shorter than that.
+    """
+
+    every = 10.0
+
+    def __init__(self, *, bar: bool):
+        self.use_bar = bar
         self.bar = None
+        self.started = self.last = 0.0
+        self.shown = 0
 
     def event(self, ev) -> None:
-        if not self.enabled:
-            return
+        import time
+
         if ev.kind == "plan":
-            self.bar = click.progressbar(length=ev.total, label="embedding", file=sys.stderr,
-                                         show_pos=True, item_show_func=lambda s: s)
-            self.bar.__enter__()
-        elif self.bar is not None and ev.kind == "chunks":
-            self.bar.current_item = f"{Path(ev.path).name} ({ev.chunks} chunks)"
-            self.bar.render_progress()
-        elif self.bar is not None and ev.kind == "file":
-            self.bar.update(1, Path(ev.path).name)
+            self.started = self.last = time.monotonic()
+            if self.use_bar:
+                self.bar = click.progressbar(length=max(1, ev.total_bytes), label="embedding",
+                                             file=sys.stderr, show_percent=True, show_eta=True,
+                                             item_show_func=lambda s: s)
+                self.bar.__enter__()
+            return
+        detail = f"{ev.done_chunks:,} chunks, {ev.done_tokens:,} tokens"
+        if ev.kind == "chunks":
+            detail += f" | {_printable(Path(ev.path).name)} {ev.chunks:,}/{ev.file_chunks:,} chunks"
+        if self.bar is not None:
+            self.bar.current_item = detail
+            self.bar.update(ev.done_bytes - self.shown)
+            self.shown = ev.done_bytes
+        elif not self.use_bar and time.monotonic() - self.last >= self.every:
+            self.last = time.monotonic()
+            elapsed = self.last - self.started
+            share = ev.done_bytes / ev.total_bytes if ev.total_bytes else 0.0
+            rate = f", {ev.done_tokens / elapsed:,.0f} tokens/s" if elapsed > 0 else ""
+            size = (f"{ev.total_bytes / 2**20:,.1f} MB" if ev.total_bytes >= 2**20
+                    else f"{ev.total_bytes / 1024:,.0f} KB")
+            click.echo(f"embedding: {share:.0%} of {size}, {detail}{rate}", err=True)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -215,7 +280,7 @@ class _IngestBar:
             self.bar = None
 
 
-@cli.command()
+@cli.command(cls=QueryCommand)
 @click.argument("query")
 @click.option("-k", "--top-k", type=click.IntRange(min=1), help="Number of hits. [default: from config, 5]")
 @click.option("--dense/--no-dense", default=None, help="Use the vector (dense) side.")
@@ -225,7 +290,10 @@ class _IngestBar:
 @click.pass_context
 @handles_errors
 def search(ctx, query, top_k, dense, lexical, collection, store_path, as_json):
-    """Retrieve the chunks that best match QUERY (hybrid dense + BM25), without generating."""
+    """Retrieve the chunks that best match QUERY (hybrid dense + BM25), without generating.
+
+    A QUERY that starts with a dash goes after --: rag search -- --n-cpu-moe
+    """
     overrides = _store_overrides(collection, store_path)
     overrides.update({"retrieval.dense": dense, "retrieval.lexical": lexical})
     with _pipeline(ctx, **overrides) as rag:
@@ -246,20 +314,30 @@ def search(ctx, query, top_k, dense, lexical, collection, store_path, as_json):
 
 
 def _display_path(source: str) -> str:
+    """A document's path for people: relative to the working directory where it lies below it, and
+    quoted as a Python string literal when it holds characters that could forge output lines."""
     try:
-        return str(Path(source).relative_to(Path.cwd()))
+        shown = str(Path(source).relative_to(Path.cwd()))
     except ValueError:
-        return source
+        shown = source
+    return shown if shown.isprintable() else repr(shown)
+
+
+def _printable(text: str) -> str:
+    """``text`` on one line: newlines, escape sequences and other non-printing characters escaped."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
 def _indent(text: str, width: int = 600) -> str:
-    text = " ".join(text.split())
+    text = _printable(" ".join(text.split()))
     if len(text) > width:
         text = text[:width].rsplit(" ", 1)[0] + " …"
     return "    " + text
 
 
-@cli.command()
+@cli.command(cls=QueryCommand)
 @click.argument("question")
 @click.option("--doc", type=click.Path(path_type=Path), help="Answer from this ingested document as a whole.")
 @click.option("-k", "--top-k", type=click.IntRange(min=1), help="Passages to retrieve. [default: from config, 8]")
@@ -274,7 +352,8 @@ def ask(ctx, question, doc, top_k, show_stats, n_ctx, max_tokens, collection, st
     """Answer QUESTION from the collection, streaming the answer, then its sources.
 
     Retrieves passages (hybrid search plus neighbouring chunks), packs as many as fit
-    the context with the question last, and runs them through llama.cpp.
+    the context with the question last, and runs them through llama.cpp. A QUESTION
+    that starts with a dash goes after --.
     """
     overrides = _store_overrides(collection, store_path)
     overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
@@ -294,7 +373,7 @@ def ask(ctx, question, doc, top_k, show_stats, n_ctx, max_tokens, collection, st
             where = "" if not pages else (f", page {pages[0]}" if len(pages) == 1 else f", pages {pages[0]}-{pages[-1]}")
             click.echo(f"  [{src['n']}] {_display_path(src['source'])}{where}")
     for note in answer.notes or []:
-        click.echo(f"note: {note}", err=True)
+        click.echo(f"note: {_printable(note)}", err=True)
     if show_stats:
         st = answer.stats
         click.echo(
@@ -316,7 +395,7 @@ def status(ctx, collection, store_path, as_json):
     if as_json:
         _echo_json(st.to_dict())
         return
-    click.echo(f"store:       {st.store}")
+    click.echo(f"store:       {_printable(st.store)}")
     if not st.exists:
         others = f" (collections here: {', '.join(st.collections)})" if st.collections else ""
         click.echo(f"collection:  {st.collection} (does not exist yet{others})")
@@ -342,12 +421,14 @@ def drop(ctx, collection, store_path, yes):
     """Delete a collection (its vectors, chunks and lexical index)."""
     with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
         name = rag.config.store.collection
+        missing = InputError(f"collection '{name}' does not exist in {rag.config.store_path}")
+        if not rag.status().exists:
+            raise UserError(missing)
         if not yes:
             click.confirm(f"Delete the collection '{name}'?", abort=True)
-        if rag.drop():
-            click.echo(f"dropped collection '{name}'")
-        else:
-            raise click.ClickException(f"collection '{name}' does not exist")
+        if not rag.drop():
+            raise UserError(missing)
+        click.echo(f"dropped collection '{name}'")
 
 
 @cli.group()
@@ -360,18 +441,27 @@ def models():
 @click.pass_context
 @handles_errors
 def models_list(ctx, as_json):
-    """Show where each configured model is and whether it is ready."""
-    from .models import describe
+    """Show where each configured model is and whether it is ready, then every model in $RAG_HOME/models."""
+    from .models import available_builtins, describe, models_dir, present
 
     rag = _pipeline(ctx)
-    rows = {role: describe(getattr(rag.config.models, role), home=rag.config.home_path)
-            for role in ("embedder", "generator")}
+    home = rag.config.home_path
+    rows = {role: describe(getattr(rag.config.models, role), home=home) for role in ("embedder", "generator")}
+    found = [{**m, "configured": [role for role, info in rows.items() if info["path"] == m["path"]]}
+             for m in present(home)]
     if as_json:
-        _echo_json(rows)
+        _echo_json({**rows, "present": found, "available": available_builtins(home)})
         return
     for role, info in rows.items():
         state = info["path"] if info["ready"] else f"not ready: {info['reason']}"
-        click.echo(f"{role:9}  {info['ref']}\n           {state}")
+        click.echo(f"{role:9}  {info['ref']}\n           {_printable(state)}")
+    click.echo(f"\nin {_printable(str(models_dir(home)))}:" if found else f"\nno models in {models_dir(home)}")
+    width = max((len(m["ref"]) for m in found), default=0)
+    for m in found:
+        mark = f"  ({', '.join(m['configured'])})" if m["configured"] else ""
+        click.echo(f"  {'*' if mark else ' '} {_printable(m['ref']):{width}}  {m['bytes'] / 2**20:8,.1f} MiB{mark}")
+    for ref in available_builtins(home):
+        click.echo(f"    {ref}  (not provisioned: rag models pull {ref.removeprefix('builtin:')})")
 
 
 @models.command("pull")
@@ -398,8 +488,8 @@ def models_pull(ctx, refs):
 @click.option("--quant", default="Q6_K", show_default=True, help="Quantisation for --spec (Q4_K_M, Q6_K, Q8_0, f16).")
 @click.option("--gpu", "hardware", help="Hardware profile: rtx3090, rtx4090, a100-40gb, a100-80gb, h100, h200, cpu, "
               "or a profile TOML. [default: the one `rag tune --measure-hardware` saved, else cpu]")
-@click.option("--vram", "vram_gb", type=float, help="GPU memory budget in GiB (overrides the profile).")
-@click.option("--ram", "ram_gb", type=float, help="Host memory budget in GiB (overrides the profile).")
+@click.option("--vram", "vram_gb", type=FiniteFloat(min=0), help="GPU memory budget in GiB (overrides the profile).")
+@click.option("--ram", "ram_gb", type=FiniteFloat(min=0), help="Host memory budget in GiB (overrides the profile).")
 @click.option("--ctx", "n_ctx", type=click.IntRange(min=1), help="Context length. [default: engine.n_ctx]")
 @click.option("--kv", type=click.Choice(["f16", "q8_0", "q4_0", "auto"]), help="KV cache type; auto searches.")
 @click.option("-b", "--n-batch", type=click.IntRange(min=1), help="Fix n_batch instead of searching.")
@@ -442,7 +532,7 @@ def plan(ctx, model, builtin_spec, quant, hardware, vram_gb, ram_gb, n_ctx, kv, 
 
 
 @cli.command()
-@click.option("--max-seconds", type=click.FloatRange(min=0), default=120, show_default=True,
+@click.option("--max-seconds", type=FiniteFloat(min=0), default=120, show_default=True,
               help="Time budget for the measurements.")
 @click.option("--tokens", "n_tokens", type=click.IntRange(min=16), help="Prompt length measured per candidate.")
 @click.option("--measure-hardware", is_flag=True, help="Also measure this machine and save it as the hardware profile.")
@@ -523,10 +613,10 @@ def bench(names, quick, json_path, plot_path, verbose):
 @click.pass_context
 @handles_errors
 def show_config(ctx):
-    """Print the effective settings as TOML."""
+    """Print the effective settings as TOML, with the home, store and cache paths resolved."""
     from .config import to_toml
 
-    click.echo(to_toml(_pipeline(ctx).config), nl=False)
+    click.echo(to_toml(_pipeline(ctx).config.resolved()), nl=False)
 
 
 def main() -> None:

@@ -9,18 +9,27 @@ that names it, and a value of the wrong type is an error that names the key.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import os
 import tomllib
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
 from .engine.ggml import KV_TYPE_IDS
+from .store.names import check_collection_name
 
 ENV_PREFIX = "RAG_"
 # Variables with a meaning of their own, not "section_key" overrides.
 _ENV_RESERVED = {"RAG_HOME", "RAG_CONFIG", "RAG_TEST_MINILM_DIR", "RAG_LLAMA_CMAKE_ARGS"}
+_ENV_RESERVED_PREFIXES = ("RAG_TEST_",)  # the test suite's own knobs
+
+
+class ConfigWarning(UserWarning):
+    """A setting that is probably a mistake but not an error, e.g. a ``RAG_*`` variable that matches nothing."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,15 @@ class ChunkingConfig:
 
     size: int = 256
     overlap: int = 32
+
+
+@dataclass(frozen=True)
+class IngestConfig:
+    """What ``rag ingest`` reads. Files over ``max_file_mb`` (decompressed, for ``.gz``) are skipped
+    and reported; 0 = no limit. ``follow_symlinks`` also follows links that leave the folder."""
+
+    max_file_mb: float = 32.0
+    follow_symlinks: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,16 +87,30 @@ class RetrievalConfig:
     rrf_k: int = 60
 
 
+#: The ``[engine]`` keys that say what llama.cpp runs with and where the weights live: what the
+#: planner chooses and a tuned profile sets (threads, seed, RoPE and ``-ot`` patterns are left alone).
+PLANNED_KEYS = ("n_ctx", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v", "gpu_layers", "n_cpu_moe",
+                "cpu_moe", "cpu_moe_from", "mmap")
+#: KV cache types that are not quantised: llama.cpp needs flash attention for any other V cache type.
+UNQUANTISED_KV = ("f32", "f16", "bf16")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    """The generator in llama.cpp, configured for fast prefill.
+    """The generator in llama.cpp, configured for fast prefill: the one settings type of the engine.
+
+    The engine runs it, the planner estimates it (a plan is an ``EngineConfig`` plus its
+    memory and speed estimates) and ``rag tune`` measures and saves it; :meth:`validate`
+    is the one check all of them use.
 
     ``n_ctx`` above the model's trained context is clamped (with a warning) unless
-    ``rope_scaling`` is set. Expert offload has llama.cpp's meaning: ``n_cpu_moe``
-    layers' experts in CPU memory (the first or last ``cpu_moe_from``), ``cpu_moe``
-    for all of them, and ``override_tensors`` for ``-ot``-style ``regex=BUFFER`` lists.
-    With ``tuned``, the profile ``rag tune`` wrote for this model and context replaces
-    the settings left at their defaults (never ones you set).
+    ``rope_scaling`` is set; ``n_ctx = 0`` means the trained context. ``gpu_layers = -1``
+    puts every layer and the output head on the GPU (llama.cpp's ``-ngl`` above the layer
+    count). Expert offload has llama.cpp's meaning: ``n_cpu_moe`` layers' experts in CPU
+    memory (the first or last ``cpu_moe_from``), ``cpu_moe`` for all of them, and
+    ``override_tensors`` for ``-ot``-style ``regex=BUFFER`` lists. With ``tuned``, the
+    profile ``rag tune`` wrote for this model and context replaces the settings left at
+    their defaults (never ones you set).
     """
 
     n_ctx: int = 4096
@@ -99,6 +131,72 @@ class EngineConfig:
     rope_freq_scale: float = 0.0
     seed: int = 0
     tuned: bool = True
+
+    def validate(self) -> "EngineConfig":
+        """Refuse settings llama.cpp cannot run, naming the setting and the cause; return ``self``."""
+        for key in ("type_k", "type_v"):
+            if getattr(self, key) not in KV_TYPES:
+                raise ConfigError(f"engine.{key} must be one of {', '.join(KV_TYPES)}, got {getattr(self, key)!r}")
+        if self.type_v not in UNQUANTISED_KV and not self.flash_attn:
+            raise ConfigError(f"engine.type_v = {self.type_v!r} is a quantised V cache, which llama.cpp runs only "
+                              "with flash attention: set engine.flash_attn = true, or engine.type_v = \"f16\"")
+        if self.n_ctx < 0 or self.n_batch < 1 or self.n_ubatch < 1:
+            raise ConfigError("engine.n_ctx must be >= 0 (0 = trained context), n_batch and n_ubatch >= 1")
+        if self.n_ubatch > self.n_batch:
+            raise ConfigError(f"engine.n_ubatch ({self.n_ubatch}) cannot exceed engine.n_batch ({self.n_batch})")
+        if self.cpu_moe_from not in ("first", "last"):
+            raise ConfigError(f"engine.cpu_moe_from must be 'first' or 'last', got {self.cpu_moe_from!r}")
+        if self.rope_scaling not in ("", "none", "linear", "yarn"):
+            raise ConfigError(f"engine.rope_scaling must be '', 'linear' or 'yarn', got {self.rope_scaling!r}")
+        if self.n_cpu_moe < 0 or self.threads < 0 or self.threads_batch < 0:
+            raise ConfigError("engine.n_cpu_moe, engine.threads and engine.threads_batch must be >= 0")
+        return self
+
+    # -- what the settings mean for a model of ``n_layers`` layers (llama.cpp's placement rules) --
+
+    def gpu_layer_set(self, n_layers: int) -> set[int]:
+        """Layers llama.cpp puts on the GPU for ``-ngl gpu_layers``: the last ones."""
+        k = n_layers + 1 if self.gpu_layers < 0 else self.gpu_layers
+        return set(range(max(n_layers - k, 0), n_layers))
+
+    def output_on_gpu(self, n_layers: int) -> bool:
+        """Whether the output head is on the GPU (``-ngl`` above the layer count)."""
+        return self.gpu_layers < 0 or self.gpu_layers > n_layers
+
+    def cpu_expert_layers(self, n_layers: int) -> list[int]:
+        """Layers whose routed experts stay in host memory (``cpu_moe``: all of them)."""
+        n = n_layers if self.cpu_moe else min(self.n_cpu_moe, n_layers)
+        return list(range(n)) if self.cpu_moe_from == "first" else list(range(n_layers - n, n_layers))
+
+    @property
+    def uses_mmap(self) -> bool:
+        """Whether the engine maps the file: tensors overridden to the CPU load without mmap, so that a
+        GPU build can pin them for fast copies."""
+        return self.mmap and not (self.cpu_moe or self.n_cpu_moe or self.override_tensors.strip())
+
+    def as_run(self, n_layers: int, *, gpu: bool) -> "EngineConfig":
+        """These settings as the engine runs them on a model of ``n_layers`` layers: batches clamped
+        to the context, expert offload in one form (``cpu_moe`` for every layer), mmap as loaded,
+        no GPU layers without ``gpu``. Raises :class:`ConfigError` for settings that cannot run.
+
+        ``n_ctx`` must be resolved (not 0) by the caller.
+        """
+        n_batch = min(self.n_batch, self.n_ctx)
+        k = n_layers if self.cpu_moe else min(self.n_cpu_moe, n_layers)
+        out = dataclasses.replace(
+            self, n_batch=n_batch, n_ubatch=min(self.n_ubatch, n_batch), mmap=self.uses_mmap,
+            gpu_layers=self.gpu_layers if gpu else 0, cpu_moe=bool(k) and k == n_layers,
+            n_cpu_moe=k if k < n_layers else 0)
+        return out.validate()
+
+    def with_planned(self, planned: "EngineConfig") -> "EngineConfig":
+        """These settings with the planned keys (:data:`PLANNED_KEYS`) of ``planned``: threads, seed,
+        RoPE and ``-ot`` patterns kept."""
+        return dataclasses.replace(self, **{k: getattr(planned, k) for k in PLANNED_KEYS})
+
+    def planned_toml(self) -> str:
+        """An ``[engine]`` section with the planned keys, for a config file or a tuned profile."""
+        return "\n".join(["[engine]", *(f"{k} = {toml_value(getattr(self, k))}" for k in PLANNED_KEYS)]) + "\n"
 
 
 @dataclass(frozen=True)
@@ -137,6 +235,7 @@ class Config:
 
     home: str = ""
     models: ModelsConfig = field(default_factory=ModelsConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
     chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -162,7 +261,18 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def resolved(self) -> "Config":
+        """These settings with ``home``, ``store.path`` and ``cache.path`` as the paths that will be used."""
+        return dataclasses.replace(
+            self, home=str(self.home_path.absolute()),
+            store=dataclasses.replace(self.store, path=str(self.store_path.absolute())),
+            cache=dataclasses.replace(self.cache, path=str(self.cache_path.absolute())))
+
     def validate(self) -> "Config":
+        _check_values(self)
+        if not 0 <= self.ingest.max_file_mb < float("inf"):  # also refuses nan
+            raise ConfigError(f"ingest.max_file_mb must be a number >= 0 (0 = no limit), got "
+                              f"{self.ingest.max_file_mb}")
         c = self.chunking
         if c.size < 16:
             raise ConfigError(f"chunking.size must be at least 16 tokens, got {c.size}")
@@ -177,22 +287,10 @@ class Config:
             raise ConfigError("retrieval.dense and retrieval.lexical cannot both be off")
         if r.candidates < r.top_k:
             raise ConfigError(f"retrieval.candidates ({r.candidates}) must be >= retrieval.top_k ({r.top_k})")
+        check_collection_name(self.store.collection)
         if self.store.wait < 0:
             raise ConfigError("store.wait must be >= 0 seconds")
-        e = self.engine
-        for key in ("type_k", "type_v"):
-            if getattr(e, key) not in KV_TYPES:
-                raise ConfigError(f"engine.{key} must be one of {', '.join(KV_TYPES)}, got {getattr(e, key)!r}")
-        if e.n_ctx < 0 or e.n_batch < 1 or e.n_ubatch < 1:
-            raise ConfigError("engine.n_ctx must be >= 0 (0 = trained context), n_batch and n_ubatch >= 1")
-        if e.n_ubatch > e.n_batch:
-            raise ConfigError(f"engine.n_ubatch ({e.n_ubatch}) cannot exceed engine.n_batch ({e.n_batch})")
-        if e.cpu_moe_from not in ("first", "last"):
-            raise ConfigError(f"engine.cpu_moe_from must be 'first' or 'last', got {e.cpu_moe_from!r}")
-        if e.rope_scaling not in ("", "none", "linear", "yarn"):
-            raise ConfigError(f"engine.rope_scaling must be '', 'linear' or 'yarn', got {e.rope_scaling!r}")
-        if e.n_cpu_moe < 0 or e.threads < 0 or e.threads_batch < 0:
-            raise ConfigError("engine.n_cpu_moe, engine.threads and engine.threads_batch must be >= 0")
+        self.engine.validate()
         a = self.ask
         if a.top_k < 1 or a.neighbours < 0 or a.max_tokens < 1:
             raise ConfigError("ask.top_k and ask.max_tokens must be >= 1, ask.neighbours >= 0")
@@ -204,6 +302,29 @@ class Config:
 
 
 KV_TYPES = tuple(KV_TYPE_IDS)
+
+
+def _check_values(config: Config) -> None:
+    """Checks that hold for every setting of a type: floats are finite, integers fit the 32 bits
+    llama.cpp's parameters have, strings hold no NUL.
+
+    A NaN passes every range check (each comparison is false) and an infinity passes the
+    lower bounds; either breaks the arithmetic later (``int(nan)``, a sampler at ``inf``).
+    """
+    settings = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            settings += [(f"{f.name}.{g.name}", getattr(value, g.name)) for g in dataclasses.fields(value)]
+        else:
+            settings.append((f.name, value))
+    for key, v in settings:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{key} must be a finite number, got {v!r}")
+        if isinstance(v, int) and not -2**31 <= v < 2**31:
+            raise ConfigError(f"{key} is out of range: {v} (at most {2**31 - 1:,})")
+        if isinstance(v, str) and "\0" in v:
+            raise ConfigError(f"{key} contains a NUL character")
 
 
 def resolve_home(home: str = "") -> Path:
@@ -324,12 +445,23 @@ def read_toml(path: Path) -> dict[str, Any]:
     return _flatten(data, str(path))
 
 
-def env_settings(environ: Mapping[str, str]) -> dict[str, str]:
-    """``RAG_SECTION_KEY=value`` variables as dotted keys; an unknown key in a known section is an error."""
+def env_names() -> dict[str, str]:
+    """Every ``RAG_SECTION_KEY`` variable that sets something, mapped to its dotted setting."""
+    return {f"{ENV_PREFIX}{section}_{f.name}".upper(): f"{section}.{f.name}"
+            for section, typ in _sections().items() for f in dataclasses.fields(_resolve(typ))}
+
+
+def env_settings(environ: Mapping[str, str], *, warn: Callable[[str], None] | None = None) -> dict[str, str]:
+    """``RAG_SECTION_KEY=value`` variables as dotted keys.
+
+    An unknown key in a known section is an error; a ``RAG_*`` variable that names no
+    section is reported to ``warn`` (it may belong to another program), with the likely
+    setting when one is close.
+    """
     out: dict[str, str] = {}
     sections = _sections()
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name in _ENV_RESERVED:
+        if not name.startswith(ENV_PREFIX) or name in _ENV_RESERVED or name.startswith(_ENV_RESERVED_PREFIXES):
             continue
         rest = name[len(ENV_PREFIX):].lower()
         for section in sections:
@@ -340,7 +472,23 @@ def env_settings(environ: Mapping[str, str]) -> dict[str, str]:
                     raise ConfigError(f"unknown setting '{section}.{key}' in environment variable {name}")
                 out[f"{section}.{key}"] = value
                 break
+        else:
+            if warn is not None:
+                warn(_unknown_env_message(name))
     return out
+
+
+def _unknown_env_message(name: str) -> str:
+    names = env_names()
+    close = difflib.get_close_matches(name.upper(), [*names, *sorted(_ENV_RESERVED)], n=1, cutoff=0.75)
+    hint = ""
+    if close:
+        hint = f" (did you mean {close[0]}" + (f", setting {names[close[0]]}" if close[0] in names else "") + "?)"
+    return f"environment variable {name} matches no setting and is ignored{hint}"
+
+
+def _warn(message: str) -> None:
+    warnings.warn(message, ConfigWarning, stacklevel=4)
 
 
 def load_config(
@@ -348,18 +496,20 @@ def load_config(
     *,
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> Config:
     """Build the settings: defaults, then ``path`` (or ``$RAG_CONFIG``), then the environment, then ``overrides``.
 
     ``overrides`` uses dotted keys (``{"store.collection": "papers"}``); ``None`` values are ignored,
-    so CLI options that were not given can be passed straight through.
+    so CLI options that were not given can be passed straight through. Warnings (a ``RAG_*``
+    variable that matches no setting) go to ``warn``, by default as a :class:`ConfigWarning`.
     """
     environ = os.environ if environ is None else environ
     config = Config()
     path = path or environ.get("RAG_CONFIG") or None
     if path:
         config = _apply(config, read_toml(Path(path)), origin=str(path), from_text=False)
-    config = _apply(config, env_settings(environ), origin="the environment", from_text=True)
+    config = _apply(config, env_settings(environ, warn=warn or _warn), origin="the environment", from_text=True)
     if overrides:
         config = _apply(config, dict(overrides), origin="the options", from_text=False)
     return config.validate()
@@ -389,7 +539,7 @@ def toml_value(value: Any) -> str:
 
 
 __all__ = [
-    "Config", "ModelsConfig", "ChunkingConfig", "EmbedConfig", "StoreConfig", "RetrievalConfig",
-    "EngineConfig", "AskConfig", "CacheConfig",
-    "load_config", "read_toml", "env_settings", "resolve_home", "to_toml",
+    "Config", "ModelsConfig", "IngestConfig", "ChunkingConfig", "EmbedConfig", "StoreConfig", "RetrievalConfig",
+    "EngineConfig", "AskConfig", "CacheConfig", "ConfigWarning", "PLANNED_KEYS",
+    "load_config", "read_toml", "env_settings", "env_names", "resolve_home", "to_toml",
 ]

