@@ -122,6 +122,8 @@ def configurations(spec, n_ctx: int, budget_gib: float):
 
 
 def measure(args: argparse.Namespace, log) -> dict:
+    import numpy as np
+
     from pipeline.dev.synthetic import write_timing_moe_model
 
     contexts = sorted(int(c) for c in args.contexts.split(","))
@@ -168,10 +170,12 @@ def measure(args: argparse.Namespace, log) -> dict:
             for ctx in contexts:
                 if time.perf_counter() > deadline:
                     break
-                tokens = [rng.randrange(300, spec.n_vocab) for _ in range(ctx - 8)]
-                llm.reset()
+                tokens = np.array([rng.randrange(300, spec.n_vocab) for _ in range(ctx - 8)], dtype=np.int32)
+                llm.clear()
                 t = time.perf_counter()
-                llm.eval(tokens)
+                for lo in range(0, len(tokens), llm.n_batch):
+                    llm.decode(tokens[lo:lo + llm.n_batch], lo)
+                llm.synchronize()
                 sec = time.perf_counter() - t
                 est = evaluate(spec, p, hw, n_tokens=len(tokens), label=label)
                 row = dict(config=label, n_ctx=p.n_ctx, prompt_tokens=len(tokens), seconds=sec,

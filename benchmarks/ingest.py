@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     raw_off = bare_llama(model_path, ctx=RAW_CTX, flash_attn=False, threads=threads)
     packed = bare_llama(model_path, ctx=PACKED_CTX, flash_attn=True, threads=threads)
     seqs = [raw_on.tokenize(t.encode("utf-8"), add_bos=True, special=False) for t in texts]
-    same_seqs = all(s == embedder._sequence(t) for s, t in zip(seqs, texts))
+    same_seqs = all(s == embedder.sequence(t) for s, t in zip(seqs, texts))
     full_tokens = sum(len(s) for s in seqs)
 
     # warm every engine once (first decode allocates compute buffers)
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(Chunk.tokens, no [CLS]/[SEP]) in every row.")
     print(f"warm: model loaded before timing (pipeline load {model_load_s:.2f} s, excluded); chromadb "
           f"imported before timing ({chroma_import_s:.2f} s, excluded); each ingest into a fresh temp store.")
-    print(f"sanity: token sequences identical to Embedder._sequence: {same_seqs}; min cosine raw vs "
+    print(f"sanity: token sequences identical to Embedder.sequence: {same_seqs}; min cosine raw vs "
           f"pipeline vectors (first {len(check)} chunks): {agreement:.6f}; ingest tokens == chunked tokens: {tokens_match} "
           f"({ingest_tokens[0]:,} tokens, {ingest_chunks[0]} chunks)")
     print()

@@ -23,7 +23,7 @@ What it does, in one process:
 
 Every engine and bare context is loaded and warmed before the clock starts; repeats are
 interleaved (rotating order) so machine noise hits every row alike; figures are medians.
-Threads = usable cores (``pipeline.engine.embed.usable_cpus()``), the same for both sides.
+Threads = usable cores (``pipeline.engine.host.usable_cpus()``), the same for both sides.
 This is a benchmark, not a test: it always exits 0 (the PASS/FAIL line is informational).
 """
 
@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:
 import llama_cpp  # noqa: E402
 
 from pipeline.config import EngineConfig  # noqa: E402
-from pipeline.engine.embed import usable_cpus  # noqa: E402
+from pipeline.engine.host import usable_cpus  # noqa: E402
 from pipeline.engine.generator import Engine  # noqa: E402
 from pipeline.dev.synthetic import write_moe_model  # noqa: E402
 
@@ -128,13 +128,13 @@ class EngineRun:
 
     def __post_init__(self) -> None:
         inner = self.engine.prefill  # the bound method, looked up before the instance attribute is set
-        ctx = self.engine.llm._ctx.ctx
+        model = self.engine.llm
         walls = self.prefill_walls
 
         def prefill(tokens, *, start: int = 0):
             t0 = time.perf_counter()
             inner(tokens, start=start)
-            llama_cpp.llama_synchronize(ctx)
+            model.synchronize()
             walls.append(time.perf_counter() - t0)
 
         self.engine.prefill = prefill  # type: ignore[method-assign]  (_run calls self.prefill)
@@ -153,7 +153,7 @@ class EngineRun:
         gen.read()
         total = time.perf_counter() - t0
         if settle:
-            llama_cpp.llama_synchronize(self.engine.llm._ctx.ctx)
+            self.engine.llm.synchronize()
         s = gen.stats
         if s.cached_tokens or s.prefill_tokens != len(tokens):
             raise RuntimeError(f"{self.setting.key}: expected a full prefill, got {s.to_dict()}")
@@ -282,7 +282,7 @@ def python_overhead(run: EngineRun, tokens: list[int]) -> float:
     """Seconds ``Engine.prefill`` spends outside ``llama_decode``: the same call with decode stubbed out."""
     llm = run.engine.llm
     run.engine._reset()
-    llm._ctx.decode = lambda batch: None  # instance attribute shadows LlamaContext.decode
+    llm._decode = lambda: None  # instance attribute shadows Model._decode, the llama_decode call
     try:
         times = []
         for _ in range(3):
@@ -291,7 +291,7 @@ def python_overhead(run: EngineRun, tokens: list[int]) -> float:
             Engine.prefill(run.engine, tokens)
             times.append(time.perf_counter() - t0)
     finally:
-        del llm._ctx.decode
+        del llm._decode
         run.engine._reset()
     return min(times)
 
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
            "verdict with that in mind" if noise > OVERHEAD_TARGET else ""))
     print(f"Engine.prefill outside llama_decode (decode stubbed out): {py_overhead * 1000:.1f} ms for "
           f"{n_tokens:,} tokens ({py_overhead / n_tokens * 1e6:.2f} us/token, {py_overhead / bare_ref:.2%} of the fastest bare "
-          "prefill): the Python per-token batch fill (LlamaBatch.set_batch) and slicing.")
+          "prefill): filling the batch through NumPy views, and slicing.")
     print(f"engine stats check: after a call whose last decode was left unsynchronised and {stale['idle']:.1f} s "
           f"idle, a {stale['tokens']}-token prefill took {stale['prefill_wall']:.3f} s (wall) but "
           f"stats.prefill_seconds said {stale['stats_prefill_seconds']:.3f} s"

@@ -61,7 +61,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: question {u['id']}: {u['reason']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"ingest": ingests, "reports": [r.to_dict(details=False) for r in reports]}, indent=2))
+        from pipeline.dev.bench import document, row
+
+        rows = []
+        for r in reports:
+            chunks = "contextual" if r.label.startswith("contextual") else "plain"
+            for s in r.settings:
+                d = s.summary()
+                rows += [row(f"{chunks} {d['setting']} recall@5", d["recall@5"], "", chunks=chunks,
+                             setting=d["setting"]),
+                         row(f"{chunks} {d['setting']} MRR", d["mrr"], "", chunks=chunks, setting=d["setting"])]
+        for label, i in ingests.items():
+            rows.append(row(f"ingest tokens/s, {label}", i["tokens_per_second"], "tokens/s"))
+        args.json.write_text(json.dumps(document(rows, ingest=ingests,
+                                                 reports=[r.to_dict(details=False) for r in reports]), indent=2))
         print(f"\nfigures written to {args.json}")
     return 0
 

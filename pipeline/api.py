@@ -23,7 +23,7 @@ from .store.store import Store
 if TYPE_CHECKING:
     from .context import Prompt
     from .evaluate import EvalReport, Question
-    from .engine.generator import EngineStats, Generation
+    from .engine.stages import EngineStats, Generation, TextEmbedder, TextGenerator
 
 
 @dataclass(frozen=True)
@@ -105,22 +105,38 @@ class AnswerStream:
 
 
 class Pipeline:
-    """Ingest, search and (later) ask over one collection, with settings from :mod:`.config`."""
+    """Ingest, search and ask over one collection, with settings from :mod:`.config`.
 
-    def __init__(self, config: Config, *, log: Callable[[str], None] | None = None):
+    The embedder and the generator are the configured llama.cpp models, loaded on first
+    use, unless ``embedder`` or ``generator`` is given: any object that fulfils
+    :class:`~pipeline.engine.stages.TextEmbedder` / :class:`~pipeline.engine.stages.TextGenerator`
+    (the tests' fakes, a remote backend). The pipeline closes only what it made.
+    """
+
+    def __init__(self, config: Config, *, log: Callable[[str], None] | None = None,
+                 embedder: "TextEmbedder | None" = None, generator: "TextGenerator | None" = None):
         self.config = config.validate()
         self._log = log
+        self._given: set[str] = set()
+        if embedder is not None:
+            self.__dict__["embedder"] = embedder  # fills the cached property
+            self._given.add("embedder")
+        if generator is not None:
+            self.__dict__["engine"] = generator
+            self._given.add("engine")
 
     @classmethod
     def from_config(cls, path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
-                    environ: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None
+                    environ: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None,
+                    embedder: "TextEmbedder | None" = None, generator: "TextGenerator | None" = None
                     ) -> "Pipeline":
         """Settings from a TOML file (or the embedded defaults), the environment and ``overrides``.
 
         Configuration warnings go to ``log`` when one is given, else to :mod:`warnings`.
         """
         warn = (lambda m: log(f"warning: {m}")) if log else None
-        return cls(load_config(path, environ=environ, overrides=overrides, warn=warn), log=log)
+        return cls(load_config(path, environ=environ, overrides=overrides, warn=warn), log=log, embedder=embedder,
+                   generator=generator)
 
     # -- resources ----------------------------------------------------------------------------
 
@@ -157,9 +173,9 @@ class Pipeline:
         settings = self.config.engine
         if not settings.tuned:
             return settings
-        from .engine.generator import ModelInfo
+        from .engine.model_info import ModelInfo
 
-        n_ctx = settings.n_ctx or ModelInfo.read(model_path).n_ctx_train
+        n_ctx = ModelInfo.read(model_path).context_length(settings.n_ctx, settings.rope_scaling)
         settings, changes, note = tuned_engine(settings, self.config.home_path, model_path, n_ctx)
         if self._log and (changes or note):
             self._log("warning: " + note if note else
@@ -217,19 +233,18 @@ class Pipeline:
         Returns ``(TuneResult, profile path)``; later ``ask`` calls pick the profile up.
         """
         from . import profiles
-        from .engine.generator import ModelInfo
         from .planner import hardware as hw_mod
         from .planner import tune as tune_mod
 
         path = models.resolve(self.config.models.generator, home=self.config.home_path, what="generator",
                               log=self._log)
         hw = self.hardware()
-        n_ctx = self.config.engine.n_ctx or ModelInfo.read(path).n_ctx_train
-        result = tune_mod.tune(path, engine_settings=self.config.engine, hardware=hw, n_ctx=n_ctx,
+        result = tune_mod.tune(path, engine_settings=self.config.engine, hardware=hw, n_ctx=self.config.engine.n_ctx,
                                max_seconds=max_seconds, n_tokens=n_tokens, progress=progress,
                                measure_hardware=measure_hardware)
         target = profiles.write_profile(
-            result.profile_text(), profiles.profile_path(self.config.home_path, models.file_identity(path), n_ctx))
+            result.profile_text(), profiles.profile_path(self.config.home_path, models.file_identity(path),
+                                                         result.n_ctx))
         if measure_hardware and result.hardware is not None:
             hw_mod.save_profile(result.hardware, self.config.home_path / "hardware.toml")
         return result, target
@@ -295,10 +310,10 @@ class Pipeline:
         scanned = scan(paths, include=tuple(include), exclude=tuple(exclude), follow_symlinks=follow)
         with self.store() as store:
             c = self.config.chunking
+            ref = None if "embedder" in self._given else self.config.models.embedder
             return ingest(scanned, store=store, embedder=self.embedder, chunk_size=c.size,
-                          chunk_overlap=c.overlap, embedder_ref=self.config.models.embedder,
-                          prune=prune, max_bytes=int(i.max_file_mb * 2**20), contextual=c.contextual,
-                          progress=progress)
+                          chunk_overlap=c.overlap, embedder_ref=ref, prune=prune,
+                          max_bytes=int(i.max_file_mb * 2**20), contextual=c.contextual, progress=progress)
 
     def search(self, query: str, *, top_k: int | None = None,
                timings: dict[str, float] | None = None) -> list[Hit]:
@@ -376,6 +391,14 @@ class Pipeline:
             store.require()
             return template(store, per_document=per_document)
 
+    def _pack(self, passages, question: str) -> "Prompt":
+        """``passages`` and ``question`` as a prompt for the generator (:func:`.context.pack`)."""
+        from .context import pack
+
+        engine, a = self.engine, self.config.ask
+        return pack(passages, question, chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
+                    n_ctx=engine.n_ctx, reserve=a.max_tokens, system=a.system_prompt)
+
     def ask(self, question: str, *, doc: str | Path | None = None, top_k: int | None = None) -> Answer:
         """Answer ``question`` from retrieved passages (or from one whole document with ``doc``)."""
         return self.ask_stream(question, doc=doc, top_k=top_k).result()
@@ -396,7 +419,6 @@ class Pipeline:
 
     def _prompt(self, question: str, *, doc, top_k: int | None,
                 timings: dict[str, float] | None = None) -> "tuple[Prompt, list[str]]":
-        from .context import pack
         from .errors import InputError, StoreError
         from .retrieve import expand, whole_document
 
@@ -405,8 +427,7 @@ class Pipeline:
         notes: list[str] = []
 
         def packed(passages):
-            return pack(passages, question, chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
-                        n_ctx=engine.n_ctx, reserve=a.max_tokens, system=a.system_prompt)
+            return self._pack(passages, question)
 
         def retrieve(store, *, k, source=None):
             hits = self._search(store, question, top_k=k, source=source, use_mmr=a.mmr, timings=timings)
@@ -443,21 +464,21 @@ class Pipeline:
         Returns ``{source: outcome}`` with outcome "saved", "cached" (already there) or
         "too long" (does not fit the context; questions about it use retrieved passages).
         """
-        from .context import pack
+        from .errors import ConfigError
         from .retrieve import whole_document
 
-        if self.prefix_cache is None:
-            from .errors import ConfigError
-
+        cache = self.prefix_cache
+        if cache is None:
             raise ConfigError("the prefix cache is off (cache.enabled = false): nothing to warm")
-        engine, a = self.engine, self.config.ask
+        if cache.unavailable or cache.read_only:
+            raise ConfigError(f"the prefix cache cannot save states: "
+                              f"{cache.unavailable or f'{cache.directory} is read-only'}")
+        engine = self.engine
         with self.store(create=False) as store:
             store.require()
             prompts = {}
             for source in sorted(store.documents()):
-                prompts[source] = pack(whole_document(source, store=store), "", chat=engine.chat,
-                                       tokenize=engine.tokenize, bos=engine.bos, n_ctx=engine.n_ctx,
-                                       reserve=a.max_tokens, system=a.system_prompt)
+                prompts[source] = self._pack(whole_document(source, store=store), "")
         outcomes = {}
         for source, prompt in prompts.items():
             if prompt.dropped or prompt.truncated:
@@ -507,8 +528,9 @@ class Pipeline:
     def close(self) -> None:
         for name in ("embedder", "engine", "prefix_cache"):
             resource = self.__dict__.pop(name, None)
-            if resource is not None:
+            if resource is not None and name not in self._given:
                 resource.close()
+        self._given.clear()
 
     def __enter__(self) -> "Pipeline":
         return self

@@ -203,6 +203,7 @@ def cache_stats(ctx, as_json):
     """Show entries, size, hits and bytes per token of the prefix cache."""
     with _prefix_cache(ctx) as cache:
         st = cache.stats()
+        _echo_notes(cache.take_notes())
     if as_json:
         _echo_json(st)
         return
@@ -221,7 +222,13 @@ def cache_clear(ctx, yes):
         if not yes:
             click.confirm(f"Delete every saved prefix state in {_printable(str(cache.directory))}?", abort=True)
         n = cache.clear()
+        _echo_notes(cache.take_notes())
     click.echo(f"deleted {n} cached prefix states")
+
+
+def _echo_notes(notes: list[str]) -> None:
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
 
 
 class _IngestProgress:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
+from .engine.ggml import KV_TYPE_IDS
 from .store.names import check_collection_name
-from .planner.spec import KV_TYPE_IDS
 
 ENV_PREFIX = "RAG_"
 # Variables with a meaning of their own, not "section_key" overrides.

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from .store.catalog import StoredChunk
-from .engine.embed import Embedder
+from .engine.stages import TextEmbedder
 from .store.store import Store
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def mmr(query_vector, candidates: list, vectors: dict, *, k: int, lam: float) ->
     return chosen
 
 
-def search(query: str, *, store: Store, embedder: Embedder | None, top_k: int, dense: bool = True,
+def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: int, dense: bool = True,
            lexical: bool = True, candidates: int = 40, rrf_k: int = 60, source: str | None = None,
            use_mmr: bool = False, mmr_lambda: float = 0.7, rerank: "Reranker | None" = None,
            timings: dict[str, float] | None = None) -> list[Hit]:

@@ -1,7 +1,17 @@
-"""Shared fixtures: every store lives in ``tmp_path``; models come from the real model home.
+"""Shared fixtures: every test runs in an isolated environment, stores and caches live in ``tmp_path``.
 
-The default models are provisioned by ``./setup.sh`` (``rag models pull``); a test
-run without them fails loudly rather than skipping.
+* Every ``RAG_*`` variable is cleared for each test (:func:`_isolated_environment`), and
+  ``RAG_HOME`` points at an empty home in ``tmp_path`` whose ``models`` folder is the
+  real model home's: tests see the provisioned models and nothing else of the user's
+  home (store, prefix cache, tuned profiles, hardware profile).
+* The real model home is ``RAG_HOME`` as the test run started with it (default
+  ``~/.cache/rag``); ``./setup.sh`` (``rag models pull``) provisions the default models
+  there. A test that needs them (:func:`model_home`) fails with that advice when they
+  are missing, and is ``slow`` (marked so at collection): ``pytest -m "not slow"`` runs the rest,
+  which use the deterministic fakes of ``tests/fakes.py`` (:func:`fake_pipeline`) or
+  tiny generated models.
+* Every llama.cpp model a test loads must be closed by the end of the test (the
+  ``make_pipeline`` and ``fake_pipeline`` factories close theirs).
 """
 
 from __future__ import annotations
@@ -17,33 +27,83 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pdfs import make_pdf  # noqa: E402
 
+#: The environment the run started with: where the real models are.
+_REAL_HOME = os.environ.get("RAG_HOME") or ""
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that uses the real models (through :func:`model_home`) is ``slow``, marked or not:
+    the fast subset (``-m "not slow"``) never needs a provisioned model."""
+    for item in items:
+        if "model_home" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+
+
+def _real_home() -> Path:
+    from pipeline.config import resolve_home
+
+    return resolve_home(_REAL_HOME)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_environment(tmp_path_factory, monkeypatch):
+    """No RAG_* setting of the caller's leaks in; RAG_HOME is a fresh home that shares only the models."""
+    for name in list(os.environ):
+        if name.startswith("RAG_"):
+            monkeypatch.delenv(name)
+    home = tmp_path_factory.mktemp("rag-home")
+    real_models = _real_home() / "models"
+    if real_models.is_dir():
+        (home / "models").symlink_to(real_models, target_is_directory=True)
+    monkeypatch.setenv("RAG_HOME", str(home))
+    yield home
+
+
+@pytest.fixture(autouse=True)
+def _models_closed():
+    """Fail a test that leaves a llama.cpp model open (every engine and embedder must be closed)."""
+    def open_models() -> list:
+        boundary = sys.modules.get("pipeline.engine._llama")  # not imported: nothing was loaded
+        return boundary.open_models() if boundary else []
+
+    before = set(map(id, open_models()))
+    yield
+    left = [m for m in open_models() if id(m) not in before]
+    if left:
+        for m in left:
+            m.close()
+        pytest.fail(f"{len(left)} llama.cpp model(s) left open by the test: close every Engine/Embedder it makes")
+
 
 @pytest.fixture(scope="session")
 def model_home() -> Path:
-    """The real model home, with the default models already provisioned."""
-    from pipeline.config import resolve_home
+    """The real model home, with the default models already provisioned (the tests using it are slow)."""
     from pipeline.models import resolve
 
-    home = resolve_home()
+    home = _real_home()
     for ref in ("builtin:all-MiniLM-L6-v2", "builtin:SmolLM2-135M-Instruct"):
         try:
             resolve(ref, home=home, fetch=False)
         except Exception as exc:  # noqa: BLE001 - turn any failure into setup advice
-            pytest.fail(f"default model {ref} is not provisioned ({exc}); run ./setup.sh first")
+            pytest.fail(f"default model {ref} is not provisioned in {home} ({exc}); run ./setup.sh first "
+                        f"(it provisions the models in RAG_HOME), or `pytest -m 'not slow'` for the tests "
+                        "that need no model")
     return home
 
 
 @pytest.fixture
-def store_dir(tmp_path, monkeypatch, model_home) -> Path:
+def tmp_store(tmp_path, monkeypatch) -> Path:
     """A fresh store (and prefix cache) directory, exported so CLI runs and subprocesses use it."""
     path = tmp_path / "store"
-    for name in list(os.environ):
-        if name.startswith("RAG_"):
-            monkeypatch.delenv(name)
     monkeypatch.setenv("RAG_STORE_PATH", str(path))
     monkeypatch.setenv("RAG_CACHE_PATH", str(tmp_path / "cache"))
-    monkeypatch.setenv("RAG_HOME", str(model_home))
     return path
+
+
+@pytest.fixture
+def store_dir(tmp_store, model_home) -> Path:
+    """:func:`tmp_store`, for a test that runs the real default models."""
+    return tmp_store
 
 
 @pytest.fixture
@@ -55,6 +115,32 @@ def make_pipeline(store_dir):
 
     def factory(**overrides):
         p = Pipeline.from_config(overrides={k.replace("__", "."): v for k, v in overrides.items()})
+        made.append(p)
+        return p
+
+    yield factory
+    for p in made:
+        p.close()
+
+
+@pytest.fixture
+def fake_pipeline(tmp_store):
+    """Build a Pipeline on a temporary store with the fakes of ``tests/fakes.py``: no model loads.
+
+    ``factory(embedder=..., generator=..., **overrides)``; by default a fresh
+    :class:`fakes.HashEmbedder` and an :class:`fakes.EchoGenerator` sharing one set of
+    saved prefixes with every other pipeline of the test (as processes share a cache).
+    """
+    from fakes import EchoGenerator, HashEmbedder
+    from pipeline import Pipeline
+
+    saved: set = set()
+    made = []
+
+    def factory(*, embedder=None, generator=None, **overrides):
+        p = Pipeline.from_config(overrides={k.replace("__", "."): v for k, v in overrides.items()},
+                                 embedder=embedder or HashEmbedder(),
+                                 generator=generator or EchoGenerator(saved=saved))
         made.append(p)
         return p
 

@@ -10,6 +10,8 @@ from click.testing import CliRunner
 from pipeline.cli import cli
 from pipeline.errors import InputError, ModelError, StoreError
 
+pytestmark = pytest.mark.slow  # the real default models (see conftest.py)
+
 FAST = {"engine__n_ctx": 1024, "ask__max_tokens": 12, "ask__top_k": 3}
 
 

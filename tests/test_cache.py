@@ -8,17 +8,17 @@ import sqlite3
 import time
 from pathlib import Path
 
-import llama_cpp
 import pytest
 
-from pipeline.engine.cache import (BLOCK, INDEX_NAME, SHORT_BLOCK_HASH, PrefixCache, block_hash, chain_hashes,
-                            full_hash, namespace, token_bytes)
 from pipeline.config import EngineConfig
+from pipeline.dev.synthetic import write_moe_model
+from pipeline.engine.cache import PrefixCache
+from pipeline.engine.cache_index import INDEX_NAME
+from pipeline.engine.cache_keys import BLOCK, SHORT_BLOCK_HASH, block_hash, chain_hashes, full_hash, namespace, \
+    token_bytes
 from pipeline.engine.generator import Engine
 from pipeline.models import file_identity
-from pipeline.dev.synthetic import write_moe_model
 
-SMOL = Path.home() / ".cache/rag/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 SETTINGS = EngineConfig(n_ctx=1024, threads=2)
 QUESTION = "Question: which colour is the lighthouse on the northern island, and who painted it? Answer:"
 
@@ -26,6 +26,13 @@ QUESTION = "Question: which colour is the lighthouse on the northern island, and
 @pytest.fixture(scope="module")
 def moe_path(tmp_path_factory) -> Path:
     return write_moe_model(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf")
+
+
+@pytest.fixture(scope="module")
+def smol_path(model_home) -> Path:
+    from pipeline.models import resolve
+
+    return resolve("builtin:SmolLM2-135M-Instruct", home=model_home, fetch=False)
 
 
 def ns_of(path: Path) -> str:
@@ -52,23 +59,19 @@ def answer(eng: Engine, tokens: list[int], n: int = 10):
     return eng._tokens[len(tokens):], gen.stats
 
 
-def ctx_of(eng: Engine):
-    return eng.llm._ctx.ctx
-
-
 def seq_end(eng: Engine) -> int:
-    return llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(ctx_of(eng)), 0)
+    return eng.llm.seq_end()
 
 
 def trim(eng: Engine, n: int) -> None:
-    assert llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx_of(eng)), 0, n, -1)
+    assert eng.llm.trim(n)
     del eng._tokens[n:]
 
 
 def restored(eng: Engine, cache: PrefixCache, ns: str, tokens: list[int]) -> int:
     """Look up and load the longest saved prefix of ``tokens`` into ``eng``; the tokens it covers."""
     entry = cache.lookup(ns, tokens)
-    if entry is None or not cache.load(entry, ctx_of(eng)):
+    if entry is None or not cache.load(entry, eng.llm):
         eng._reset()
         return 0
     eng._tokens = list(tokens[:entry.n_tokens])
@@ -78,9 +81,9 @@ def restored(eng: Engine, cache: PrefixCache, ns: str, tokens: list[int]) -> int
 # --------------------------------------------------------------------------- exact answers
 
 
-@pytest.mark.parametrize("model", ["smollm2", "moe"])
-def test_restored_prefix_gives_the_same_answer(model, moe_path, tmp_path):
-    path = SMOL if model == "smollm2" else moe_path
+@pytest.mark.parametrize("model", [pytest.param("smollm2", marks=pytest.mark.slow), "moe"])
+def test_restored_prefix_gives_the_same_answer(model, moe_path, request, tmp_path):
+    path = request.getfixturevalue("smol_path") if model == "smollm2" else moe_path
     ns = ns_of(path)
     cache = PrefixCache(tmp_path / "cache", max_bytes=2**30)
     saver = Engine(path, SETTINGS)
@@ -90,12 +93,12 @@ def test_restored_prefix_gives_the_same_answer(model, moe_path, tmp_path):
 
     saver.prefill(prefix)
     t0 = time.perf_counter()
-    entry = cache.save(ns, prefix, ctx_of(saver))
+    entry = cache.save(ns, prefix, saver.llm)
     save_seconds = time.perf_counter() - t0
     assert entry is not None and entry.n_tokens == len(prefix), cache.last_error
     assert (tmp_path / "cache" / entry.file).stat().st_size == entry.bytes
     # the same prefix again: no second file, the entry is returned
-    assert cache.save(ns, prefix, ctx_of(saver)).id == entry.id and cache.stats()["entries"] == 1
+    assert cache.save(ns, prefix, saver.llm).id == entry.id and cache.stats()["entries"] == 1
 
     saver._reset()  # the reference: no cache at all
     expected, st = answer(saver, prompt)
@@ -130,7 +133,7 @@ def test_state_saved_after_trimming_an_answer(saved, moe_path):
     assert answer(eng, tokens)[0] == expected
     # A sequence that does not end where the prefix ends is refused, not saved wrongly.
     longer = tokens[:entry.n_tokens + 3]
-    assert cache.save(ns, longer[:-1], ctx_of(eng)) is None and cache.last_error
+    assert cache.save(ns, longer[:-1], eng.llm) is None and cache.last_error
     eng.close()
 
 
@@ -146,7 +149,7 @@ def saved(moe_path, tmp_path):
     prefix, suffix = prompt_parts(eng, 3)
     expected, _ = answer(eng, prefix + suffix)
     trim(eng, len(prefix))
-    entry = cache.save(ns, prefix, ctx_of(eng))
+    entry = cache.save(ns, prefix, eng.llm)
     assert entry is not None
     eng.close()
     return cache, ns, entry, prefix + suffix, expected
@@ -171,7 +174,7 @@ def test_damaged_state_is_detected_deleted_and_the_answer_still_right(saved, moe
     eng = Engine(moe_path, SETTINGS)
     found = cache.lookup(ns, prompt)
     assert found is not None and found.id == entry.id
-    assert cache.load(found, ctx_of(eng)) is False
+    assert cache.load(found, eng.llm) is False
     assert why in cache.last_error
     assert not path.exists() and cache.stats()["entries"] == 0 and cache.stats()["failures"] == 1
     assert seq_end(eng) == -1  # the sequence is empty
@@ -187,7 +190,7 @@ def test_state_holding_other_tokens_is_rejected_after_restore(saved, moe_path):
     eng = Engine(moe_path, SETTINGS)
     other = eng.tokenize(passage(4)[::-1])[:200]
     eng.prefill(other)
-    intruder = cache.save(ns, other, ctx_of(eng))
+    intruder = cache.save(ns, other, eng.llm)
     eng._reset()
     src = cache.directory / intruder.file
     with sqlite3.connect(cache.directory / INDEX_NAME) as db:  # point the entry at the intruder's file
@@ -195,7 +198,7 @@ def test_state_holding_other_tokens_is_rejected_after_restore(saved, moe_path):
                    (intruder.bytes, intruder.digest, entry.id))
     os.replace(src, cache.directory / entry.file)
     found = cache.lookup(ns, prompt)
-    assert cache.load(found, ctx_of(eng)) is False and "tokens" in cache.last_error
+    assert cache.load(found, eng.llm) is False and "tokens" in cache.last_error
     assert seq_end(eng) == -1
     assert answer(eng, prompt)[0] == expected
     eng.close()
@@ -205,7 +208,7 @@ def test_missing_file_is_a_miss(saved, moe_path):
     cache, ns, entry, prompt, _ = saved
     (cache.directory / entry.file).unlink()
     eng = Engine(moe_path, SETTINGS)
-    assert cache.load(cache.lookup(ns, prompt), ctx_of(eng)) is False
+    assert cache.load(cache.lookup(ns, prompt), eng.llm) is False
     assert cache.stats()["entries"] == 0
     eng.close()
 
@@ -219,20 +222,20 @@ def test_lru_eviction_respects_max_bytes(moe_path, tmp_path):
     lists = [eng.tokenize(f"List {i}. " + passage(4))[:200] for i in range(4)]
     assert len({tuple(t) for t in lists}) == 4
     eng.prefill(lists[0])
-    size = llama_cpp.llama_state_seq_get_size(ctx_of(eng), 0) + 12 + 4 * 200
+    size = eng.llm.state_size() + 12 + 4 * 200
     cache = PrefixCache(tmp_path / "cache", max_bytes=int(size * 2.5))
 
     def put(tokens):
         eng._reset()
         eng.prefill(tokens)
-        e = cache.save(ns, tokens, ctx_of(eng))
+        e = cache.save(ns, tokens, eng.llm)
         assert e is not None, cache.last_error
         return e
 
     a = put(lists[0])
     b = put(lists[1])
     eng._reset()
-    assert cache.load(cache.lookup(ns, lists[0] + [1]), ctx_of(eng))  # a is now used after b
+    assert cache.load(cache.lookup(ns, lists[0] + [1]), eng.llm)  # a is now used after b
     c = put(lists[2])
     files = {e.file for e in cache.entries()}
     assert files == {a.file, c.file}
@@ -247,7 +250,7 @@ def test_lru_eviction_respects_max_bytes(moe_path, tmp_path):
     eng._reset()
     eng.prefill(lists[3] + eng.tokenize(passage(12)))
     big = eng._tokens[:]
-    assert cache.save(ns, big, ctx_of(eng)) is None and "larger" in cache.last_error
+    assert cache.save(ns, big, eng.llm) is None and "larger" in cache.last_error
     assert {e.file for e in cache.entries()} == {a.file, c.file}
 
     assert cache.forget("another-namespace") == 0

@@ -43,6 +43,7 @@ def test_help_does_not_load_heavy_modules():
     assert out.stdout.strip() == ""
 
 
+@pytest.mark.slow
 def test_ingest_search_status_round_trip(store_dir, corpus):
     result = run("ingest", str(corpus))
     assert result.exit_code == 0, result.output
@@ -64,6 +65,7 @@ def test_ingest_search_status_round_trip(store_dir, corpus):
     assert "documents:   4" in human and "all-MiniLM-L6-v2" in human
 
 
+@pytest.mark.slow
 def test_ingest_json_report(store_dir, corpus):
     data = json.loads(run("ingest", str(corpus), "--json").output)
     assert data["counts"] == {"new": 4, "changed": 0, "unchanged": 0, "skipped": 1, "failed": 0,
@@ -72,6 +74,7 @@ def test_ingest_json_report(store_dir, corpus):
     assert {f["status"] for f in data["files"]} == {"new", "skipped"}
 
 
+@pytest.mark.slow
 def test_missing_path_exits_nonzero_with_a_message(store_dir, corpus):
     result = run("ingest", str(corpus / "nope"))
     assert result.exit_code == 2
@@ -79,6 +82,7 @@ def test_missing_path_exits_nonzero_with_a_message(store_dir, corpus):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_unreadable_file_is_reported_but_exit_is_zero_unless_strict(store_dir, corpus):
     from pdfs import make_corrupt_pdf
 
@@ -91,19 +95,19 @@ def test_unreadable_file_is_reported_but_exit_is_zero_unless_strict(store_dir, c
     assert run("ingest", str(corpus), "--strict").exit_code == 1
 
 
-def test_search_before_ingest_is_a_clear_error(store_dir):
+def test_search_before_ingest_is_a_clear_error(tmp_store):
     result = run("search", "anything")
     assert result.exit_code == 4
     assert "collection 'default' does not exist" in result.output and "rag ingest" in result.output
 
 
-def test_status_of_an_empty_store(store_dir):
+def test_status_of_an_empty_store(tmp_store):
     result = run("status")
     assert result.exit_code == 0 and "does not exist yet" in result.output
-    assert not store_dir.exists()  # status never creates anything
+    assert not tmp_store.exists()  # status never creates anything
 
 
-def test_bad_config_key_names_the_key(store_dir, tmp_path, monkeypatch):
+def test_bad_config_key_names_the_key(tmp_store, tmp_path, monkeypatch):
     cfg = tmp_path / "bad.toml"
     cfg.write_text("[retrieval]\ntop_kk = 3\n")
     result = run("--config", str(cfg), "status")
@@ -113,11 +117,12 @@ def test_bad_config_key_names_the_key(store_dir, tmp_path, monkeypatch):
     assert result.exit_code == 2 and "RAG_STORE_COLECTION" in result.output
 
 
-def test_invalid_collection_name(store_dir, corpus):
+def test_invalid_collection_name(tmp_store, corpus):
     result = run("ingest", str(corpus), "--collection", "a b")
     assert result.exit_code == 2 and "invalid collection name" in result.output
 
 
+@pytest.mark.slow
 def test_drop(store_dir, corpus):
     run("ingest", str(corpus / "notes.txt"))
     assert run("drop").exit_code == 1  # confirmation refused (no input)
@@ -127,19 +132,20 @@ def test_drop(store_dir, corpus):
     assert run("drop", "--yes").exit_code == 2  # bad input: no such collection
 
 
+@pytest.mark.slow
 def test_models_list(store_dir):
     data = json.loads(run("models", "list", "--json").output)
     assert data["embedder"]["ready"] and data["embedder"]["path"].endswith(".gguf")
     assert data["generator"]["ready"]
 
 
-def test_config_prints_effective_settings(store_dir, monkeypatch):
+def test_config_prints_effective_settings(tmp_store, monkeypatch):
     monkeypatch.setenv("RAG_RETRIEVAL_TOP_K", "9")
     out = run("config").output
-    assert "top_k = 9" in out and f'path = "{store_dir}"' in out
+    assert "top_k = 9" in out and f'path = "{tmp_store}"' in out
 
 
-def test_python_dash_m_works(store_dir):
+def test_python_dash_m_works(tmp_store):
     import subprocess
     import sys
 

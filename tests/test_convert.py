@@ -18,6 +18,8 @@ import pytest
 from pipeline.engine.convert import KEY_SOURCE_SHA256, convert_bert, read_safetensors, source_sha256
 from pipeline.errors import ModelError
 
+pytestmark = pytest.mark.slow  # the real default models (see conftest.py)
+
 MODEL_NAME = "all-MiniLM-L6-v2"
 
 SENTENCES = [
@@ -30,20 +32,12 @@ SENTENCES = [
 ]
 
 
-def _model_dir() -> Path:
-    """Where the test finds the sentence-transformers folder (env overrides first)."""
-    if explicit := os.environ.get("RAG_TEST_MINILM_DIR"):
-        return Path(explicit).expanduser()
-    home = Path(os.environ.get("RAG_HOME") or "~/.cache/rag").expanduser()
-    return home / "models" / MODEL_NAME
-
-
 @pytest.fixture(scope="module")
-def model_dir() -> Path:
-    folder = _model_dir()
+def model_dir(model_home: Path) -> Path:
+    """The sentence-transformers folder ``rag models pull`` unpacked in the model home."""
+    folder = model_home / "models" / MODEL_NAME
     if not (folder / "model.safetensors").is_file():
-        pytest.fail(f"The test model {folder} is absent: run ./setup.sh to provision it "
-                    "(or point RAG_TEST_MINILM_DIR at a copy).")
+        pytest.fail(f"The test model {folder} is absent: run ./setup.sh (or `rag models pull`) to provision it.")
     return folder
 
 
@@ -54,14 +48,16 @@ def gguf_path(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 @pytest.fixture(scope="module")
 def llm(gguf_path: Path):
-    import llama_cpp
+    from pipeline.engine._llama import load
 
-    model = llama_cpp.Llama(
-        model_path=str(gguf_path), embedding=True, n_ctx=512, n_batch=512, n_ubatch=512,
-        pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN, n_threads=os.cpu_count() or 1, verbose=False,
-    )
+    model = load(gguf_path, embedding=True, pooling="mean", n_ctx=512, n_batch=512, n_ubatch=512,
+                 threads=os.cpu_count() or 1)
     yield model
     model.close()
+
+
+def embed(llm, text: str) -> np.ndarray:
+    return llm.embed_sequences([llm.tokenize(text, add_bos=True)])[0]
 
 
 @pytest.fixture(scope="module")
@@ -153,16 +149,16 @@ def test_gguf_metadata_and_dtypes(gguf_path: Path, model_dir: Path) -> None:
 
 
 def test_tokenizer_matches_bert(llm) -> None:
-    ids = llm.tokenize("Hello world, unbelievable!".encode(), add_bos=True, special=False)
+    ids = llm.tokenize("Hello world, unbelievable!", add_bos=True, special=False)
     assert ids == [101, 7592, 2088, 1010, 23653, 999, 102]
 
 
 def test_embeddings_match_numpy_reference(llm, reference) -> None:
-    batch = [llm.tokenize(s.encode(), add_bos=True, special=False) for s in SENTENCES]
+    batch = [llm.tokenize(s, add_bos=True, special=False) for s in SENTENCES]
     expected = reference(batch)  # padded together: exercises the mask-aware pooling
     cosines = []
     for text, ref in zip(SENTENCES, expected):
-        got = llm.embed(text)
+        got = embed(llm, text)
         assert len(got) == 384
         cosines.append(_cos(got, ref))
     print("cosine(llama.cpp, numpy) per sentence:", [f"{c:.6f}" for c in cosines])
@@ -170,7 +166,7 @@ def test_embeddings_match_numpy_reference(llm, reference) -> None:
 
 
 def test_paraphrase_closer_than_unrelated(llm) -> None:
-    a, b, c = (llm.embed(t) for t in (
+    a, b, c = (embed(llm, t) for t in (
         "A man is playing a guitar.",
         "Someone strums a guitar.",
         "The central bank raised interest rates again.",

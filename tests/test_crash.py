@@ -13,6 +13,8 @@ import pytest
 
 from pipeline.errors import StoreBusyError
 
+pytestmark = pytest.mark.slow  # the real default models (see conftest.py)
+
 
 N_DOCS = 8
 

@@ -61,6 +61,7 @@ def test_stats_come_from_llama_cpp_timings(moe_path):
     eng.close()
 
 
+@pytest.mark.slow
 def test_prefix_reuse_in_process_is_lossless(model_home):
     from pipeline.models import resolve
 
@@ -87,7 +88,7 @@ def test_context_above_training_is_clamped_with_a_note(moe_path):
 
 
 def test_a_context_that_cannot_fit_names_the_setting(moe_path, monkeypatch):
-    monkeypatch.setattr(engine_mod, "mem_available", lambda: 4 * 2**20)
+    monkeypatch.setattr(engine_mod, "detect_ram", lambda available=False: 4 * 2**20)
     eng = Engine(moe_path, settings(n_ctx=65536, type_k="f32", type_v="f32"))
     with pytest.raises(EngineError, match="lower engine.n_ctx.*q8_0"):
         eng.llm
@@ -98,8 +99,20 @@ def test_kv_estimate_matches_the_model(moe_path):
     assert (info.n_layers, info.n_ctx_train, info.n_experts, info.n_head_kv) == (4, 65536, 8, 2)
     # 4 layers x 2 KV heads x 16 dims x (K + V) x 2 bytes per f16 element
     assert info.kv_bytes(1000, "f16", "f16") == 1000 * 4 * 2 * 16 * 2 * 2
-    # q8_0 stores blocks of 32 values in 34 bytes: a 16-dim head still takes a whole block
-    assert info.kv_bytes(1000, "q8_0", "q8_0") == 1000 * 4 * 2 * (34 + 34)
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_kv_estimate_is_what_llama_cpp_allocates(tmp_path, kv):
+    """The memory check's KV size against llama.cpp's own (a dry run: nothing allocated)."""
+    from pipeline.engine._llama import load
+
+    path = write_moe_model(tmp_path / "m.gguf", n_layers=4, head_dim=32)  # q8_0 needs heads of 32k values
+    with LlamaLog(chain=False) as log:
+        load(path, n_ctx=4096, flash_attn=True, type_k=kv, type_v=kv, threads=1,
+             model_params={"no_alloc": True}).close()
+    (line,) = log.grep(r"llama_kv_cache: size")
+    mib = float(line.split("=")[1].split("MiB")[0])
+    assert Engine(path, settings()).info.kv_bytes(4096, kv, kv) == pytest.approx(mib * 2**20, abs=0.01 * 2**20)
 
 
 def test_prompt_longer_than_context_is_refused(moe_path):

@@ -9,6 +9,8 @@ import pytest
 
 from pipeline.errors import ConfigError, InputError, StoreError
 
+pytestmark = pytest.mark.slow  # the real default models (see conftest.py)
+
 
 def statuses(report):
     return {os.path.basename(f.path): f.status for f in report.files}

@@ -92,31 +92,35 @@ def test_first_match_wins() -> None:
 
 # --------------------------------------------------------------------------- llama.cpp
 
-try:
-    import llama_cpp
-except ImportError:  # the pure tests above still run
-    llama_cpp = None
-else:
-    from pipeline.engine._llama import LOG_DEBUG, LlamaLog, TensorOverrides, load_llama
-    from pipeline.errors import EngineError
-    from pipeline.dev.synthetic import tensor_names, write_moe_model
+import llama_cpp  # noqa: E402  (the test reads llama.cpp's own log callback below)
+
+from pipeline.dev.synthetic import tensor_names, write_moe_model  # noqa: E402
+from pipeline.engine._llama import LOG_DEBUG, LlamaLog, TensorOverrides, load  # noqa: E402
+from pipeline.errors import EngineError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def moe_model(tmp_path_factory: pytest.TempPathFactory):
-    if llama_cpp is None:
-        pytest.skip("llama_cpp is not installed")
     path = write_moe_model(tmp_path_factory.mktemp("moe") / "moe.gguf", n_layers=N_LAYERS, n_experts=8)
     return path, tensor_names(path)
 
 
-def _greedy_tokens(llm, prompt: bytes, n: int) -> list[int]:
-    tokens = llm.tokenize(prompt)
-    out = []
-    for tok in llm.generate(tokens, temp=0.0):
-        out.append(tok)
-        if len(out) == n:
-            break
+def _greedy_tokens(model, prompt: str, n: int) -> list[int]:
+    """``n`` greedy tokens after ``prompt``, through the boundary's own decode and sampler."""
+    import numpy as np
+
+    model.clear()
+    tokens = model.tokenize(prompt, add_bos=True)
+    model.decode(np.asarray(tokens, dtype=np.int32), 0)
+    sampler = model.sampler(temperature=0.0, repeat_penalty=1.0, seed=0)
+    out: list[int] = []
+    try:
+        while len(out) < n:
+            token = sampler.sample()
+            out.append(token)
+            model.decode_token(token, len(tokens) + len(out) - 1)
+    finally:
+        sampler.close()
     return out
 
 
@@ -136,53 +140,44 @@ def test_llama_cpp_overrides_exactly_the_planned_tensors(moe_model, setting, cap
     overrides = SETTINGS[setting]
     expected = planned_tensors(names, overrides)
     with LlamaLog() as log:
-        llm = load_llama(path, overrides=overrides, n_ctx=256, n_threads=2, n_threads_batch=2, verbose=False)
+        model = load(path, overrides=overrides, n_ctx=256, threads=2, threads_batch=2)
     try:
         assert log.overridden() == expected
         assert log.grep(r"load_tensors|model buffer size"), "the capture saw no loader output"
         if expected:
             levels = {r.level for r in log.records if "buffer type overridden" in r.text}
             assert levels == {LOG_DEBUG}
-        tokens = _greedy_tokens(llm, b"The quick brown fox", 4)
-        assert len(tokens) == 4 and all(0 <= t < llm.n_vocab() for t in tokens)
+        tokens = _greedy_tokens(model, "The quick brown fox", 4)
+        assert len(tokens) == 4 and all(0 <= t < model.n_vocab for t in tokens)
     finally:
-        llm.close()
-    assert capfd.readouterr().err == ""  # verbose=False: the capture chained to a quiet logger
+        model.close()
+    assert capfd.readouterr().err == ""  # the capture chained to llama-cpp-python's quiet logger
 
 
-def test_generation_and_chat_template(moe_model) -> None:
+def test_overridden_experts_give_the_same_tokens(moe_model) -> None:
     path, _ = moe_model
-    llm = load_llama(path, overrides=cpu_moe(), n_ctx=256, n_threads=2, verbose=False)
-    try:
-        out = llm.create_chat_completion(
-            [{"role": "user", "content": "hello"}], max_tokens=3, temperature=0.0
-        )
-        assert out["usage"]["prompt_tokens"] > 5
-        # same weights, same greedy tokens with or without the experts overridden
-        plain = load_llama(path, n_ctx=256, n_threads=2, verbose=False)
-        try:
-            assert _greedy_tokens(llm, b"hello there", 4) == _greedy_tokens(plain, b"hello there", 4)
-        finally:
-            plain.close()
+    model = load(path, overrides=cpu_moe(), n_ctx=256, threads=2)
+    plain = load(path, n_ctx=256, threads=2)
+    try:  # same weights, same greedy tokens with or without the experts overridden
+        assert _greedy_tokens(model, "hello there", 4) == _greedy_tokens(plain, "hello there", 4)
     finally:
-        llm.close()
+        plain.close()
+        model.close()
 
 
 def test_trained_context_and_dry_run_at_full_context(moe_model) -> None:
     path, _ = moe_model
     with LlamaLog() as log:
-        llm = load_llama(
-            path, model_params={"no_alloc": True, "use_extra_bufts": False},
-            n_ctx=65536, n_threads=2, flash_attn=True, verbose=False,
-        )
+        model = load(path, model_params={"no_alloc": True, "use_extra_bufts": False}, n_ctx=65536, threads=2,
+                     flash_attn=True)
     try:
-        assert llama_cpp.llama_model_n_ctx_train(llm.model) == 65536
-        assert llm.n_ctx() == 65536
+        assert model.n_ctx_train == 65536
+        assert model.n_ctx == 65536
         kv = log.grep(r"llama_kv_cache: size = .*65536 cells")
         assert kv, log.text[-3000:]
         assert log.grep(r"compute buffer size = ")
     finally:
-        llm.close()
+        model.close()
 
 
 def test_unknown_buffer_and_param_are_engine_errors(moe_model) -> None:
@@ -190,7 +185,9 @@ def test_unknown_buffer_and_param_are_engine_errors(moe_model) -> None:
     with pytest.raises(EngineError, match="NOPE0"):
         TensorOverrides([Override("exps", "NOPE0")])
     with pytest.raises(EngineError, match="not_a_field"):
-        load_llama(path, model_params={"not_a_field": 1}, verbose=False)
+        load(path, model_params={"not_a_field": 1})
+    with pytest.raises(EngineError, match="q3_0"):
+        load(path, type_k="q3_0")
 
 
 def _current_log_callback() -> int | None:
@@ -205,8 +202,7 @@ def test_log_capture_nests_and_restores_previous_callback(moe_model) -> None:
     before = _current_log_callback()
     with LlamaLog() as outer:
         with LlamaLog() as inner:
-            llm = load_llama(path, n_ctx=64, verbose=False)
-            llm.close()
+            load(path, n_ctx=64).close()
         assert _current_log_callback() != before
     assert _current_log_callback() == before
     assert inner.grep("model buffer size") and outer.grep("model buffer size")  # inner chains to outer
@@ -215,13 +211,13 @@ def test_log_capture_nests_and_restores_previous_callback(moe_model) -> None:
 def test_f16_model_with_padded_vocab_generates(tmp_path) -> None:
     path = write_moe_model(tmp_path / "moe16.gguf", dtype="f16", vocab=1000, seed=1)
     with LlamaLog() as log:
-        llm = load_llama(path, overrides=n_cpu_moe(1, N_LAYERS), n_ctx=128, n_threads=2, verbose=False)
+        model = load(path, overrides=n_cpu_moe(1, N_LAYERS), n_ctx=128, threads=2)
     try:
-        assert llm.n_vocab() == 1000
+        assert model.n_vocab == 1000
         assert set(log.overridden()) == _experts(0)
-        assert len(_greedy_tokens(llm, b"hi", 3)) == 3
+        assert len(_greedy_tokens(model, "hi", 3)) == 3
     finally:
-        llm.close()
+        model.close()
 
 
 def test_overrides_use_llamas_own_ggml_copy() -> None:

@@ -14,7 +14,8 @@ import pytest
 
 from pipeline.engine._gguf import ArrayInfo
 from pipeline.errors import ConfigError
-from pipeline.planner.hardware import PROFILES, GiB, HardwareProfile, detect_ram, get_profile, load_profile, save_profile
+from pipeline.engine.host import detect_ram
+from pipeline.planner.hardware import PROFILES, GiB, HardwareProfile, get_profile, load_profile, save_profile
 from pipeline.planner.memory import compute_buffer_bytes, dry_run, kv_bytes, memory, parse_dry_run
 from pipeline.engine.offload import planned_tensors
 from pipeline.planner.plan import baseline_plan, comparison_table, fit_like, plan, planner_base, recipe_plan

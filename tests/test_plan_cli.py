@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import cli
@@ -13,7 +14,7 @@ def run(*args):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
-def test_plan_for_the_recipe_model_beats_llama_cpp_fit(store_dir):
+def test_plan_for_the_recipe_model_beats_llama_cpp_fit(tmp_store):
     out = run("plan", "--spec", "qwen3.6-35b-a3b", "--gpu", "rtx3090", "--ctx", "65536")
     assert out.exit_code == 0, out.output
     assert "fits" in out.output and "--n-cpu-moe" in out.output and "[engine]" in out.output
@@ -30,7 +31,7 @@ def test_plan_for_the_recipe_model_beats_llama_cpp_fit(store_dir):
     assert speeds[3] > speeds[1] > speeds[0] and speeds[3] >= speeds[2]  # plan beats recipe and fit
 
 
-def test_plan_reads_a_gguf_and_bad_inputs_are_clear(store_dir, tmp_path):
+def test_plan_reads_a_gguf_and_bad_inputs_are_clear(tmp_store, tmp_path):
     from pipeline.dev.synthetic import write_moe_model
 
     model = write_moe_model(tmp_path / "m.gguf")
@@ -42,6 +43,7 @@ def test_plan_reads_a_gguf_and_bad_inputs_are_clear(store_dir, tmp_path):
     assert missing.exit_code == 3 and "not found" in missing.output
 
 
+@pytest.mark.slow
 def test_tune_writes_a_profile_that_ask_picks_up(store_dir, tmp_path, monkeypatch, model_home):
     home = tmp_path / "home"
     home.mkdir()

@@ -23,6 +23,7 @@ def cached(make_pipeline, corpus, tmp_path):
     return factory
 
 
+@pytest.mark.slow
 def test_second_question_on_a_document_restores_the_prefix_and_answers_the_same(cached, corpus):
     doc = corpus / "guide.md"
     first = cached().ask("What does --n-cpu-moe do?", doc=doc)
@@ -37,6 +38,7 @@ def test_second_question_on_a_document_restores_the_prefix_and_answers_the_same(
     assert other.stats.cache == "disk" and other.stats.cached_tokens == second.stats.cached_tokens
 
 
+@pytest.mark.slow
 def test_warm_makes_the_first_question_fast(cached, corpus):
     rag = cached()
     outcomes = rag.warm()
@@ -46,6 +48,7 @@ def test_warm_makes_the_first_question_fast(cached, corpus):
     assert answer.stats.cache == "disk" and answer.stats.cached_tokens > 0
 
 
+@pytest.mark.slow
 def test_a_changed_document_never_uses_old_states(cached, make_pipeline, corpus):
     doc = corpus / "notes.txt"
     cached().ask("Which client runs Chroma as a server?", doc=doc)
@@ -55,6 +58,7 @@ def test_a_changed_document_never_uses_old_states(cached, make_pipeline, corpus)
     assert answer.stats.cache == "miss" and answer.stats.cached_tokens == 0
 
 
+@pytest.mark.slow
 def test_damaged_state_file_is_ignored_deleted_and_the_answer_still_right(cached, corpus, tmp_path):
     doc = corpus / "guide.md"
     good = cached().ask("What reduces memory traffic?", doc=doc)
@@ -69,6 +73,7 @@ def test_damaged_state_file_is_ignored_deleted_and_the_answer_still_right(cached
     assert not states[0].exists()
 
 
+@pytest.mark.slow
 def test_cli_warm_stats_and_clear(store_dir, corpus, tmp_path, monkeypatch):
     monkeypatch.setenv("RAG_CACHE_PATH", str(tmp_path / "cache"))
     monkeypatch.setenv("RAG_CACHE_MIN_TOKENS", "16")
@@ -83,6 +88,7 @@ def test_cli_warm_stats_and_clear(store_dir, corpus, tmp_path, monkeypatch):
     assert json.loads(runner.invoke(cli, ["cache", "stats", "--json"]).output)["entries"] == 0
 
 
+@pytest.mark.slow
 def test_sliding_window_model_restores_exactly(model_home, tmp_path):
     """Gemma 3 has interleaved sliding-window layers (window 512): a prefix longer than the window,
     restored from disk or kept in memory, gives the same greedy answer as a plain run."""

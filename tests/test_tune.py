@@ -193,11 +193,12 @@ def test_fit_cpu_curve_recovers_a_known_curve(model) -> None:
 
 
 def test_measured_hardware_profile(tmp_path, monkeypatch) -> None:
+    from pipeline.engine.host import detect_ram
     from pipeline.planner import hardware
 
     monkeypatch.setattr(hardware, "measure_cpu_flops", lambda **kw: 123e9)
     hw = hardware.measure_hardware(get_profile("cpu"))
-    assert hw.cpu_flops == 123e9 and hw.ram == hardware.detect_ram() and hw.ram > 1 * GiB
+    assert hw.cpu_flops == 123e9 and hw.ram == detect_ram() and hw.ram > 1 * GiB
     assert load_profile(save_profile(hw, tmp_path / "hw.toml")) == hw
     real = hardware.measure_cpu_flops(seconds=0.05, n=128)
     assert 1e6 < real < 1e14

@@ -1,21 +1,31 @@
-"""Private ctypes glue for what llama-cpp-python 0.3.36 does not expose.
+"""The boundary to llama.cpp: the only module that imports ``llama_cpp``.
 
-Three things:
+llama-cpp-python is layered as raw ctypes bindings (``llama_cpp.llama_cpp``), private
+internals (``llama_cpp._internals``) and a public ``Llama`` class. This module is our
+private layer over all three; the generator (:mod:`.generator`), the embedder
+(:mod:`.embed`), the prefix cache's state files (:mod:`.cache`) and the planner's
+measurements use only what it exposes:
 
-* :class:`TensorOverrides`: the C array of ``llama_model_tensor_buft_override``
-  (pattern, buffer type) that llama.cpp's loader reads, built from
-  :class:`pipeline.engine.offload.Override` values;
-* :func:`load_llama`: build a ``llama_cpp.Llama`` whose model loads with those
-  overrides and with model params the ``Llama`` constructor has no argument for
+* :func:`load` builds a :class:`Model`: one model with one context and one batch,
+  from typed settings (KV types and RoPE scaling by name), with tensor buffer-type
+  overrides and model params the ``Llama`` constructor has no argument for
   (``use_extra_bufts``, ``no_alloc``, ``no_host``...);
+* :class:`Model`: tokenize, decode a prompt slice / one token / whole sequences
+  for embeddings, sample, sequence memory (clear, trim, end position), sequence
+  state files (size, save, load), llama.cpp's timing counters;
+* :class:`TensorOverrides`: the C array of ``llama_model_tensor_buft_override``
+  (pattern, buffer type) the loader reads, from :class:`pipeline.engine.offload.Override`;
 * :class:`LlamaLog`: capture llama.cpp's log (every level, debug included) while
-  keeping whatever logging was in place before.
+  keeping whatever logging was in place before;
+* :func:`supports_gpu_offload`, :func:`binding_version`.
 
-Besides the engine, this is the only module that touches llama_cpp internals.
-How params reach the loader: ``Llama.__init__`` fills a ``llama_model_params``
+No other module touches llama-cpp-python's private attributes (``_ctx``, ``_model``,
+``_batch``); the test suite checks it.
+
+How model params reach the loader: ``Llama.__init__`` fills a ``llama_model_params``
 and ``llama_cpp._internals.LlamaModel`` passes it, by value, to
 ``llama_cpp.llama_cpp.llama_model_load_from_file`` (looked up on the module at
-call time). :func:`load_llama` wraps that one function, once per process, with a
+call time). :func:`load` wraps that one function, once per process, with a
 pass-through that edits the params only for a load requested by this thread, so
 it sees exactly what reaches the loader, after ``Llama`` has set its own fields.
 """
@@ -26,6 +36,7 @@ import ctypes
 import os
 import re
 import threading
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -169,31 +180,80 @@ def _install_load_hook() -> None:
         _llama_cpp_c.llama_model_load_from_file = llama_model_load_from_file
 
 
-def load_llama(
+class ModelLoadError(EngineError):
+    """llama.cpp could not load the model or create its context; ``reason`` is llama-cpp-python's message."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str):
+        super().__init__(f"llama.cpp could not load {path}: {reason}")
+        self.reason = reason
+
+
+_ROPE_SCALING = {"linear": llama_cpp.LLAMA_ROPE_SCALING_TYPE_LINEAR, "yarn": llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN}
+_POOLING = {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN, "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS,
+            "last": llama_cpp.LLAMA_POOLING_TYPE_LAST, "none": llama_cpp.LLAMA_POOLING_TYPE_NONE}
+
+
+def load(
     model_path: str | os.PathLike[str],
     *,
+    n_ctx: int = 512,
+    n_batch: int = 512,
+    n_ubatch: int = 512,
+    threads: int = 0,
+    threads_batch: int = 0,
+    flash_attn: bool = False,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    gpu_layers: int = 0,
+    mmap: bool = True,
+    seed: int = 0,
+    rope_scaling: str = "",
+    rope_freq_scale: float = 0.0,
+    embedding: bool = False,
+    pooling: str = "",
     overrides: Sequence[Override] = (),
     model_params: Mapping[str, Any] | None = None,
-    **llama_kwargs: Any,
-) -> llama_cpp.Llama:
-    """``llama_cpp.Llama(model_path, **llama_kwargs)`` with tensor overrides and extra model params.
+) -> Model:
+    """Load ``model_path`` with one context: a :class:`Model`.
 
-    ``model_params`` sets fields of ``llama_model_params`` by name on the params that
-    reach the loader, e.g. ``{"use_extra_bufts": False, "no_alloc": True}``;
-    ``use_mmap`` there is passed on to ``Llama`` (which maps it to ``load_mode``);
-    ``no_alloc`` (a dry run) turns mmap off, which llama.cpp requires for it.
-    The overrides' C array is kept on the returned object as ``_tensor_overrides``.
+    ``n_ctx`` 0 is the trained context; ``threads`` 0 is llama-cpp-python's default
+    (half the cores), ``threads_batch`` 0 the same as ``threads``. ``type_k`` and
+    ``type_v`` are KV cache type names (:data:`pipeline.engine.ggml.KV_TYPE_IDS`);
+    ``rope_scaling`` is "", "none", "linear" or "yarn" (``rope_freq_scale`` 0 keeps
+    the model's); ``pooling`` ("mean", "cls", "last", "none"; "" the model's) is for
+    ``embedding`` contexts. ``model_params`` sets fields of ``llama_model_params`` by
+    name on the params that reach the loader, e.g. ``{"use_extra_bufts": False,
+    "no_alloc": True}``; ``no_alloc`` (a dry run: sizes logged, nothing allocated)
+    turns mmap off, which llama.cpp requires for it. Raises :class:`ModelLoadError`.
     """
+    from .ggml import KV_TYPE_IDS
+
+    kwargs: dict[str, Any] = dict(
+        n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=threads or None,
+        n_threads_batch=threads_batch or threads or None, flash_attn=flash_attn, n_gpu_layers=gpu_layers,
+        use_mmap=mmap, seed=seed, embedding=embedding, verbose=False,
+    )
+    for name, value in (("type_k", type_k), ("type_v", type_v)):
+        if value not in KV_TYPE_IDS:
+            raise EngineError(f"Unknown KV cache type {value!r}; use one of {', '.join(KV_TYPE_IDS)}.")
+        kwargs[name] = KV_TYPE_IDS[value]
+    if rope_scaling in _ROPE_SCALING:
+        kwargs["rope_scaling_type"] = _ROPE_SCALING[rope_scaling]
+        if rope_freq_scale:
+            kwargs["rope_freq_scale"] = rope_freq_scale
+    elif rope_scaling not in ("", "none"):
+        raise EngineError(f"Unknown RoPE scaling {rope_scaling!r}; use linear or yarn.")
+    if pooling:
+        kwargs["pooling_type"] = _POOLING[pooling]
+
     params = dict(model_params or {})
     if "use_mmap" in params:
-        llama_kwargs["use_mmap"] = bool(params.pop("use_mmap"))
+        kwargs["use_mmap"] = bool(params.pop("use_mmap"))
     if params.get("no_alloc"):
         # llama.cpp's dry run maps nothing: with mmap on it aborts the process
         # (GGML_ASSERT(!ml.no_alloc) in load_tensors), so it needs load_mode NONE.
-        if llama_kwargs.get("use_mmap", False) or llama_kwargs.get("use_mlock", False):
-            raise EngineError("A dry run (no_alloc) cannot use mmap or mlock.")
-        llama_kwargs["use_mmap"] = False
-        llama_kwargs["use_mlock"] = False
+        kwargs["use_mmap"] = False
+        kwargs["use_mlock"] = False
     unknown = set(params) - _MODEL_PARAM_FIELDS
     if unknown:
         raise EngineError(f"Unknown llama.cpp model parameter(s): {', '.join(sorted(unknown))}.")
@@ -207,17 +267,299 @@ def load_llama(
     _local.pending = params if params else None
     _local.applied = False
     try:
-        llm = llama_cpp.Llama(model_path=str(model_path), **llama_kwargs)
-    except ValueError as exc:  # llama-cpp-python reports load failures as ValueError
-        raise EngineError(f"llama.cpp could not load {model_path}: {exc}") from exc
+        llm = llama_cpp.Llama(model_path=str(model_path), **kwargs)
+    except (ValueError, RuntimeError) as exc:  # llama-cpp-python reports load failures as ValueError
+        raise ModelLoadError(model_path, str(exc)) from exc
     finally:
         applied = _local.applied or not params
         _local.pending = None
     if not applied:  # a future llama-cpp-python that loads some other way
         llm.close()
         raise EngineError("The model params did not reach llama.cpp's loader; this llama-cpp-python is not supported.")
-    llm._tensor_overrides = keep  # type: ignore[attr-defined]
-    return llm
+    return Model(llm, keep)
+
+
+def supports_gpu_offload() -> bool:
+    """Whether this llama.cpp build can offload layers to a GPU."""
+    return bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def binding_version() -> str:
+    """The loaded llama-cpp-python's own version string (its state files may change between versions)."""
+    return str(getattr(llama_cpp, "__version__", "unknown"))
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True)
+class Timings:
+    """llama.cpp's own performance counters since the last :meth:`Model.reset_timings`."""
+
+    prompt_ms: float  # prompt (prefill) evaluation
+    prompt_tokens: int
+    eval_ms: float  # one-token decodes
+    eval_tokens: int
+
+
+_models: weakref.WeakSet[Model] = weakref.WeakSet()
+
+
+def open_models() -> list[Model]:
+    """The models loaded and not closed yet (tests check that they close what they open)."""
+    return [m for m in list(_models) if m.is_open]
+
+
+class Model:
+    """One model loaded in llama.cpp, with one context and one batch of ``n_batch`` slots.
+
+    Made by :func:`load`. Like the llama.cpp context it wraps, it is not safe to use
+    from two threads at once. Prompts use sequence 0; embeddings use sequences
+    ``0..n`` of one batch.
+    """
+
+    def __init__(self, llm: llama_cpp.Llama, overrides: TensorOverrides):
+        self._llm = llm
+        self._overrides = overrides  # the C array the loader read: kept alive with the model
+        self._ctx = llm._ctx.ctx
+        self._model = llm._model.model
+        self._batch = llm._batch
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self.n_batch = int(llm.n_batch)
+        self._views: tuple | None = None
+        _models.add(self)
+
+    # -- facts ----------------------------------------------------------------------------------
+
+    @property
+    def n_ctx(self) -> int:
+        return int(llama_cpp.llama_n_ctx(self._ctx))
+
+    @property
+    def n_ubatch(self) -> int:
+        return int(self._llm.context_params.n_ubatch)
+
+    @property
+    def n_seq_max(self) -> int:
+        return int(self._llm.context_params.n_seq_max)
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(llama_cpp.llama_model_n_ctx_train(self._model))
+
+    @property
+    def n_embd(self) -> int:
+        return int(llama_cpp.llama_model_n_embd(self._model))
+
+    @property
+    def n_vocab(self) -> int:
+        return int(llama_cpp.llama_vocab_n_tokens(self._vocab))
+
+    @property
+    def context_params(self) -> Any:
+        """The ``llama_context_params`` the context was made with (read it, do not change it)."""
+        return self._llm.context_params
+
+    @property
+    def can_trim(self) -> bool:
+        """Whether the memory can be cut at any position (false for recurrent and hybrid models)."""
+        return not (llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model))
+
+    @property
+    def bos(self) -> list[int]:
+        """The BOS token if the model wants one at the start of a prompt."""
+        tok = llama_cpp.llama_vocab_bos(self._vocab)
+        return [tok] if llama_cpp.llama_vocab_get_add_bos(self._vocab) and tok >= 0 else []
+
+    @property
+    def bos_text(self) -> str:
+        tok = llama_cpp.llama_vocab_bos(self._vocab)
+        return self.token_text(tok) if tok >= 0 else ""
+
+    @property
+    def eos_text(self) -> str:
+        tok = llama_cpp.llama_vocab_eos(self._vocab)
+        return self.token_text(tok) if tok >= 0 else ""
+
+    def token_text(self, token: int) -> str:
+        return llama_cpp.llama_vocab_get_text(self._vocab, token).decode("utf-8")
+
+    # -- text -----------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        """Tokens of ``text``; ``special``: markup such as ``<|im_start|>`` becomes its control token."""
+        data = text.encode("utf-8")
+        capacity = len(data) + 8  # about one token per byte at most: one call almost always suffices
+        out = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), out, capacity, add_bos, special)
+        if n < 0:
+            capacity = -n
+            out = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), out, capacity, add_bos, special)
+            if n < 0:
+                raise EngineError(f"llama.cpp could not tokenize a text of {len(data):,} bytes")
+        return out[:n]
+
+    def piece(self, token: int) -> bytes:
+        """The bytes ``token`` stands for (control tokens: nothing)."""
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        """Whether ``token`` ends the generation (EOS, EOT...)."""
+        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+
+    # -- decoding -------------------------------------------------------------------------------
+
+    def _arrays(self) -> tuple:
+        """NumPy views of the batch's token, position and logits arrays, every slot in sequence 0."""
+        if self._views is None:
+            import numpy as np
+
+            raw, n = self._batch.batch, self.n_batch
+            for i in range(n):
+                raw.n_seq_id[i] = 1
+                raw.seq_id[i][0] = 0
+            views = tuple(np.ctypeslib.as_array(ptr, shape=(n,)) for ptr in (raw.token, raw.pos, raw.logits))
+            self._views = (*views, np.arange(n, dtype=np.int32))
+        return self._views
+
+    def _decode(self) -> None:
+        rc = llama_cpp.llama_decode(self._ctx, self._batch.batch)
+        if rc != 0:
+            raise EngineError(f"llama_decode returned {rc}")
+
+    def decode(self, tokens: Any, pos: int) -> None:
+        """Decode ``tokens`` (an int32 array of at most ``n_batch``) at positions ``pos..`` of
+        sequence 0, with logits for the last token only. Raises :class:`EngineError`."""
+        tok, positions, logits, ramp = self._arrays()
+        n = len(tokens)
+        tok[:n] = tokens
+        positions[:n] = ramp[:n] + pos
+        logits[:n] = 0
+        logits[n - 1] = 1
+        self._batch.batch.n_tokens = n
+        self._decode()
+
+    def decode_token(self, token: int, pos: int) -> None:
+        """Decode one token at position ``pos`` of sequence 0, with its logits."""
+        tok, positions, logits, _ = self._arrays()
+        tok[0], positions[0], logits[0] = token, pos, 1
+        self._batch.batch.n_tokens = 1
+        self._decode()
+
+    def embed_sequences(self, seqs: Sequence[Sequence[int]]) -> Any:
+        """Pooled embeddings (one float32 row per sequence, not normalised) of ``seqs`` decoded as
+        sequences ``0..len(seqs)-1`` of one batch, from an empty memory."""
+        import numpy as np
+
+        batch = self._batch
+        batch.reset()
+        for i, tokens in enumerate(seqs):
+            batch.add_sequence(list(tokens), i, True)
+        self._views = None  # add_sequence rewrote the sequence ids
+        mem = llama_cpp.llama_get_memory(self._ctx)
+        if mem:  # encoders with non-causal attention may have no memory
+            llama_cpp.llama_memory_clear(mem, True)
+        self._decode()
+        dim = self.n_embd
+        rows = np.empty((len(seqs), dim), dtype=np.float32)
+        for i in range(len(seqs)):
+            ptr = llama_cpp.llama_get_embeddings_seq(self._ctx, i)
+            rows[i] = np.ctypeslib.as_array(ptr, shape=(dim,))
+        return rows
+
+    def sampler(self, *, temperature: float, repeat_penalty: float, seed: int) -> Sampler:
+        """A sampler over this context's last logits: greedy at temperature 0, else top-k 40, top-p 0.95."""
+        return Sampler(self, temperature=temperature, repeat_penalty=repeat_penalty, seed=seed)
+
+    # -- sequence memory and state files -----------------------------------------------------------
+
+    def clear(self) -> None:
+        """Empty the memory (every sequence)."""
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._ctx), True)
+
+    def trim(self, n: int, *, seq: int = 0) -> bool:
+        """Drop positions ``n..`` of ``seq`` (``n`` 0: all of it); False where the memory cannot be cut there."""
+        return bool(llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), seq, n, -1))
+
+    def seq_end(self, seq: int = 0) -> int:
+        """The last position ``seq`` holds, -1 when it is empty."""
+        return int(llama_cpp.llama_memory_seq_pos_max(llama_cpp.llama_get_memory(self._ctx), seq))
+
+    def state_size(self, seq: int = 0) -> int:
+        """Bytes of ``seq``'s state (its KV cells or recurrent state), framing excluded."""
+        return int(llama_cpp.llama_state_seq_get_size(self._ctx, seq))
+
+    def save_state(self, path: str | os.PathLike[str], tokens: Sequence[int], *, seq: int = 0) -> bool:
+        """Write ``seq``'s state and ``tokens`` (what it holds) to ``path``; False if llama.cpp failed."""
+        arr = (llama_cpp.llama_token * len(tokens))(*tokens)
+        return bool(llama_cpp.llama_state_seq_save_file(self._ctx, os.fsencode(path), seq, arr, len(tokens)))
+
+    def load_state(self, path: str | os.PathLike[str], *, capacity: int, seq: int = 0) -> list[int] | None:
+        """Restore ``seq`` from ``path``: the tokens it holds (at most ``capacity``), None if llama.cpp failed."""
+        out = (llama_cpp.llama_token * capacity)()
+        n_out = ctypes.c_size_t(0)
+        if not llama_cpp.llama_state_seq_load_file(self._ctx, os.fsencode(path), seq, out, capacity,
+                                                   ctypes.byref(n_out)):
+            return None
+        return out[:n_out.value]
+
+    # -- timings ----------------------------------------------------------------------------------
+
+    def synchronize(self) -> None:
+        """Wait for pending work: llama.cpp books a decode's time when it is synchronised."""
+        llama_cpp.llama_synchronize(self._ctx)
+
+    def reset_timings(self) -> None:
+        llama_cpp.llama_perf_context_reset(self._ctx)
+
+    def timings(self) -> Timings:
+        perf = llama_cpp.llama_perf_context(self._ctx)
+        return Timings(prompt_ms=perf.t_p_eval_ms, prompt_tokens=perf.n_p_eval, eval_ms=perf.t_eval_ms,
+                       eval_tokens=perf.n_eval)
+
+    @property
+    def is_open(self) -> bool:
+        return self._llm is not None
+
+    def close(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            self._views = None
+            llm.close()
+
+
+class Sampler:
+    """A llama.cpp sampler chain over a :class:`Model`'s context; :meth:`close` frees it."""
+
+    def __init__(self, model: Model, *, temperature: float, repeat_penalty: float, seed: int):
+        self._ctx = model._ctx
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+        if repeat_penalty != 1.0:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
+                model.n_vocab, 256, repeat_penalty, 0.0, 0.0))
+        if temperature <= 0:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
+        else:
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(40))
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(0.95, 1))
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(temperature))
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed))
+        self._chain = chain
+
+    def sample(self) -> int:
+        """The next token from the last logits (the sampler accepts it)."""
+        return int(llama_cpp.llama_sampler_sample(self._chain, self._ctx, -1))
+
+    def close(self) -> None:
+        chain, self._chain = self._chain, None
+        if chain is not None:
+            llama_cpp.llama_sampler_free(chain)
 
 
 # --------------------------------------------------------------------------- logging

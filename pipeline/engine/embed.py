@@ -10,7 +10,6 @@ per-decode overhead dominates and packing chunks up to a large micro-batch wins.
 
 from __future__ import annotations
 
-import os
 import threading
 from functools import cached_property
 from pathlib import Path
@@ -18,16 +17,11 @@ from typing import Sequence
 
 import numpy as np  # light (~0.1 s); llama_cpp loads only with the model
 
+from .host import usable_cpus
 from ..errors import EngineError, ModelError
 
 # Tokens per decode when chunks are packed on a GPU.
 GPU_GROUP_TOKENS = 4096
-
-
-def usable_cpus() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
 
 
 def default_threads() -> int:
@@ -54,9 +48,9 @@ class Embedder:
 
     @cached_property
     def gpu(self) -> bool:
-        import llama_cpp
+        from ._llama import supports_gpu_offload
 
-        return self.gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload())
+        return self.gpu_layers != 0 and supports_gpu_offload()
 
     @cached_property
     def group_tokens(self) -> int:
@@ -67,41 +61,39 @@ class Embedder:
 
     @cached_property
     def llm(self):
-        import llama_cpp
+        """The model in llama.cpp (a :class:`._llama.Model`), loaded on first use."""
+        from ._llama import ModelLoadError, load
 
         # An encoder must see each batch in one micro-batch: n_ubatch = n_batch, and no input
         # longer than that is ever sent (see max_tokens). n_ctx 0 = the trained length.
         window = self.group_tokens or 512
         try:
-            return llama_cpp.Llama(
-                model_path=str(self.model_path), embedding=True, n_ctx=0,
-                n_batch=window, n_ubatch=window,
-                n_threads=self.threads, n_threads_batch=self.threads, flash_attn=self.flash_attn,
-                n_gpu_layers=self.gpu_layers, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_MEAN,
-                verbose=False,
-            )
-        except (ValueError, RuntimeError) as exc:
-            raise ModelError(f"llama.cpp could not load the embedder {self.model_path}: {exc}") from None
+            return load(self.model_path, embedding=True, pooling="mean", n_ctx=0, n_batch=window,
+                        n_ubatch=window, threads=self.threads, threads_batch=self.threads,
+                        flash_attn=self.flash_attn, gpu_layers=self.gpu_layers)
+        except ModelLoadError as exc:
+            raise ModelError(f"llama.cpp could not load the embedder {self.model_path}: {exc.reason}") from None
 
     @cached_property
     def dim(self) -> int:
-        return int(self.llm.n_embd())
+        return self.llm.n_embd
 
     @cached_property
     def max_tokens(self) -> int:
         """The longest text, in tokens without the [CLS]/[SEP] pair, that one embedding covers."""
         llm = self.llm
-        return min(int(llm._model.n_ctx_train()), int(llm.context_params.n_ubatch)) - 2
+        return min(llm.n_ctx_train, llm.n_ubatch) - 2
 
     def tokenize(self, text: str) -> list[int]:
         """Content tokens of ``text`` (no special tokens): what chunk sizes are measured in."""
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+        return self.llm.tokenize(text, add_bos=False, special=False)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenize(text))
 
-    def _sequence(self, text: str) -> list[int]:
-        tokens = self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+    def sequence(self, text: str) -> list[int]:
+        """The tokens of one embedding input: [CLS] ``text`` [SEP], cut to :attr:`max_tokens` in between."""
+        tokens = self.llm.tokenize(text, add_bos=True, special=False)
         limit = self.max_tokens + 2
         if len(tokens) > limit:  # the encoder would abort the process, not raise
             tokens = tokens[: limit - 1] + tokens[-1:]
@@ -109,13 +101,13 @@ class Embedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """L2-normalised embeddings, one row per text, in order."""
-        seqs = [self._sequence(t) for t in texts]
+        seqs = [self.sequence(t) for t in texts]
         return self.embed_tokens(seqs)
 
     def embed_tokens(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
         out = np.empty((len(seqs), self.dim), dtype=np.float32)
         group_limit = self.group_tokens
-        n_seq_max = int(self.llm.context_params.n_seq_max)
+        n_seq_max = self.llm.n_seq_max
         with self._lock:
             start = 0
             while start < len(seqs):
@@ -131,23 +123,10 @@ class Embedder:
         return out / np.maximum(norms, 1e-12)
 
     def _decode(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
-        import llama_cpp
-
-        llm = self.llm
-        batch = llm._batch
-        batch.reset()
-        for i, tokens in enumerate(seqs):
-            batch.add_sequence(list(tokens), i, True)
-        llm._ctx.kv_cache_clear()
         try:
-            llm._ctx.decode(batch)
-        except RuntimeError as exc:
+            return self.llm.embed_sequences(seqs)
+        except EngineError as exc:
             raise EngineError(f"llama.cpp failed to embed a batch: {exc}") from None
-        rows = np.empty((len(seqs), self.dim), dtype=np.float32)
-        for i in range(len(seqs)):
-            ptr = llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, i)
-            rows[i] = np.ctypeslib.as_array(ptr, shape=(self.dim,))
-        return rows
 
     @cached_property
     def identity(self) -> str:

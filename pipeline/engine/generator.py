@@ -16,108 +16,16 @@ from __future__ import annotations
 
 import codecs
 import time
-from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from . import offload
-from ._gguf import read_header
+from .host import detect_ram, usable_cpus
+from .model_info import ModelInfo
+from .stages import EngineStats, Generation
 from ..config import EngineConfig
-from ..errors import EngineError
-from ..planner.spec import KV_TYPE_IDS, type_bytes
-
-
-@dataclass
-class EngineStats:
-    """What one prompt cost, mostly from llama.cpp's own performance counters."""
-
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    prefill_tokens: int = 0
-    prefill_seconds: float = 0.0
-    prefill_tokens_per_second: float = 0.0
-    ttft_seconds: float = 0.0
-    decode_tokens: int = 0
-    decode_seconds: float = 0.0
-    decode_tokens_per_second: float = 0.0
-    load_seconds: float = 0.0
-    cache: str = "none"  # none | memory (kept in the KV cache) | disk (restored) | miss
-    cache_load_seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        for k, v in d.items():
-            if isinstance(v, float):
-                d[k] = round(v, 4)
-        return d
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """Facts about a GGUF read from its header, without loading weights."""
-
-    path: Path
-    arch: str
-    n_layers: int
-    n_ctx_train: int
-    n_embd: int
-    n_head_kv: int
-    head_dim_k: int
-    head_dim_v: int
-    n_experts: int
-    kv_layers: int
-    chat_template: str | None
-    causal: bool  # False for encoders (embedding models), which cannot generate
-
-    @classmethod
-    def read(cls, path: Path) -> "ModelInfo":
-        h = read_header(path, tensors=False)
-        n_layers = int(h.get("block_count", 0) or 0)
-        n_embd = int(h.get("embedding_length", 0) or 0)
-        n_head = _scalar(h.get("attention.head_count", 1))
-        n_head_kv = h.get("attention.head_count_kv", n_head)
-        kv_layers = n_layers
-        if isinstance(n_head_kv, list):  # per-layer counts: layers with 0 KV heads keep no cache
-            kv_layers = sum(1 for v in n_head_kv if v)
-            n_head_kv = max(n_head_kv) if n_head_kv else 0
-        interval = h.get("full_attention_interval")
-        if isinstance(interval, int) and interval > 0:
-            kv_layers = n_layers // interval
-        head_dim = n_embd // max(n_head, 1)
-        return cls(
-            path=path, arch=h.arch, n_layers=n_layers, n_ctx_train=int(h.get("context_length", 0) or 0),
-            n_embd=n_embd, n_head_kv=int(n_head_kv or 0),
-            head_dim_k=int(h.get("attention.key_length", head_dim) or head_dim),
-            head_dim_v=int(h.get("attention.value_length", head_dim) or head_dim),
-            n_experts=int(h.get("expert_count", 0) or 0), kv_layers=kv_layers,
-            chat_template=h.metadata.get("tokenizer.chat_template"),
-            causal=h.get("attention.causal", True) is not False,
-        )
-
-    def kv_bytes(self, n_ctx: int, type_k: str, type_v: str) -> int:
-        per_token = self.kv_layers * self.n_head_kv * (
-            type_bytes(self.head_dim_k, type_k) + type_bytes(self.head_dim_v, type_v))
-        return per_token * n_ctx
-
-
-def _scalar(value) -> int:
-    if isinstance(value, list):
-        return int(max(value)) if value else 0
-    return int(value or 0)
-
-
-def mem_available() -> int | None:
-    """Bytes of memory available to new allocations (Linux), or None where unknown."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+from ..errors import ConfigError, EngineError
 
 
 def resolve_overrides(settings: EngineConfig, n_layers: int) -> list[offload.Override]:
@@ -130,25 +38,6 @@ def resolve_overrides(settings: EngineConfig, n_layers: int) -> list[offload.Ove
     elif settings.n_cpu_moe:
         out += offload.n_cpu_moe(settings.n_cpu_moe, n_layers, which=settings.cpu_moe_from)
     return out
-
-
-class Generation:
-    """A streamed completion: iterate for text pieces; ``stats`` is complete once iteration ends."""
-
-    def __init__(self, pieces: Iterator[str], stats: EngineStats):
-        self._pieces = pieces
-        self.stats = stats
-        self.text = ""
-
-    def __iter__(self) -> Iterator[str]:
-        for piece in self._pieces:
-            self.text += piece
-            yield piece
-
-    def read(self) -> str:
-        for _ in self:
-            pass
-        return self.text
 
 
 class Engine:
@@ -175,15 +64,14 @@ class Engine:
     @cached_property
     def n_ctx(self) -> int:
         """The context length used: the configured one, clamped to the trained one without RoPE scaling."""
-        s, trained = self.settings, self.info.n_ctx_train
-        want = s.n_ctx or trained
-        if trained and want > trained and s.rope_scaling in ("", "none"):
-            note = (f"engine.n_ctx {want} is above the model's trained context {trained}: using {trained} "
+        s = self.settings
+        n_ctx = self.info.context_length(s.n_ctx, s.rope_scaling)
+        if s.n_ctx > n_ctx:
+            note = (f"engine.n_ctx {s.n_ctx} is above the model's trained context {n_ctx}: using {n_ctx} "
                     "(set engine.rope_scaling to extend it)")
             self._log("warning: " + note)
             self.notes.append(note)
-            want = trained
-        return want
+        return n_ctx
 
     @cached_property
     def overrides(self) -> list[offload.Override]:
@@ -191,39 +79,24 @@ class Engine:
 
     @property
     def use_mmap(self) -> bool:
-        # Overridden tensors load without mmap so that a GPU build can pin them for fast copies.
-        return self.settings.mmap and not self.overrides
+        return self.load_params()["mmap"]
 
-    def llama_kwargs(self) -> dict:
-        """Keyword arguments for ``llama_cpp.Llama`` that these settings imply."""
-        import llama_cpp
-
-        from .embed import usable_cpus
-
-        s = self.settings
-        threads = s.threads or usable_cpus()
-        kwargs = dict(
-            n_ctx=self.n_ctx, n_batch=min(s.n_batch, self.n_ctx), n_ubatch=min(s.n_ubatch, s.n_batch, self.n_ctx),
-            n_threads=threads, n_threads_batch=s.threads_batch or threads, flash_attn=s.flash_attn,
-            type_k=KV_TYPE_IDS[s.type_k], type_v=KV_TYPE_IDS[s.type_v], n_gpu_layers=s.gpu_layers,
-            seed=s.seed, use_mmap=self.use_mmap, verbose=False,
-        )
-        if s.rope_scaling in ("linear", "yarn"):
-            kwargs["rope_scaling_type"] = (llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN if s.rope_scaling == "yarn"
-                                           else llama_cpp.LLAMA_ROPE_SCALING_TYPE_LINEAR)
-            if s.rope_freq_scale:
-                kwargs["rope_freq_scale"] = s.rope_freq_scale
-        return kwargs
+    def load_params(self) -> dict:
+        """Keyword arguments of :func:`._llama.load` that these settings mean (see :func:`load_params`)."""
+        return load_params(self.settings, n_ctx=self.n_ctx, overrides=self.overrides)
 
     def check_memory(self) -> None:
         """Refuse, with the setting to lower, a KV cache that cannot fit in this machine's memory."""
-        import llama_cpp
+        from ._llama import supports_gpu_offload
 
-        if llama_cpp.llama_supports_gpu_offload() and self.settings.gpu_layers != 0:
+        if supports_gpu_offload() and self.settings.gpu_layers != 0:
             return  # VRAM is checked by llama.cpp itself, which fails cleanly
         need = self.info.kv_bytes(self.n_ctx, self.settings.type_k, self.settings.type_v)
-        avail = mem_available()
-        if avail is not None and need > 0.9 * avail:
+        try:
+            avail = detect_ram(available=True)
+        except ConfigError:  # no /proc/meminfo: llama.cpp's own allocation failure will have to do
+            return
+        if need > 0.9 * avail:
             raise EngineError(
                 f"a context of {self.n_ctx:,} tokens needs about {need / 2**30:.1f} GiB of KV cache, more than "
                 f"the {avail / 2**30:.1f} GiB of memory available: lower engine.n_ctx, or set engine.type_k "
@@ -231,7 +104,8 @@ class Engine:
 
     @cached_property
     def llm(self):
-        from ._llama import load_llama
+        """The model in llama.cpp (a :class:`._llama.Model`), loaded on first use."""
+        from ._llama import ModelLoadError, load
 
         if not self.info.causal:
             raise EngineError(f"{self.model_path.name} is an embedding (encoder) model ({self.info.arch}), "
@@ -239,36 +113,26 @@ class Engine:
         self.check_memory()
         t0 = time.perf_counter()
         try:
-            llm = load_llama(self.model_path, overrides=self.overrides, **self.llama_kwargs())
-        except EngineError as exc:
-            text = str(exc)
-            if "context" in text.lower():
+            llm = load(self.model_path, **self.load_params())
+        except ModelLoadError as exc:
+            if "context" in exc.reason.lower():
                 raise EngineError(
                     f"llama.cpp could not create a context of {self.n_ctx:,} tokens for {self.model_path.name}: "
                     "lower engine.n_ctx or engine.n_ubatch, use a smaller KV type (engine.type_k/type_v = q8_0), "
                     "or keep more experts on the CPU (engine.n_cpu_moe)") from None
-            raise EngineError(f"llama.cpp could not load the generator {self.model_path}: {text}") from None
+            raise EngineError(f"llama.cpp could not load the generator {self.model_path}: {exc.reason}") from None
         self.load_seconds = time.perf_counter() - t0
         return llm
 
-    @cached_property
-    def _vocab(self):
-        import llama_cpp
-
-        return llama_cpp.llama_model_get_vocab(self.llm._model.model)
-
-    @cached_property
+    @property
     def can_trim(self) -> bool:
         """Whether the KV memory can be cut at any position (false for recurrent and hybrid models)."""
-        import llama_cpp
-
-        model = self.llm._model.model
-        return not (llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model))
+        return self.llm.can_trim
 
     @cached_property
     def namespace(self) -> str:
         """The prefix cache's namespace: this model file and every setting that shapes its KV contents."""
-        from .cache import namespace
+        from .cache_keys import namespace
         from ..models import file_identity
 
         s = self.settings
@@ -279,7 +143,7 @@ class Engine:
 
     def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
         """Tokens of ``text``, special tokens (chat markup) parsed as such."""
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        return self.llm.tokenize(text, add_bos=add_bos, special=True)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenize(text))
@@ -287,8 +151,7 @@ class Engine:
     @property
     def bos(self) -> list[int]:
         """The BOS token if the model wants one at the start of a prompt."""
-        m = self.llm._model
-        return [m.token_bos()] if m.add_bos_token() and m.token_bos() >= 0 else []
+        return self.llm.bos
 
     def chat(self, system: str, user: str) -> str:
         """``system`` and ``user`` rendered with the model's chat template, ready for the answer."""
@@ -299,25 +162,17 @@ class Engine:
         if not template:
             return f"{system}\n\n{user}\n\nAnswer:"
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        m = self.llm._model
-        return env.from_string(template).render(
-            messages=messages, add_generation_prompt=True,
-            bos_token=m.token_get_text(m.token_bos()) if m.token_bos() >= 0 else "",
-            eos_token=m.token_get_text(m.token_eos()) if m.token_eos() >= 0 else "",
-        )
+        return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                                bos_token=self.llm.bos_text, eos_token=self.llm.eos_text)
 
     # -- running prompts ----------------------------------------------------------------------
 
     def _reset(self) -> None:
-        import llama_cpp
-
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.llm._ctx.ctx), True)
+        self.llm.clear()
         self._tokens = []
 
     def _keep_prefix(self, tokens: Sequence[int], *, limit: int) -> int:
         """Keep the longest common prefix (at most ``limit`` tokens) of the KV cache and ``tokens``."""
-        import llama_cpp
-
         n = 0
         limit = min(len(self._tokens), len(tokens), limit)
         while n < limit and self._tokens[n] == tokens[n]:
@@ -326,52 +181,32 @@ class Engine:
             return n
         if n and not self.can_trim:
             self._prompt_notes.append(f"this model's memory (recurrent/hybrid) cannot be cut at token {n}: "
-                              "only a saved prefix state can be reused")
+                                      "only a saved prefix state can be reused")
         if n == 0 or not self.can_trim:
             self._reset()
             return 0
-        mem = llama_cpp.llama_get_memory(self.llm._ctx.ctx)
-        if not llama_cpp.llama_memory_seq_rm(mem, 0, n, -1):  # e.g. sliding-window layers dropped cells
+        if not self.llm.trim(n):  # e.g. sliding-window layers dropped cells
             self._prompt_notes.append(f"the KV memory could not be cut at token {n} (sliding window?): full prefill")
             self._reset()
             return 0
         del self._tokens[n:]
         return n
 
-    @cached_property
-    def _batch_arrays(self):
-        """NumPy views of the llama_batch's token, position and logits arrays (filled without a Python loop)."""
-        import numpy as np
-
-        llm = self.llm
-        raw, n = llm._batch.batch, llm.n_batch
-        for i in range(n):  # one sequence, id 0, for every slot
-            raw.n_seq_id[i] = 1
-            raw.seq_id[i][0] = 0
-        views = tuple(np.ctypeslib.as_array(ptr, shape=(n,)) for ptr in (raw.token, raw.pos, raw.logits))
-        return (*views, np.arange(n, dtype=np.int32))
-
     def prefill(self, tokens: Sequence[int], *, start: int = 0) -> None:
         """Decode ``tokens[start:]`` in ``n_batch`` pieces, logits for the last token only."""
         import numpy as np
 
         llm = self.llm
-        batch, n_batch = llm._batch, llm.n_batch
-        tok, pos, logits, ramp = self._batch_arrays
+        n_batch = llm.n_batch
         all_tokens = np.asarray(tokens, dtype=np.int32)
         for lo in range(start, len(tokens), n_batch):
-            n = min(n_batch, len(tokens) - lo)
-            tok[:n] = all_tokens[lo:lo + n]
-            pos[:n] = ramp[:n] + lo
-            logits[:n] = 0
-            logits[n - 1] = 1
-            batch.batch.n_tokens = n
+            hi = min(lo + n_batch, len(tokens))
             try:
-                llm._ctx.decode(batch)
-            except RuntimeError as exc:
+                llm.decode(all_tokens[lo:hi], lo)
+            except EngineError as exc:
                 self._reset()
                 raise EngineError(f"llama.cpp failed during prefill at token {lo}: {exc}") from None
-            self._tokens.extend(tokens[lo:lo + n])
+            self._tokens.extend(tokens[lo:hi])
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
@@ -389,22 +224,32 @@ class Engine:
         sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
         return Generation(self._run(list(tokens), max_tokens, sampling, stats, prefix_len), stats)
 
-    def _use_disk_cache(self, prefix_len: int, stats: EngineStats) -> bool:
+    def _use_disk_cache(self, prefix_len: int) -> bool:
         # Recurrent and hybrid models qualify too: states are saved and restored exactly at the
         # prefix boundary, never cut afterwards; in memory such a model cannot drop a previous
         # question, so its next one restores the prefix from disk instead.
-        return self.cache is not None and prefix_len >= self.cache_min_tokens
+        return self.cache is not None and not self.cache.unavailable and prefix_len >= self.cache_min_tokens
+
+    def _cache_notes(self, prefix_len: int) -> list[str]:
+        """What the prefix cache has to say about this prompt: faults it handled, or why it was not used."""
+        if self.cache is None:
+            return []
+        if self.cache.unavailable and prefix_len >= self.cache_min_tokens:
+            return [f"the prefix cache is unavailable ({self.cache.unavailable}): answered without it"]
+        return self.cache.take_notes()
 
     def _restore(self, tokens: list[int], prefix_len: int, reused: int, stats: EngineStats) -> int:
         """Load the longest saved prefix of ``tokens`` if it beats what the KV cache already holds."""
         entry = self.cache.lookup(self.namespace, tokens, max_tokens=len(tokens) - 1,
                                   min_tokens=max(reused + 1, self.cache_min_tokens))
         if entry is None:
+            if self.cache.last_error:
+                stats.notes.append(self.cache.last_error)
             if reused < prefix_len:
                 stats.cache = "miss"
             return reused
         self._reset()
-        if not self.cache.load(entry, self.llm._ctx.ctx):
+        if not self.cache.load(entry, self.llm):
             stats.notes.append(f"a cached prefix state was ignored and deleted: {self.cache.last_error}")
             stats.cache = "miss"
             self._reset()
@@ -414,25 +259,30 @@ class Engine:
         stats.cache_load_seconds = self.cache.last_load_seconds
         return entry.n_tokens
 
+    def _save(self, prefix: list[int], stats: EngineStats | None = None) -> bool:
+        """Save the state of ``prefix`` (what the KV cache holds now); a failure costs a note, never the answer."""
+        if self.cache.read_only:  # said once, when the cache was opened
+            return False
+        saved = self.cache.save(self.namespace, prefix, self.llm) is not None
+        if not saved and self.cache.last_error and stats is not None:
+            stats.notes.append(f"prefix state not saved: {self.cache.last_error}")
+        return saved
+
     def warm(self, prefix: Sequence[int]) -> bool:
         """Prefill ``prefix`` and save its state, unless it is already saved. True if it was saved now."""
-        stats = EngineStats()
-        if not self._use_disk_cache(len(prefix), stats):
+        if not self._use_disk_cache(len(prefix)):
             return False
         prefix = list(prefix)
         if self.cache.lookup(self.namespace, prefix, max_tokens=len(prefix), min_tokens=len(prefix)):
             return False
         self._keep_prefix(prefix, limit=len(prefix))
         self.prefill(prefix, start=len(self._tokens))
-        return self.cache.save(self.namespace, prefix, self.llm._ctx.ctx) is not None
+        return self._save(prefix)
 
     def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
              prefix_len: int = 0) -> Iterator[str]:
-        import llama_cpp
-
         llm = self.llm
         stats.load_seconds = self.load_seconds
-        ctx = llm._ctx.ctx
         t0 = time.perf_counter()
         # The prompt is always decoded in two parts split at prefix_len, and nothing past
         # prefix_len is reused: a restored or reused prefix then leaves the computation
@@ -441,45 +291,44 @@ class Engine:
         reused = self._keep_prefix(tokens, limit=min(prefix_len or len(tokens), len(tokens) - 1))
         if reused:
             stats.cache = "memory"
-        disk = self._use_disk_cache(prefix_len, stats)
+        disk = self._use_disk_cache(prefix_len)
         if disk and reused < prefix_len:
             reused = self._restore(tokens, prefix_len, reused, stats)
         stats.cached_tokens = reused
         stats.notes.extend(self.notes + self._prompt_notes)
         self._prompt_notes = []
-        llama_cpp.llama_synchronize(ctx)  # anything pending is booked before the counters restart
-        llama_cpp.llama_perf_context_reset(ctx)
+        llm.synchronize()  # anything pending is booked before the counters restart
+        llm.reset_timings()
         t_prefill = time.perf_counter()
         if len(self._tokens) < prefix_len:
             self.prefill(tokens[:prefix_len], start=len(self._tokens))
-            if disk and self.cache.save(self.namespace, tokens[:prefix_len], ctx) is None and self.cache.last_error:
-                stats.notes.append(f"prefix state not saved: {self.cache.last_error}")
+            if disk:
+                self._save(tokens[:prefix_len], stats)
         self.prefill(tokens, start=len(self._tokens))
         stats.prefill_tokens = len(tokens) - reused
+        stats.notes.extend(self._cache_notes(prefix_len))
 
-        sampler = self._sampler(*sampling)
+        sampler = llm.sampler(temperature=sampling[0], repeat_penalty=sampling[1], seed=sampling[2])
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        batch = llm._batch
         n_out = 0
         t_first = None
         try:
             while n_out < max_tokens and len(self._tokens) < self.n_ctx:
-                token = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
+                token = sampler.sample()
                 if t_first is None:
                     # llama.cpp books a batch's time when its outputs are first read: now.
                     t_first = time.perf_counter()
                     stats.ttft_seconds = t_first - t0
-                    perf = llama_cpp.llama_perf_context(ctx)
-                    stats.prefill_seconds = (perf.t_p_eval_ms / 1000 if perf.n_p_eval
+                    perf = llm.timings()
+                    stats.prefill_seconds = (perf.prompt_ms / 1000 if perf.prompt_tokens
                                              else t_first - t_prefill)
                     if stats.prefill_seconds > 0:
                         stats.prefill_tokens_per_second = stats.prefill_tokens / stats.prefill_seconds
-                if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+                if llm.is_eog(token):
                     break
                 n_out += 1
-                text = decoder.decode(self._piece(token))
-                batch.set_batch([token], n_past=len(self._tokens), logits_all=True)
-                llm._ctx.decode(batch)
+                text = decoder.decode(llm.piece(token))
+                llm.decode_token(token, len(self._tokens))
                 self._tokens.append(token)
                 if text:
                     yield text
@@ -487,47 +336,35 @@ class Engine:
             if tail:
                 yield tail
         finally:
-            llama_cpp.llama_sampler_free(sampler)
+            sampler.close()
             # Book the last decode now, or llama.cpp would count it into the next prompt's prefill.
-            llama_cpp.llama_synchronize(ctx)
-            perf = llama_cpp.llama_perf_context(ctx)
+            llm.synchronize()
+            perf = llm.timings()
             stats.decode_tokens = n_out
-            stats.decode_seconds = perf.t_eval_ms / 1000
-            if perf.n_eval and perf.t_eval_ms > 0:
-                stats.decode_tokens_per_second = perf.n_eval / (perf.t_eval_ms / 1000)
-
-    def _piece(self, token: int) -> bytes:
-        import ctypes
-
-        import llama_cpp
-
-        buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-        return buf.raw[:n]
-
-    def _sampler(self, temperature: float, repeat_penalty: float, seed: int):
-        import llama_cpp
-
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-        if repeat_penalty != 1.0:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_penalties(
-                self.llm._model.n_vocab(), 256, repeat_penalty, 0.0, 0.0))
-        if temperature <= 0:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-        else:
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(40))
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_p(0.95, 1))
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_temp(temperature))
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed))
-        return chain
+            stats.decode_seconds = perf.eval_ms / 1000
+            if perf.eval_tokens and perf.eval_ms > 0:
+                stats.decode_tokens_per_second = perf.eval_tokens / (perf.eval_ms / 1000)
 
     def close(self) -> None:
         llm = self.__dict__.pop("llm", None)
-        self.__dict__.pop("_vocab", None)
-        self.__dict__.pop("can_trim", None)
         self._tokens = []
         if llm is not None:
             llm.close()
+
+
+def load_params(settings: EngineConfig, *, n_ctx: int, overrides: Sequence[offload.Override] = ()) -> dict:
+    """The keyword arguments of :func:`._llama.load` that engine ``settings`` mean at context ``n_ctx``.
+
+    The one translation of settings into llama.cpp's: batch sizes within the context,
+    threads (0: every usable core), KV types, RoPE scaling, and mmap off where tensors
+    are overridden (so that a GPU build can pin them for fast copies).
+    """
+    s = settings
+    threads = s.threads or usable_cpus()
+    return dict(
+        n_ctx=n_ctx, n_batch=min(s.n_batch, n_ctx), n_ubatch=min(s.n_ubatch, s.n_batch, n_ctx),
+        threads=threads, threads_batch=s.threads_batch or threads, flash_attn=s.flash_attn,
+        type_k=s.type_k, type_v=s.type_v, gpu_layers=s.gpu_layers, seed=s.seed,
+        mmap=s.mmap and not overrides, rope_scaling=s.rope_scaling, rope_freq_scale=s.rope_freq_scale,
+        overrides=list(overrides),
+    )

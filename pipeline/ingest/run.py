@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..engine.embed import Embedder
+from ..engine.stages import TextEmbedder
 from ..errors import LoadError, StoreError
 from ..store.catalog import DocumentRecord
 from ..store.store import Store
@@ -137,7 +137,7 @@ class _Todo:
     mtime_ns: int
 
 
-def ingest(scanned: Scan, *, store: Store, embedder: Embedder, chunk_size: int,
+def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: int,
            chunk_overlap: int, embedder_ref: str = "", prune: bool = False, max_bytes: int = 0,
            contextual: bool = False,
            progress: Progress | None = None) -> IngestReport:
@@ -243,7 +243,7 @@ class _Tally:
                            done_chunks=self.done_chunks, done_tokens=self.done_tokens, **fields)
 
 
-def _prepared(todo: list[_Todo], chunker: Chunker, embedder: Embedder, *,
+def _prepared(todo: list[_Todo], chunker: Chunker, embedder: TextEmbedder, *,
               max_bytes: int = 0) -> Iterator[tuple[_Todo, object]]:
     """(item, (document, chunks, token sequences) or LoadError), loaded one document ahead."""
     out: queue.Queue = queue.Queue(maxsize=2)
@@ -258,7 +258,7 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: Embedder, *,
                 chunks = chunker.split(doc.units, fmt=doc.format, title=doc.title or item.path.name)
                 if not chunks:
                     raise LoadError("no text to index")
-                seqs = [embedder._sequence(c.indexed_text) for c in chunks]
+                seqs = [embedder.sequence(c.indexed_text) for c in chunks]
                 result: object = (doc, chunks, seqs)
             except LoadError as exc:
                 result = exc
@@ -281,7 +281,7 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: Embedder, *,
                 pass
 
 
-def _commit(item: _Todo, loaded: object, *, store: Store, embedder: Embedder,
+def _commit(item: _Todo, loaded: object, *, store: Store, embedder: TextEmbedder,
             report: IngestReport, emit: Progress, tally: _Tally) -> FileOutcome:
     if isinstance(loaded, NotADocument):
         return FileOutcome(item.source, "skipped", str(loaded))

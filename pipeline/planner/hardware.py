@@ -52,6 +52,7 @@ import tomllib
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from ..engine.host import detect_ram
 from ..errors import ConfigError
 
 GiB = 1024**3
@@ -227,23 +228,6 @@ def save_profile(profile: HardwareProfile, path: str | os.PathLike[str]) -> Path
     return path
 
 
-def _meminfo(key: str, text: str | None = None) -> int:
-    if text is None:
-        text = Path("/proc/meminfo").read_text()
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        if name.strip() == key:
-            parts = rest.split()
-            scale = 1024 if len(parts) > 1 and parts[1].lower() == "kb" else 1
-            return int(parts[0]) * scale
-    raise ConfigError(f"/proc/meminfo has no {key}.")
-
-
-def detect_ram(*, available: bool = False, meminfo: str | None = None) -> int:
-    """Bytes of host RAM from ``/proc/meminfo``: ``MemTotal``, or ``MemAvailable`` with ``available=True``."""
-    return _meminfo("MemAvailable" if available else "MemTotal", meminfo)
-
-
 def measure_cpu_flops(*, seconds: float = 0.5, n: int = 512) -> float:
     """FLOP/s of float32 ``n x n`` matrix products in numpy (its BLAS, all its threads), over about ``seconds``.
 
@@ -275,5 +259,5 @@ def measure_hardware(base: HardwareProfile, *, seconds: float = 0.5) -> Hardware
     return replace(base, cpu_flops=measure_cpu_flops(seconds=seconds), ram=detect_ram())
 
 
-__all__ = ["GB", "GiB", "HardwareProfile", "PROFILES", "detect_ram", "get_profile", "load_profile",
+__all__ = ["GB", "GiB", "HardwareProfile", "PROFILES", "get_profile", "load_profile",
            "measure_cpu_flops", "measure_hardware", "save_profile"]

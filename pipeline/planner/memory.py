@@ -31,7 +31,8 @@ the GPU and in host memory, from a :class:`~pipeline.planner.spec.ModelSpec`:
 The margins a plan keeps free on each device are the planner's business
 (:class:`pipeline.planner.result.Budget`). :func:`dry_run` asks llama.cpp itself (model
 param ``no_alloc``: nothing allocated) for the real KV and compute buffer sizes,
-and :func:`parse_dry_run` reads them from its log; llama_cpp is imported only there.
+and :func:`parse_dry_run` reads them from its log; llama.cpp is used only there (through
+:mod:`pipeline.engine._llama`, with the engine's own translation of settings).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from typing import Any
 from ..config import EngineConfig
 from ..errors import ConfigError
 from .hardware import HardwareProfile
-from .spec import LayerSpec, ModelSpec, type_bytes
+from ..engine.ggml import type_bytes
+from .spec import LayerSpec, ModelSpec
 
 MiB = 1024**2
 
@@ -204,14 +206,12 @@ def parse_dry_run(log: str) -> DryRun:
 
 def dry_run(path: str | os.PathLike[str], settings: EngineConfig, *, n_threads: int = 1) -> DryRun:
     """Run llama.cpp's own dry run (model param ``no_alloc``) for ``settings`` and read the sizes it logs."""
-    from ..engine._llama import LlamaLog, load_llama
-    from ..engine.generator import Engine
+    from ..engine._llama import LlamaLog, load
+    from ..engine.generator import Engine, load_params
 
-    kwargs = Engine(path, replace(settings, threads=n_threads, threads_batch=n_threads)).llama_kwargs()
-    kwargs.pop("use_mmap")  # a dry run cannot map
-    with LlamaLog(chain=False) as log:
-        llm = load_llama(path, model_params={"no_alloc": True}, **kwargs)
-        llm.close()
+    engine = Engine(path, replace(settings, threads=n_threads, threads_batch=n_threads))
+    with LlamaLog(chain=False) as log:  # expert placement aside: it moves no buffer's size
+        load(path, model_params={"no_alloc": True}, **load_params(engine.settings, n_ctx=engine.n_ctx)).close()
     result = parse_dry_run(log.text)
     if not result.compute:
         raise ConfigError(f"llama.cpp's dry run of {path} logged no compute buffer size.")

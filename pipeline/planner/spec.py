@@ -3,9 +3,10 @@
 A :class:`ModelSpec` holds per-layer byte counts (routed experts apart from the
 rest), the embeddings and output head, attention shapes and layer kinds (full
 attention, sliding window, recurrent). :meth:`ModelSpec.from_gguf` reads them from
-a GGUF file's header and tensor list (through :func:`pipeline.engine._gguf.read_header`;
-no weights read); :meth:`ModelSpec.qwen36_35b_a3b` builds them from published
-shapes. Also the ggml type sizes the memory model needs (:func:`type_bytes`).
+a GGUF file's header and tensor list (no weights read): the layers' kinds and shapes
+as :class:`pipeline.engine.model_info.ModelInfo` reads them, the bytes from the tensor
+table; :meth:`ModelSpec.qwen36_35b_a3b` builds them from published shapes. The ggml
+type sizes it needs live on the engine side (:mod:`pipeline.engine.ggml`).
 
 Plain Python; ``gguf`` is imported only for the names of ggml types.
 """
@@ -17,44 +18,19 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ..engine._gguf import ArrayInfo, read_header
+from ..engine.ggml import GGML_TYPES, type_bytes
+from ..engine.model_info import LayerKind, ModelInfo
 from ..errors import ConfigError
 from ..engine.offload import EXPERT_PATTERN
 
-# --------------------------------------------------------------------------- ggml types
-
-#: ggml type name -> (block size in values, bytes per block), as ggml defines them.
-GGML_TYPES: dict[str, tuple[int, int]] = {
-    "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2),
-    "q4_0": (32, 18), "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24), "q8_0": (32, 34),
-    "q2_k": (256, 84), "q3_k": (256, 110), "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210),
-    "q8_k": (256, 292), "iq4_nl": (32, 18), "iq4_xs": (256, 136),
-}
-#: ggml_type enum values for the KV cache types llama.cpp accepts (``-ctk``/``-ctv``).
-KV_TYPE_IDS = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30, "iq4_nl": 20}
+#: The KV cache types the planner searches.
 KV_TYPES = ("f16", "q8_0", "q4_0")
 
 
-def type_bytes(n_values: int, type_name: str) -> int:
-    """Bytes of ``n_values`` values stored as ggml type ``type_name`` (rounded up to whole blocks)."""
-    try:
-        block, size = GGML_TYPES[type_name.lower()]
-    except KeyError:
-        raise ConfigError(f"Unknown ggml type {type_name!r}.") from None
-    return -(-n_values // block) * size
-
-
-def bits_per_weight(type_name: str) -> float:
-    block, size = GGML_TYPES[type_name.lower()]
-    return size * 8 / block
-
-
 # --------------------------------------------------------------------------- model spec
-
-
-LayerKind = Literal["full", "swa", "recurrent"]
 
 
 @dataclass(frozen=True)
@@ -149,38 +125,17 @@ class ModelSpec:
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], tensors: list[tuple[str, tuple[int, ...], str]],
                       *, name: str = "model") -> ModelSpec:
-        arch = str(meta.get("general.architecture", ""))
+        info = ModelInfo.from_metadata(meta, [t[0] for t in tensors], name=name)
+        arch = info.arch
         if not arch:
             raise ConfigError(f"{name}: no general.architecture in the GGUF metadata.")
 
         def key(k: str, default: Any = None) -> Any:
             return meta.get(f"{arch}.{k}", default)
 
-        n_layers = int(key("block_count", 0))
-        n_embd = int(key("embedding_length", 0))
+        n_layers, n_embd, n_experts = info.n_layers, info.n_embd, info.n_experts
         if n_layers <= 0 or n_embd <= 0:
             raise ConfigError(f"{name}: block_count / embedding_length missing.")
-
-        def per_layer(v: Any, default: int) -> list[int]:
-            if v is None:
-                return [default] * n_layers
-            if isinstance(v, (list, tuple)):
-                return [int(x) for x in v] + [int(v[-1]) if v else default] * (n_layers - len(v))
-            return [int(v)] * n_layers
-
-        n_head = per_layer(key("attention.head_count"), 0)
-        n_head_kv = per_layer(key("attention.head_count_kv"), 0)
-        n_head_kv = [kv if kv else h for kv, h in zip(n_head_kv, n_head)] if key("attention.head_count_kv") is None \
-            else n_head_kv
-        hd_default = n_embd // max(n_head[0], 1) if n_head[0] else 0
-        hd_k = int(key("attention.key_length", hd_default))
-        hd_v = int(key("attention.value_length", hd_default))
-        window = int(key("attention.sliding_window", 0) or 0)
-        swa_pattern = key("attention.sliding_window_pattern")
-        n_experts = int(key("expert_count", 0) or 0)
-        n_used = int(key("expert_used_count", 0) or 0)
-        expert_ff = int(key("expert_feed_forward_length", 0) or 0)
-        n_ctx_train = int(key("context_length", 0) or 0)
 
         exp_rx = re.compile(EXPERT_PATTERN)
         blk_rx = re.compile(r"^blk\.(\d+)\.")
@@ -189,7 +144,6 @@ class ModelSpec:
         other_b = [0] * n_layers
         dense_p = [0] * n_layers
         exp_p = [0] * n_layers
-        recurrent = [False] * n_layers
         embd_bytes = output_bytes = output_params = 0
         n_vocab = 0
         for tname, shape, ttype in tensors:
@@ -209,8 +163,6 @@ class ModelSpec:
             i = int(m.group(1))
             if i >= n_layers:
                 continue
-            if ".ssm_" in tname:
-                recurrent[i] = True
             if exp_rx.search(tname):
                 exp_b[i] += nbytes
                 exp_max[i] = max(exp_max[i], nbytes)
@@ -239,29 +191,18 @@ class ModelSpec:
             state = (max(d_conv - 1, 0) * conv_ch + d_inner * d_state) * 4
 
         layers = []
-        for i in range(n_layers):
-            if recurrent[i] or (n_head_kv[i] == 0 and any(recurrent)):
-                kind: LayerKind = "recurrent"
-            elif window and swa_pattern is not None:
-                pat = int(swa_pattern) if not isinstance(swa_pattern, list) else 0
-                if isinstance(swa_pattern, list):
-                    kind = "swa" if swa_pattern[i % len(swa_pattern)] else "full"
-                else:
-                    kind = "swa" if pat and (i % pat) < pat - 1 else "full"
-            elif window and arch in ("mistral", "gpt-oss", "gpt_oss"):
-                kind = "swa"
-            else:
-                kind = "full"
+        for i, lay in enumerate(info.layers):
+            recurrent = lay.kind == "recurrent"
             layers.append(LayerSpec(
-                kind=kind, expert_bytes=exp_b[i], expert_tensor_max=exp_max[i], other_bytes=other_b[i],
-                dense_params=dense_p[i], expert_params=exp_p[i], n_head=n_head[i], n_head_kv=n_head_kv[i],
-                head_dim_k=hd_k, head_dim_v=hd_v, window=window if kind == "swa" else 0,
-                state_bytes=state if kind == "recurrent" else 0,
-                state_flops=4 * d_inner * d_state if kind == "recurrent" else 0,
+                kind=lay.kind, expert_bytes=exp_b[i], expert_tensor_max=exp_max[i], other_bytes=other_b[i],
+                dense_params=dense_p[i], expert_params=exp_p[i], n_head=lay.n_head, n_head_kv=lay.n_head_kv,
+                head_dim_k=lay.head_dim_k, head_dim_v=lay.head_dim_v, window=lay.window,
+                state_bytes=state if recurrent else 0,
+                state_flops=4 * d_inner * d_state if recurrent else 0,
             ))
         return cls(
-            name=name, arch=arch, n_embd=n_embd, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
-            n_experts=n_experts, n_experts_used=n_used, expert_ff=expert_ff, layers=tuple(layers),
+            name=name, arch=arch, n_embd=n_embd, n_vocab=n_vocab, n_ctx_train=info.n_ctx_train,
+            n_experts=n_experts, n_experts_used=info.n_experts_used, expert_ff=info.expert_ff, layers=tuple(layers),
             embd_bytes=embd_bytes, output_bytes=output_bytes, output_params=output_params,
         )
 
@@ -368,5 +309,4 @@ def kv_type_supported(spec: ModelSpec, type_name: str) -> bool:
                for lay in spec.layers if lay.kind != "recurrent")
 
 
-__all__ = ["GGML_TYPES", "KV_TYPES", "KV_TYPE_IDS", "LayerKind", "LayerSpec", "ModelSpec", "bits_per_weight",
-           "ggml_type_name", "kv_type_supported", "read_gguf", "type_bytes"]
+__all__ = ["KV_TYPES", "LayerSpec", "ModelSpec", "ggml_type_name", "kv_type_supported", "read_gguf"]

@@ -43,7 +43,9 @@ from typing import Any, Callable, Literal, Sequence
 from ..config import EngineConfig, toml_value
 from ..errors import ConfigError, RagError
 from ..profiles import PROFILE_KEYS
-from .hardware import GiB, HardwareProfile, detect_ram
+from ..engine.host import detect_ram
+from ..engine.model_info import effective_n_ctx
+from .hardware import GiB, HardwareProfile
 from .hardware import measure_hardware as _measure_hardware
 from .plan import UBATCHES
 from .plan import plan as make_plan
@@ -240,9 +242,9 @@ class TuneResult:
 
 def gpu_offload_available() -> bool:
     """Whether this llama.cpp build can offload to a GPU."""
-    import llama_cpp
+    from ..engine._llama import supports_gpu_offload
 
-    return bool(llama_cpp.llama_supports_gpu_offload())
+    return supports_gpu_offload()
 
 
 def _key(settings: EngineConfig) -> tuple:
@@ -298,8 +300,6 @@ def _prompt(rng: random.Random, n_vocab: int, n: int, first: int) -> list[int]:
 def measure(model_path: Path, settings: EngineConfig, *, n_tokens: int, n_vocab: int, repeats: int = 1,
             seed: int = 0) -> tuple[list[float], float]:
     """(prefill tokens/s of each of ``repeats`` prefills of ``n_tokens`` tokens, load seconds), after a warm-up."""
-    import llama_cpp
-
     from ..engine.generator import Engine, EngineStats
 
     rng = random.Random(seed)
@@ -314,7 +314,7 @@ def measure(model_path: Path, settings: EngineConfig, *, n_tokens: int, n_vocab:
             engine.generate(tokens, max_tokens=1, stats=stats).read()
             # generate() leaves its last decode (the sampled token) unsynchronised; llama.cpp would book the
             # time until the next synchronisation to the next prefill's counter
-            llama_cpp.llama_synchronize(engine.llm._ctx.ctx)
+            engine.llm.synchronize()
             if r == 0:
                 continue  # the warm-up
             if stats.prefill_tokens != n_tokens or stats.prefill_tokens_per_second <= 0:
@@ -420,10 +420,9 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
     model_path = Path(model_path)
     notes: list[str] = []
     spec = ModelSpec.from_gguf(model_path)
-    n_ctx = n_ctx or spec.n_ctx_train
-    if spec.n_ctx_train and n_ctx > spec.n_ctx_train and engine_settings.rope_scaling in ("", "none"):
-        notes.append(f"n_ctx {n_ctx} is above the model's trained context: tuned for {spec.n_ctx_train}")
-        n_ctx = spec.n_ctx_train
+    requested, n_ctx = n_ctx, effective_n_ctx(n_ctx, spec.n_ctx_train, engine_settings.rope_scaling)
+    if requested > n_ctx:
+        notes.append(f"n_ctx {requested} is above the model's trained context: tuned for {n_ctx}")
     if n_ctx < 16:
         raise ConfigError(f"n_ctx {n_ctx} is too small to tune for.")
     n_tokens = int(n_tokens or min(n_ctx // 2, 8192))

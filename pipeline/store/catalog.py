@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from .._sqlite import transaction
 from ..errors import StoreError
 from .failures import storage_error
 from .schema import upgrade
@@ -226,15 +227,4 @@ class Catalog:
         return int(row[0]), int(row[1]), int(row[2])
 
     def _tx(self):
-        return _Transaction(self.db)
-
-
-class _Transaction:
-    def __init__(self, db: sqlite3.Connection):
-        self.db = db
-
-    def __enter__(self):
-        self.db.execute("BEGIN IMMEDIATE")
-
-    def __exit__(self, exc_type, *_):
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        return transaction(self.db)

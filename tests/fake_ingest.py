@@ -1,0 +1,30 @@
+"""``rag ingest ROOT`` with the fake embedder, as its own process, for the crash tests.
+
+    python tests/fake_ingest.py ROOT [DELAY]
+
+``DELAY`` seconds per embedded chunk keep the run long enough to be killed mid-way.
+Settings (store path...) come from the environment, as for ``rag``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+from fakes import HashEmbedder  # noqa: E402
+
+from pipeline import Pipeline  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    root, delay = argv[0], float(argv[1]) if len(argv) > 1 else 0.0
+    with Pipeline.from_config(embedder=HashEmbedder(delay=delay)) as rag:
+        rag.ingest([root])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

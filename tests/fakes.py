@@ -1,0 +1,157 @@
+"""Deterministic fakes of the two stage contracts (:mod:`pipeline.engine.stages`), for fast tests.
+
+:class:`HashEmbedder` embeds by feature hashing: every word adds to one of ``dim``
+coordinates, so texts sharing words are close and the same text always gives the
+same vector. :class:`EchoGenerator` answers by repeating the question, tokenizes by
+words, and reports prefill figures the way the engine does: the common prefix with
+the previous prompt (up to ``prefix_len``) is reused in memory, a prefix saved by
+an earlier prompt or by ``warm`` (in ``saved``, which pipelines may share, as
+processes share a cache directory) is "restored from disk". Neither loads a model.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import zlib
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from pipeline.engine.stages import EngineStats, Generation
+
+_WORDS = re.compile(r"\w+|[^\w\s]")
+_PIECES = re.compile(r"\s+|\w+|[^\w\s]")
+_QUESTION = re.compile(r"Question: (.*?)(?:<\|im_end\|>|$)", re.S)
+
+
+def _token_id(piece: str, vocab: int) -> int:
+    return 10 + zlib.crc32(piece.encode("utf-8")) % vocab  # ids below 10 are special
+
+
+class HashEmbedder:
+    """Words → hashed coordinates of a ``dim``-dimensional unit vector; ``delay`` seconds per embedding."""
+
+    CLS, SEP = 1, 2
+
+    def __init__(self, dim: int = 64, *, max_tokens: int = 256, delay: float = 0.0):
+        self.model_path = Path(f"fake-hash-embedder-{dim}")
+        self.dim = dim
+        self.max_tokens = max_tokens
+        self.identity = f"fake-hash-embedder-{dim}"
+        self.delay = delay
+        self.embedded = 0  # sequences embedded so far
+        self.closed = False
+
+    def tokenize(self, text: str) -> list[int]:
+        return [_token_id(w.lower(), 50_000) for w in _WORDS.findall(text)]
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenize(text))
+
+    def sequence(self, text: str) -> list[int]:
+        return [self.CLS] + self.tokenize(text)[:self.max_tokens] + [self.SEP]
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed_tokens([self.sequence(t) for t in texts])
+
+    def embed_tokens(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
+        out = np.zeros((len(seqs), self.dim), dtype=np.float32)
+        for i, seq in enumerate(seqs):
+            for tok in seq:
+                if tok >= 10:
+                    out[i, tok % self.dim] += 1.0 if (tok // self.dim) % 2 else -1.0
+            out[i, 0] += 1e-3  # no zero vector, even for an empty text
+            if self.delay:
+                time.sleep(self.delay)
+        self.embedded += len(seqs)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class EchoGenerator:
+    """Answers "You asked: <question>" word by word, with the engine's prefix-reuse figures."""
+
+    BOS = 1
+
+    def __init__(self, *, n_ctx: int = 4096, saved: set[tuple[int, ...]] | None = None, min_tokens: int = 16):
+        self.n_ctx = n_ctx
+        self.saved = saved if saved is not None else set()  # prefixes "on disk"
+        self.min_tokens = min_tokens
+        self.prompts: list[list[int]] = []  # every prompt generated from, in order
+        self.closed = False
+        self._kv: list[int] = []  # what the "KV cache" holds
+        self._pieces: dict[int, str] = {}
+
+    @property
+    def bos(self) -> list[int]:
+        return [self.BOS]
+
+    def tokenize(self, text: str) -> list[int]:
+        out = []
+        for piece in _PIECES.findall(text):
+            tok = _token_id(piece, 100_000)
+            self._pieces[tok] = piece
+            out.append(tok)
+        return out
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenize(text))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return "".join(self._pieces.get(t, "") for t in tokens)
+
+    def chat(self, system: str, user: str) -> str:
+        return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+                "<|im_start|>assistant\n")
+
+    def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
+                 repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
+                 stats: EngineStats | None = None) -> Generation:
+        from pipeline.errors import EngineError
+
+        if len(tokens) + 1 > self.n_ctx:
+            raise EngineError(f"the prompt has {len(tokens):,} tokens; the context holds {self.n_ctx:,}")
+        tokens = list(tokens)
+        self.prompts.append(tokens)
+        stats = stats or EngineStats()
+        stats.prompt_tokens = len(tokens)
+        limit = min(prefix_len or len(tokens), len(tokens) - 1)
+        reused = 0
+        while reused < min(limit, len(self._kv)) and self._kv[reused] == tokens[reused]:
+            reused += 1
+        if reused:
+            stats.cache = "memory"
+        if prefix_len >= self.min_tokens and reused < prefix_len:
+            if tuple(tokens[:prefix_len]) in self.saved:
+                reused, stats.cache = prefix_len, "disk"
+            else:
+                stats.cache = "miss"
+                self.saved.add(tuple(tokens[:prefix_len]))
+        self._kv = tokens[:]
+        stats.cached_tokens = reused
+        stats.prefill_tokens = len(tokens) - reused
+        stats.prefill_seconds = stats.ttft_seconds = 1e-5 * stats.prefill_tokens
+        stats.prefill_tokens_per_second = 1e5
+        found = _QUESTION.search(self.detokenize(tokens[prefix_len:]))
+        words = ["You", " asked:"] + [" " + w for w in (found.group(1) if found else "").split()]
+        return Generation(self._stream(words[:max_tokens], stats), stats)
+
+    def _stream(self, words: list[str], stats: EngineStats) -> Iterator[str]:
+        for word in words:
+            stats.decode_tokens += 1
+            yield word
+
+    def warm(self, prefix: Sequence[int]) -> bool:
+        key = tuple(prefix)
+        if len(key) < self.min_tokens or key in self.saved:
+            return False
+        self.saved.add(key)
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+        self._kv = []
