@@ -504,8 +504,8 @@ def models_pull(ctx, refs):
 @click.option("--quant", default="Q6_K", show_default=True, help="Quantisation for --spec (Q4_K_M, Q6_K, Q8_0, f16).")
 @click.option("--gpu", "hardware", help="Hardware profile: rtx3090, rtx4090, a100-40gb, a100-80gb, h100, h200, cpu, "
               "or a profile TOML. [default: the one `rag tune --measure-hardware` saved, else cpu]")
-@click.option("--vram", "vram_gb", type=FiniteFloat(min=0), help="GPU memory budget in GiB (overrides the profile).")
-@click.option("--ram", "ram_gb", type=FiniteFloat(min=0), help="Host memory budget in GiB (overrides the profile).")
+@click.option("--vram", "vram_gb", type=float, help="GPU memory budget in GiB (overrides the profile).")
+@click.option("--ram", "ram_gb", type=float, help="Host memory budget in GiB (overrides the profile).")
 @click.option("--ctx", "n_ctx", type=click.IntRange(min=1), help="Context length. [default: engine.n_ctx]")
 @click.option("--kv", type=click.Choice(["f16", "q8_0", "q4_0", "auto"]), help="KV cache type; auto searches.")
 @click.option("-b", "--n-batch", type=click.IntRange(min=1), help="Fix n_batch instead of searching.")
