@@ -164,11 +164,15 @@ class JobStore:
         return self.db.execute("SELECT COUNT(*) FROM units WHERE doc_key = ? AND prompt_key = ?",
                                (doc_key, prompt_key)).fetchone()[0]
 
-    def forget(self, pairs: Iterable[tuple[str, str]]) -> int:
-        """Delete the units and results of these (document key, prompt key) pairs; the count of rows deleted."""
+    def forget(self, job_id: str, pairs: Iterable[tuple[str, str]]) -> int:
+        """Delete a job's record and the units and results of its (document key, prompt key) pairs.
+
+        Returns the number of units and results deleted.
+        """
         n = 0
         self.db.execute("BEGIN IMMEDIATE")
         try:
+            self.db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
             for doc_key, prompt_key in pairs:
                 for table in ("units", "results"):
                     n += self.db.execute(f"DELETE FROM {table} WHERE doc_key = ? AND prompt_key = ?",

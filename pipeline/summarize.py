@@ -21,10 +21,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 import weakref
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
@@ -307,6 +309,7 @@ class _Outputs:
 
 # Engines with a job running: one llama.cpp context must never be used by two threads at once.
 _busy: "weakref.WeakSet" = weakref.WeakSet()
+_busy_lock = threading.Lock()
 
 
 class Job:
@@ -335,14 +338,14 @@ class Job:
 
     # -- identity -----------------------------------------------------------------------------
 
-    @property
+    @cached_property
     def settings_key(self) -> str:
         """The model (file identity and every KV-shaping setting), batch sizes and generation settings."""
         e = self.engine
         return digest(METHOD_VERSION, e.namespace, e.settings.n_batch, e.settings.n_ubatch,
                       asdict(self.settings))
 
-    @property
+    @cached_property
     def job_id(self) -> str:
         return digest(self.settings_key, [(d.source, d.content_hash) for d in self.documents], self.prompts)
 
@@ -385,15 +388,17 @@ class Job:
 
     def forget(self) -> int:
         """Delete every finished unit and result of this job, so that the next run computes it all again."""
-        return self.jobs.forget((self.doc_key(d), self.prompt_key(p)) for d in self.documents for p in self.prompts)
+        return self.jobs.forget(self.job_id, [(self.doc_key(d), self.prompt_key(p))
+                                              for d in self.documents for p in self.prompts])
 
     # -- running ------------------------------------------------------------------------------
 
     def run(self, *, outputs: _Outputs | None = None) -> Iterator[Summary]:
-        if self.engine in _busy:
-            raise EngineError("a summarize job is already running on this pipeline's engine; "
-                              "use one Pipeline per thread")
-        _busy.add(self.engine)
+        with _busy_lock:
+            if self.engine in _busy:
+                raise EngineError("a summarize job is already running on this pipeline's engine; "
+                                  "use one Pipeline per thread")
+            _busy.add(self.engine)
         t0 = time.perf_counter()
         try:
             self.report.job_id = self.job_id

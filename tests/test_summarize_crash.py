@@ -19,16 +19,17 @@ from pathlib import Path
 from pipeline.jobs import KILL_HOOK
 
 # A small context so that the long document needs several sections; chunks small enough to fit one.
-ENV = {"RAG_ENGINE_N_CTX": "256", "RAG_CHUNKING_SIZE": "48", "RAG_CHUNKING_OVERLAP": "8",
+N_CTX = 224
+ENV = {"RAG_ENGINE_N_CTX": str(N_CTX), "RAG_CHUNKING_SIZE": "48", "RAG_CHUNKING_OVERLAP": "8",
        "RAG_CACHE_MIN_TOKENS": "16"}
 PROMPTS = ["-p", "Summarise in one sentence.", "-p", "Name the topics."]
-MAX_TOKENS = "6"
+MAX_TOKENS = "5"
 
 
 def write_corpus(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     topics = ["tomatoes and sunlight", "llama.cpp prefill batches", "Chroma persistent clients",
-              "the Rhine river in spring", "prime numbers below fifty"]
+              "the Rhine river in spring", "prime numbers below fifty", "violins and their strings"]
     parts = [f"Part {i + 1} is about {t}. " + " ".join(f"Fact {j} on {t} says the value is {i * 10 + j}."
                                                    for j in range(6)) for i, t in enumerate(topics)]
     (root / "a_long.md").write_text("# Long notes\n\n" + "\n\n".join(parts) + "\n")
@@ -73,8 +74,20 @@ def test_kill_9_mid_map_mid_reduce_and_between_documents_then_resume_identically
     sequence = commits(tmp_path / "ref")
     kinds = [k for k, _, _ in sequence]
     assert len(sequence) == report["units_computed"] + 4  # every unit, then 2 documents x 2 prompts
+
+    # The long document, several times the context, went map-reduce; every section was summarised
+    # for each prompt, and one reduce step per prompt combined all of those partials.
+    from pipeline import Pipeline
+
+    with Pipeline.from_config() as rag:
+        assert rag.engine.count_tokens((docs / "a_long.md").read_text()) >= 3 * N_CTX
+    long = [s for s in report["summaries"] if s["source"].endswith("a_long.md")]
+    assert [s["method"] for s in long] == ["map-reduce"] * 2
+    n_sections = long[0]["sections"]
+    assert n_sections >= 4 and all(s["sections"] == n_sections for s in long)
+    assert all(s["reduce_steps"] == 1 and s["levels"] == 1 for s in long)
     n_maps = kinds.count("map")
-    assert n_maps >= 6  # at least 3 sections x 2 prompts
+    assert n_maps == 2 * n_sections and kinds.count("reduce") == 2
     long_doc_key = sequence[0][1]
     mid_map = 3
     mid_reduce = kinds.index("reduce") + 1  # the first reduce step done, its result and the others not
