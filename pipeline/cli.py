@@ -548,7 +548,10 @@ def summarize(ctx, paths, collection, store_path, prompts, prompt_file, out_dir,
             lines = prompt_file.read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise click.BadParameter(str(exc), param_hint="--prompt-file") from None
-        prompts += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        from_file = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+        if not from_file:
+            raise click.BadParameter(f"{prompt_file} holds no instruction", param_hint="--prompt-file")
+        prompts += from_file
     overrides = _store_overrides(collection, store_path)
     overrides["engine.n_ctx"] = n_ctx
     with _pipeline(ctx, **overrides) as rag:

@@ -279,3 +279,6 @@ def test_summarize_errors_are_messages(store_dir, tmp_path):
     assert res.exit_code == 2 and "does not exist" in res.output and "Traceback" not in res.output
     res = runner.invoke(cli, ["summarize", "-p", "  ", str(tmp_path)])
     assert res.exit_code == 2 and "prompt is empty" in res.output
+    (tmp_path / "prompts.txt").write_text("# nothing but a comment\n")
+    res = runner.invoke(cli, ["summarize", "--prompt-file", str(tmp_path / "prompts.txt")])
+    assert res.exit_code == 2 and "holds no instruction" in res.output
