@@ -162,10 +162,10 @@ class Summary:
         return d
 
     def markdown(self) -> str:
-        lines = [f"# {Path(self.source).name}", "", f"- source: {self.source}", f"- prompt: {self.prompt}",
-                 f"- method: {self.method_label}", ""]
+        head = [f"# {Path(self.source).name}", "", f"- source: {self.source}", f"- prompt: {self.prompt}",
+                f"- method: {self.method_label}"]
         body = self.text if self.ok else f"(failed: {self.error})"
-        return "\n".join(lines) + body.rstrip() + "\n"
+        return "\n".join(head) + "\n\n" + body.rstrip() + "\n"
 
 
 def _plural(n: int, word: str) -> str:
