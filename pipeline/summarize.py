@@ -18,6 +18,7 @@ resumes where it was, with the same output as an uninterrupted run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -542,8 +543,8 @@ class Job:
                                   f"{self.engine.n_ctx:,} tokens: raise engine.n_ctx or lower --max-tokens")
             combined = []
             for g, group in enumerate(groups):
-                if len(group) == 1:
-                    combined.append(group[0])
+                if len(group) == 1:  # carried to the next level as it is, numbered in order there
+                    combined.append(dataclasses.replace(group[0], first=g, last=g, rank=g))
                     continue
                 text = self._unit(s, dk, "reduce", [level, g, [p.text for p in group]],
                                   prompt=lambda group=group: self._pack(group, instruction))

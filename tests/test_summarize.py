@@ -25,7 +25,8 @@ from pipeline.summarize import Job, Settings, cut_sections, output_names
 
 
 class FakeEngine:
-    """Words are tokens. The output of a prompt is the range of chunk markers (C<i>) it covered, padded."""
+    """Words are tokens. The output of a prompt is the range of chunk markers (C<i>) it covered, padded,
+    or GAP if they were not consecutive and in order."""
 
     namespace = "fake-model"
     settings = SimpleNamespace(n_batch=512, n_ubatch=512)
@@ -55,10 +56,12 @@ class FakeEngine:
     def generate(self, tokens, *, max_tokens, prefix_len, **_):
         text = " ".join(self.words[t] for t in tokens)
         self.prompts.append(text)
-        covered = set()
-        for lo, hi in re.findall(r"\bC(\d+)(?:\.\.C(\d+))?\b", text):
-            covered.update(range(int(lo), int(hi or lo) + 1))
-        contiguous = covered == set(range(min(covered), max(covered) + 1)) if covered else False
+        covered, last, in_order = set(), -1, True
+        for lo, hi in re.findall(r"\bC(\d+)(?:\.\.C(\d+))?\b", text):  # in the order the prompt shows them
+            in_order = in_order and int(lo) > last
+            last = int(hi or lo)
+            covered.update(range(int(lo), last + 1))
+        contiguous = in_order and covered == set(range(min(covered), max(covered) + 1)) if covered else False
         out = (f"C{min(covered)}..C{max(covered)}" if contiguous else "GAP") + " pad" * (max_tokens - 1)
         stats = EngineStats(prompt_tokens=len(tokens), prefill_tokens=len(tokens), decode_tokens=max_tokens)
         return SimpleNamespace(read=lambda: out, stats=stats)
