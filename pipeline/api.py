@@ -22,8 +22,9 @@ from .store.store import Store
 
 if TYPE_CHECKING:
     from .context import Prompt
-    from .evaluate import EvalReport, Question
     from .engine.stages import EngineStats, Generation, TextEmbedder, TextGenerator
+    from .evaluate import EvalReport, Question
+    from .summarize import SummaryEvent, SummaryRun
 
 
 @dataclass(frozen=True)
@@ -489,6 +490,80 @@ class Pipeline:
             if progress:
                 progress(source, outcome)
         return outcomes
+
+    # -- batch summaries (rag summarize) ------------------------------------------------------
+
+    def summarize(self, paths: Iterable[str | Path] | None = None, *, prompts: Sequence[str] | None = None,
+                  max_tokens: int | None = None, restart: bool = False, out_dir: str | Path | None = None,
+                  jsonl: str | Path | None = None, progress: "Callable[[SummaryEvent], None] | None" = None
+                  ) -> "SummaryRun":
+        """Summarise documents, resumably: iterate the result for :class:`~.summarize.Summary` objects as they finish.
+
+        ``paths`` (files or folders) are ingested first where new or changed; with none,
+        the whole collection is summarised. Each prompt (default ``summarize.prompt``)
+        gives one summary per document. Finished work is kept in the store's job
+        database, so the same call after an interruption does only what is left
+        (``restart`` discards it first). ``out_dir`` gets one Markdown file per document
+        and prompt, ``jsonl`` one JSON line per summary; ``report`` on the result has
+        the totals once iteration ends.
+        """
+        from .summarize import SummaryRun
+
+        return SummaryRun(lambda: self._summary_job(paths, prompts=prompts, max_tokens=max_tokens, ingest_first=True),
+                          restart=restart, out_dir=out_dir, jsonl=jsonl, progress=progress)
+
+    def summary_status(self, paths: Iterable[str | Path] | None = None, *, prompts: Sequence[str] | None = None,
+                       max_tokens: int | None = None) -> dict:
+        """How far the job that ``summarize`` with these arguments would run has got; changes nothing."""
+        job, jobs, failed, _ = self._summary_job(paths, prompts=prompts, max_tokens=max_tokens, ingest_first=False)
+        with jobs:
+            status = job.status()
+        status["not_ingested"] = [f["source"] for f in failed]
+        return status
+
+    def _summary_job(self, paths, *, prompts, max_tokens, ingest_first: bool):
+        from .jobs import JobStore
+        from .summarize import Job, Settings
+
+        m, failed, skipped = self.config.summarize, [], []
+        prompts = list(prompts) if prompts else [m.prompt]
+        if not all(p.strip() for p in prompts):
+            from .errors import InputError
+
+            raise InputError("a prompt is empty")
+        wanted: list[str] | None = None
+        if paths is not None and list(paths):
+            paths = list(paths)
+            if ingest_first:
+                report = self.ingest(paths)
+                wanted = [str(Path(f.path).resolve()) for f in report.files
+                          if f.status in ("new", "changed", "unchanged")]
+                failed = [{"source": str(Path(f.path).resolve()), "error": f.reason or f.status}
+                          for f in report.files if f.status == "failed"]
+                skipped = [{"source": str(Path(f.path).resolve()), "error": f.reason or f.status}
+                           for f in report.files if f.status == "skipped"]
+            else:
+                wanted = [str(f.resolve()) for f in scan(paths)[0]]
+        with self.store() as store:
+            store.require()
+            known = store.documents()
+            if wanted is None:
+                if not known:
+                    from .errors import StoreError
+
+                    raise StoreError(f"collection '{store.name}' is empty; run `rag ingest PATH` first")
+                documents = list(known.values())
+            else:
+                documents = [known[s] for s in wanted if s in known]
+                if not ingest_first:
+                    failed = [{"source": s, "error": "not ingested"} for s in wanted if s not in known]
+        s = self.engine.settings
+        settings = Settings(max_tokens=max_tokens or m.max_tokens, temperature=m.temperature,
+                            repeat_penalty=m.repeat_penalty, seed=s.seed, system=self.config.ask.system_prompt)
+        jobs = JobStore(self.config.store_path / "jobs.sqlite")
+        job = Job(engine=self.engine, jobs=jobs, open_store=self.store, collection=self.config.store.collection,
+                  documents=documents, prompts=prompts, settings=settings)
+        return job, jobs, failed, skipped
 
     def status(self) -> CollectionStatus:
         """What the collection holds; never creates anything."""

@@ -228,6 +228,22 @@ class AskConfig:
 
 
 @dataclass(frozen=True)
+class SummarizeConfig:
+    """Batch summaries (``rag summarize``): the default instruction and how summaries are generated.
+
+    The system prompt is ``ask.system_prompt``, so a summary shares its document prefix
+    with ``rag ask --doc`` and ``rag warm``.
+    """
+
+    prompt: str = (
+        "Summarise the documents for a reader who has not seen them: what they are about, their main "
+        "points, and any conclusions, figures or dates that matter, in one or two paragraphs.")
+    max_tokens: int = 384
+    temperature: float = 0.0
+    repeat_penalty: float = 1.2
+
+
+@dataclass(frozen=True)
 class CacheConfig:
     """Prefix KV states on disk: prompts that start like an earlier one skip that part of prefill.
 
@@ -255,6 +271,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     ask: AskConfig = field(default_factory=AskConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    summarize: SummarizeConfig = field(default_factory=SummarizeConfig)
 
     @property
     def home_path(self) -> Path:
@@ -316,6 +333,10 @@ class Config:
             raise ConfigError("ask.mmr_lambda must be in [0, 1], ask.temperature >= 0, ask.repeat_penalty > 0")
         if self.cache.max_gb <= 0 or self.cache.min_tokens < 1:
             raise ConfigError("cache.max_gb must be > 0 and cache.min_tokens >= 1")
+        m = self.summarize
+        if not m.prompt.strip() or m.max_tokens < 1 or m.temperature < 0 or m.repeat_penalty <= 0:
+            raise ConfigError("summarize.prompt must not be empty, summarize.max_tokens >= 1, "
+                              "summarize.temperature >= 0, summarize.repeat_penalty > 0")
         return self
 
 

@@ -1,0 +1,189 @@
+"""Resumable job state for ``rag summarize``: every finished unit of work, committed as it completes.
+
+One SQLite file per store, ``jobs.sqlite`` beside the catalog, with its own schema
+version (so it migrates independently of the catalog). Work is content-addressed:
+
+- a *unit* (a whole-document prompt, one section's map prompt, one reduce step) is
+  keyed by a hash of everything its output depends on: the model and the settings
+  that shape generation, the document's path and content hash, the section's chunk
+  range, the instruction, and for a reduce step the texts it combines;
+- a *result* (one document × prompt, finished) is keyed by the settings, the
+  document and the prompt.
+
+So the same command run again finds what was finished and does only the rest, a
+changed document (a new content hash) gets new keys and redoes only its own units,
+and several jobs over overlapping documents share their work. Each commit is one
+SQLite transaction, so ``kill -9`` at any moment loses at most the unit in flight.
+
+Test hook: when ``RAG_TEST_KILL_AFTER_COMMITS=N`` is set, the process SIGKILLs
+itself right after its Nth commit (a unit or a result) in this process. The crash
+tests use it to stop a real ``rag summarize`` at exact points (mid-map, mid-reduce,
+between documents); it has no other use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from .errors import StoreError
+
+SCHEMA_VERSION = 1
+KILL_HOOK = "RAG_TEST_KILL_AFTER_COMMITS"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY, collection TEXT, spec TEXT, state TEXT, created_at REAL, updated_at REAL);
+CREATE TABLE IF NOT EXISTS units (
+    key TEXT PRIMARY KEY, doc_key TEXT, prompt_key TEXT, kind TEXT, idx TEXT, text TEXT,
+    prompt_tokens INTEGER, prefill_tokens INTEGER, decode_tokens INTEGER, seconds REAL, finished_at REAL);
+CREATE INDEX IF NOT EXISTS units_by_doc ON units (doc_key, prompt_key);
+CREATE TABLE IF NOT EXISTS results (
+    key TEXT PRIMARY KEY, doc_key TEXT, prompt_key TEXT, source TEXT, content_hash TEXT, prompt TEXT,
+    method TEXT, sections INTEGER, reduce_steps INTEGER, levels INTEGER, text TEXT, finished_at REAL);
+CREATE INDEX IF NOT EXISTS results_by_doc ON results (doc_key, prompt_key);
+"""
+
+
+def digest(*parts) -> str:
+    """A short stable hash of JSON-serialisable ``parts``."""
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One finished piece of work and what it cost when it was computed."""
+
+    key: str
+    kind: str  # whole | map | reduce
+    text: str
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    """One finished document × prompt."""
+
+    source: str
+    content_hash: str
+    prompt: str
+    method: str  # whole | map-reduce
+    sections: int
+    reduce_steps: int
+    levels: int
+    text: str
+
+
+class JobStore:
+    """The job database of one store directory. One connection per instance; not shared between threads."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._commits = 0
+        kill = os.environ.get(KILL_HOOK, "")
+        self._kill_after = int(kill) if kill.isdigit() else 0
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(_SCHEMA)
+            row = self.db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+            if row is None:
+                self.db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise StoreError(f"{self.path} was written by a newer version (job schema {row[0]}, "
+                                 f"this one reads {SCHEMA_VERSION}): upgrade rag or use another store")
+        except (sqlite3.DatabaseError, OSError) as exc:
+            raise StoreError(f"cannot open the job database {self.path}: {exc}") from None
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "JobStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def begin(self, job_id: str, *, collection: str, spec: dict) -> None:
+        now = time.time()
+        self.db.execute(
+            "INSERT INTO jobs VALUES (?, ?, ?, 'running', ?, ?) ON CONFLICT (job_id) DO UPDATE SET"
+            " state = 'running', updated_at = excluded.updated_at",
+            (job_id, collection, json.dumps(spec, sort_keys=True), now, now))
+
+    def finish(self, job_id: str, state: str) -> None:
+        self.db.execute("UPDATE jobs SET state = ?, updated_at = ? WHERE job_id = ?", (state, time.time(), job_id))
+
+    def job(self, job_id: str) -> dict | None:
+        row = self.db.execute("SELECT state, created_at, updated_at FROM jobs WHERE job_id = ?",
+                              (job_id,)).fetchone()
+        return None if row is None else {"state": row[0], "created_at": row[1], "updated_at": row[2]}
+
+    # -- units and results --------------------------------------------------------------------
+
+    def unit(self, key: str) -> Unit | None:
+        row = self.db.execute("SELECT key, kind, text, prompt_tokens, prefill_tokens, decode_tokens, seconds"
+                              " FROM units WHERE key = ?", (key,)).fetchone()
+        return Unit(*row) if row else None
+
+    def commit_unit(self, unit: Unit, *, doc_key: str, prompt_key: str, idx: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO units VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (unit.key, doc_key, prompt_key, unit.kind, idx, unit.text, unit.prompt_tokens,
+                         unit.prefill_tokens, unit.decode_tokens, unit.seconds, time.time()))
+        self._committed()
+
+    def result(self, key: str) -> StoredResult | None:
+        row = self.db.execute("SELECT source, content_hash, prompt, method, sections, reduce_steps, levels, text"
+                              " FROM results WHERE key = ?", (key,)).fetchone()
+        return StoredResult(*row) if row else None
+
+    def commit_result(self, key: str, result: StoredResult, *, doc_key: str, prompt_key: str) -> None:
+        r = result
+        self.db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (key, doc_key, prompt_key, r.source, r.content_hash, r.prompt, r.method, r.sections,
+                         r.reduce_steps, r.levels, r.text, time.time()))
+        self._committed()
+
+    def units_done(self, doc_key: str, prompt_key: str) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM units WHERE doc_key = ? AND prompt_key = ?",
+                               (doc_key, prompt_key)).fetchone()[0]
+
+    def forget(self, job_id: str, pairs: Iterable[tuple[str, str]]) -> int:
+        """Delete a job's record and the units and results of its (document key, prompt key) pairs.
+
+        Returns the number of units and results deleted.
+        """
+        n = 0
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+            for doc_key, prompt_key in pairs:
+                for table in ("units", "results"):
+                    n += self.db.execute(f"DELETE FROM {table} WHERE doc_key = ? AND prompt_key = ?",
+                                         (doc_key, prompt_key)).rowcount
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+        return n
+
+    def _committed(self) -> None:
+        self._commits += 1
+        if self._kill_after and self._commits >= self._kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,287 @@
+"""``rag summarize``: whole documents and map-reduce, shared prefixes, resumable jobs, outputs.
+
+Fast tests run the job logic on a deterministic fake engine (its output names the
+chunks its prompt covered, so the reduce tree can be checked); the real-model tests
+run SmolLM2 with small contexts and short outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from contextlib import contextmanager
+from pathlib import Path
+from types import SimpleNamespace
+
+from click.testing import CliRunner
+
+from pipeline.cli import cli
+from pipeline.engine.generator import EngineStats
+from pipeline.jobs import JobStore
+from pipeline.store.catalog import DocumentRecord, StoredChunk
+from pipeline.summarize import Job, Settings, cut_sections, output_names
+
+# -- a deterministic fake engine and store ------------------------------------------------------
+
+
+class FakeEngine:
+    """Words are tokens. The output of a prompt is the range of chunk markers (C<i>) it covered, padded,
+    or GAP if they were not consecutive and in order."""
+
+    namespace = "fake-model"
+    settings = SimpleNamespace(n_batch=512, n_ubatch=512)
+    bos: list[int] = []
+
+    def __init__(self, n_ctx: int):
+        self.n_ctx = n_ctx
+        self.vocab: dict[str, int] = {}
+        self.words: list[str] = []
+        self.prompts: list[str] = []
+
+    def chat(self, system: str, user: str) -> str:
+        return f"SYSTEM {system} USER {user} ASSISTANT"
+
+    def tokenize(self, text: str) -> list[int]:
+        out = []
+        for w in text.split():
+            if w not in self.vocab:
+                self.vocab[w] = len(self.words)
+                self.words.append(w)
+            out.append(self.vocab[w])
+        return out
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def generate(self, tokens, *, max_tokens, prefix_len, **_):
+        text = " ".join(self.words[t] for t in tokens)
+        self.prompts.append(text)
+        covered, last, in_order = set(), -1, True
+        for lo, hi in re.findall(r"\bC(\d+)(?:\.\.C(\d+))?\b", text):  # in the order the prompt shows them
+            in_order = in_order and int(lo) > last
+            last = int(hi or lo)
+            covered.update(range(int(lo), last + 1))
+        contiguous = in_order and covered == set(range(min(covered), max(covered) + 1)) if covered else False
+        out = (f"C{min(covered)}..C{max(covered)}" if contiguous else "GAP") + " pad" * (max_tokens - 1)
+        stats = EngineStats(prompt_tokens=len(tokens), prefill_tokens=len(tokens), decode_tokens=max_tokens)
+        return SimpleNamespace(read=lambda: out, stats=stats)
+
+
+class FakeCatalog:
+    def __init__(self, docs: dict[str, list[str]]):
+        self.docs = {s: DocumentRecord(s, f"h-{hash(tuple(t)) & 0xffff}", 0, 0, "text", n_tokens=10 * len(t),
+                                       n_chunks=len(t)) for s, t in docs.items()}
+        self.texts = docs
+
+    def document(self, collection, source):
+        return self.docs.get(source)
+
+    def chunks(self, collection, source):
+        out, start = [], 0
+        for i, t in enumerate(self.texts[source]):  # no overlaps: offsets follow each other
+            out.append(StoredChunk(f"{source}-{i}", source, self.docs[source].content_hash, i, None, start,
+                                   start + len(t), 10, t))
+            start += len(t) + 1
+        return out
+
+
+def doc_chunks(n: int, words: int = 20) -> list[str]:
+    return [f"C{i} " + " ".join(f"w{i}x{j}" for j in range(words)) + "." for i in range(n)]
+
+
+def fake_job(tmp_path, docs: dict[str, list[str]], *, n_ctx: int, prompts=("Summarise.",), max_tokens: int = 8,
+             engine: FakeEngine | None = None):
+    catalog = FakeCatalog(docs)
+    store = SimpleNamespace(name="c", catalog=catalog)
+
+    @contextmanager
+    def open_store():
+        yield store
+
+    engine = engine or FakeEngine(n_ctx)
+    jobs = JobStore(tmp_path / "jobs.sqlite")
+    settings = Settings(max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0, seed=0, system="Be brief.")
+    job = Job(engine=engine, jobs=jobs, open_store=open_store, collection="c", documents=list(catalog.docs.values()),
+              prompts=list(prompts), settings=settings)
+    return job, jobs, engine
+
+
+# -- fast tests ----------------------------------------------------------------------------------
+
+
+def test_sections_are_consecutive_chunk_runs_that_fit_and_cover_the_document():
+    chunks = FakeCatalog({"/d.txt": doc_chunks(23)}).chunks("c", "/d.txt")
+    count = lambda text: len(text.split())  # noqa: E731
+    sections = cut_sections(chunks, 100, count=count)
+    assert [s.index for s in sections] == list(range(len(sections))) and len(sections) >= 5
+    assert sections[0].first == 0 and sections[-1].last == 22
+    assert all(b.first == a.last + 1 for a, b in zip(sections, sections[1:]))
+    assert all(sum(count(f"[1] d.txt\n{p.text}\n\n") for p in s.passages) <= 100 for s in sections)
+    assert cut_sections(chunks, 100, count=count) == sections  # fixed: the same on every run
+    sizes = [s.last - s.first + 1 for s in sections]
+    assert max(sizes) - min(sizes) <= 1  # as even as the budget allows, no tiny last section
+
+
+def test_a_long_document_goes_map_reduce_in_levels_and_every_section_contributes(tmp_path):
+    job, jobs, engine = fake_job(tmp_path, {"/docs/long.txt": doc_chunks(100), "/docs/short.txt": doc_chunks(1)},
+                                 n_ctx=160, max_tokens=20)
+    with jobs:
+        out = {s.source: s for s in job.run()}
+    long, short = out["/docs/long.txt"], out["/docs/short.txt"]
+    assert short.method == "whole" and short.text.startswith("C0..C0 ")
+    assert long.method == "map-reduce" and long.sections >= 10 and long.levels >= 2
+    assert long.text.split()[0] == "C0..C99"  # every chunk, through its section, reached the final result
+    assert "map-reduce over" in long.method_label and f"{long.sections} sections" in long.method_label
+    maps = [p for p in engine.prompts if "(The numbered documents are partial" not in p]
+    assert len(maps) == long.sections + 1  # one map prompt per section, plus the short document
+    assert long.reduce_steps == len(engine.prompts) - len(maps)
+    assert all(len(engine.tokenize(p)) + 20 <= 160 for p in engine.prompts)  # every prompt fitted the context
+
+
+def test_rerun_does_nothing_and_a_changed_document_redoes_only_its_own_units(tmp_path):
+    docs = {"/d/a.txt": doc_chunks(12), "/d/b.txt": doc_chunks(12)}
+    job, jobs, engine = fake_job(tmp_path, docs, n_ctx=160, prompts=("One.", "Two."))
+    with jobs:
+        first = [s.text for s in job.run()]
+        n_first = len(engine.prompts)
+    assert job.report.units_computed == n_first > 4
+    job, jobs, engine = fake_job(tmp_path, docs, n_ctx=160, prompts=("One.", "Two."))
+    with jobs:
+        assert [s.text for s in job.run()] == first
+        assert engine.prompts == [] and job.report.results_reused == 4
+        assert job.status()["state"] == "done"
+    docs["/d/b.txt"] = [t.replace("w3x5", "changed") for t in docs["/d/b.txt"]]  # b changes: a new content hash
+    job, jobs, engine = fake_job(tmp_path, docs, n_ctx=160, prompts=("One.", "Two."))
+    with jobs:
+        result = {(s.source, s.prompt_index): s for s in job.run()}
+    assert result[("/d/a.txt", 1)].reused and result[("/d/a.txt", 2)].reused
+    assert not result[("/d/b.txt", 1)].reused and job.report.units_computed == n_first // 2
+    assert all("b.txt" in p and "a.txt" not in p for p in engine.prompts)
+
+
+def test_restart_discards_the_job_and_status_reports_progress(tmp_path):
+    docs = {"/d/a.txt": doc_chunks(12)}
+    job, jobs, engine = fake_job(tmp_path, docs, n_ctx=160)
+    with jobs:
+        assert job.status()["state"] == "not started"
+        list(job.run())
+        st = job.status()
+        assert st["state"] == "done" and st["items"][0]["method"] == "map-reduce"
+        assert job.forget() > 0
+        assert job.status()["state"] == "not started"
+        n_first = len(engine.prompts)
+        list(job.run())
+        assert len(engine.prompts) == 2 * n_first  # everything computed again
+        assert job.report.units_computed == 2 * n_first  # (over both runs of this Job)
+
+
+def test_a_document_that_cannot_be_summarised_fails_alone(tmp_path):
+    # a.txt needs map-reduce but two partials cannot fit this context: it fails, the other is summarised.
+    job, jobs, _ = fake_job(tmp_path, {"/d/a.txt": doc_chunks(3, words=150), "/d/b.txt": doc_chunks(1)},
+                            n_ctx=120, max_tokens=40)
+    with jobs:
+        out = {s.source: s for s in job.run()}
+    assert out["/d/a.txt"].error and "raise engine.n_ctx" in out["/d/a.txt"].error
+    assert out["/d/b.txt"].ok and out["/d/b.txt"].method == "whole"
+    assert job.report.failed == [{"source": "/d/a.txt", "prompt_index": 1, "error": out["/d/a.txt"].error}]
+
+
+def test_output_names_are_file_names_unless_they_repeat():
+    assert output_names(["/x/docs/a.pdf", "/x/docs/b.md"]) == {"/x/docs/a.pdf": "a.pdf", "/x/docs/b.md": "b.md"}
+    assert output_names(["/x/docs/one/a.pdf", "/x/docs/two/a.pdf"]) == {
+        "/x/docs/one/a.pdf": "one__a.pdf", "/x/docs/two/a.pdf": "two__a.pdf"}
+
+
+# -- the real model ------------------------------------------------------------------------------
+
+FAST = {"engine__n_ctx": 1024, "cache__min_tokens": 16}
+
+
+def _whole_prompt(rag, doc: Path, instruction: str, max_tokens: int):
+    """The prompt ``summarize`` and ``ask --doc`` build for ``doc``, from the packer itself."""
+    from pipeline.context import pack
+    from pipeline.retrieve import whole_document
+
+    e = rag.engine
+    with rag.store() as store:
+        passages = whole_document(str(doc.resolve()), store=store)
+    return pack(passages, instruction, chat=e.chat, tokenize=e.tokenize, bos=e.bos, n_ctx=e.n_ctx,
+                reserve=max_tokens, system=rag.config.ask.system_prompt)
+
+
+def test_two_prompts_prefill_the_document_once(make_pipeline, corpus, tmp_path):
+    doc = corpus / "guide.md"
+    rag = make_pipeline(**FAST)
+    first, second = rag.summarize([doc], prompts=["Summarise in one sentence.", "List the flags it names."],
+                                  max_tokens=8).result()  # paths not ingested yet are ingested first
+    p1 = _whole_prompt(rag, doc, first.prompt, 8)
+    p2 = _whole_prompt(rag, doc, second.prompt, 8)
+    assert p1.prefix_tokens == p2.prefix_tokens and len(p1.prefix_tokens) > 100
+    assert first.method == second.method == "whole" and first.ok and second.ok and first.text
+    assert first.cached_tokens == 0 and first.prefill_tokens == len(p1.tokens)
+    assert second.cached_tokens == len(p2.prefix_tokens)  # the document was not prefilled again
+    assert second.prefill_tokens == len(p2.tokens) - len(p2.prefix_tokens)  # only the instruction
+
+
+def test_a_warmed_or_asked_document_prefills_only_the_instruction(make_pipeline, corpus, tmp_path):
+    rag = make_pipeline(**FAST)
+    rag.ingest([corpus])
+    assert rag.warm()[str((corpus / "notes.txt").resolve())] == "saved"
+    fresh = make_pipeline(**FAST)  # a new pipeline: nothing in memory, the state comes from disk
+    (summary,) = fresh.summarize([corpus / "notes.txt"], max_tokens=8).result()
+    prompt = _whole_prompt(fresh, corpus / "notes.txt", summary.prompt, 8)
+    assert summary.method == "whole" and summary.cached_tokens == len(prompt.prefix_tokens)
+    assert summary.prefill_tokens == len(prompt.tokens) - len(prompt.prefix_tokens)
+
+    make_pipeline(**FAST).ask("What does --n-cpu-moe do?", doc=corpus / "guide.md")
+    (after_ask,) = make_pipeline(**FAST).summarize([corpus / "guide.md"], max_tokens=8).result()
+    prompt = _whole_prompt(fresh, corpus / "guide.md", after_ask.prompt, 8)
+    assert after_ask.cached_tokens == len(prompt.prefix_tokens)
+
+
+def test_cli_files_jsonl_status_failures_and_stdout(store_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAG_CACHE_MIN_TOKENS", "16")
+    docs = tmp_path / "docs"
+    (docs / "one").mkdir(parents=True)
+    (docs / "two").mkdir()
+    (docs / "one" / "notes.txt").write_text("The error code ERR_SOCKET_ZX81 appears when the server is down.\n")
+    (docs / "two" / "notes.txt").write_text("Tomato plants need full sun and regular watering.\n")
+    (docs / "broken.pdf").write_bytes(b"%PDF-1.4 not really a pdf")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("# one instruction per line\nSummarise in one sentence.\n\n")
+    runner = CliRunner()
+    args = ["summarize", str(docs), "--prompt-file", str(prompts), "--max-tokens", "6", "--ctx", "1024"]
+    res = runner.invoke(cli, args + ["--out", str(tmp_path / "md"), "--jsonl", str(tmp_path / "s.jsonl"), "--json"])
+    assert res.exit_code == 1, res.output  # the broken file failed; the others were summarised
+    report = json.loads(res.stdout)
+    assert [f["source"] for f in report["failed"]] == [str((docs / "broken.pdf").resolve())]
+    assert report["methods"] == {"whole": 2} and report["units_computed"] == 2
+    assert sorted(p.name for p in (tmp_path / "md").iterdir()) == ["one__notes.txt.summary.md",
+                                                                    "two__notes.txt.summary.md"]
+    md = (tmp_path / "md" / "one__notes.txt.summary.md").read_text()
+    first = next(s for s in report["summaries"] if s["source"].endswith("one/notes.txt"))
+    assert "- method: whole document" in md and first["summary"] in md and "- prompt: Summarise in one" in md
+    lines = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [x["source"][len(str(docs.resolve())):] for x in lines] == ["/broken.pdf", "/one/notes.txt",
+                                                                      "/two/notes.txt"]
+    assert "error" in lines[0] and lines[1]["summary"] == first["summary"] and lines[1]["method"] == "whole"
+
+    status = runner.invoke(cli, args + ["--status", "--json"])
+    assert status.exit_code == 0, status.output
+    st = json.loads(status.stdout)
+    assert st["state"] == "done" and st["summaries_done"] == 2 and st["job_id"] == report["job_id"]
+    assert runner.invoke(cli, args + ["--status"]).output.startswith(f"job {report['job_id']}")
+    again = runner.invoke(cli, args)  # to stdout, nothing computed, nothing written
+    assert again.exit_code == 1 and first["summary"] in again.stdout and "(whole document)" in again.stdout
+    assert "0 units computed" in again.stderr and "failed: " in again.stderr
+
+
+def test_summarize_errors_are_messages(store_dir, tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(cli, ["summarize", str(tmp_path / "missing")])
+    assert res.exit_code == 2 and "does not exist" in res.output and "Traceback" not in res.output
+    res = runner.invoke(cli, ["summarize", "-p", "  ", str(tmp_path)])
+    assert res.exit_code == 2 and "prompt is empty" in res.output
+    (tmp_path / "prompts.txt").write_text("# nothing but a comment\n")
+    res = runner.invoke(cli, ["summarize", "--prompt-file", str(tmp_path / "prompts.txt")])
+    assert res.exit_code == 2 and "holds no instruction" in res.output
