@@ -536,15 +536,15 @@ class Pipeline:
             paths = list(paths)
             if ingest_first:
                 report = self.ingest(paths)
-                wanted = [str(Path(f.path).resolve()) for f in report.files
-                          if f.status in ("new", "changed", "unchanged")]
-                failed = [{"source": str(Path(f.path).resolve()), "error": f.reason or f.status}
+                # report paths are the documents' sources (absolute, as found)
+                wanted = [f.path for f in report.files if f.status in ("new", "changed", "unchanged")]
+                failed = [{"source": f.path, "error": f.reason or f.status}
                           for f in report.files if f.status == "failed"]
-                skipped = [{"source": str(Path(f.path).resolve()), "error": f.reason or f.status}
+                skipped = [{"source": f.path, "error": f.reason or f.status}
                            for f in report.files if f.status == "skipped"]
             else:
-                wanted = [str(f.resolve()) for f in scan(paths)[0]]
-        with self.store() as store:
+                wanted = [str(f.path) for f in scan(paths).files]
+        with self.store(create=False) as store:
             store.require()
             known = store.documents()
             if wanted is None:
