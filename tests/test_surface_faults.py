@@ -259,5 +259,5 @@ def test_prefix_cache_off_is_a_configuration_error(store_dir):
                                   ["tune", "--max-seconds", "nan"]])
 def test_float_options_refuse_nan_infinities_and_negatives(store_dir, args):
     result = run(*args)
-    assert result.exit_code == 2
-    assert f"Invalid value for '{args[1]}'" in result.output.splitlines()[-1]
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert args[1] in result.output.splitlines()[-1]  # the error names the option
