@@ -9,6 +9,7 @@ misses; reciprocal-rank fusion needs no score calibration between the two.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Sequence
 
 from .store.catalog import StoredChunk
 from .engine.embed import Embedder
@@ -92,9 +93,10 @@ def mmr(query_vector, candidates: list, vectors: dict, *, k: int, lam: float) ->
 
 
 def search(query: str, *, store: Store, embedder: Embedder | None, top_k: int, dense: bool = True,
-           lexical: bool = True, candidates: int = 40, rrf_k: int = 60, source: str | None = None,
+           lexical: bool = True, candidates: int = 40, rrf_k: int = 60, source: str | Sequence[str] | None = None,
            use_mmr: bool = False, mmr_lambda: float = 0.7) -> list[Hit]:
-    """The ``top_k`` best chunks for ``query`` from the enabled sides. ``store`` must be open."""
+    """The ``top_k`` best chunks for ``query`` from the enabled sides, of ``source`` (one document,
+    several, or all when None). ``store`` must be open."""
     store.require()
     rankings: dict[str, list[tuple[StoredChunk, float]]] = {}
     vector = None

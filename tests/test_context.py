@@ -10,7 +10,7 @@ from pipeline.retrieve import Passage, merge_chunks
 from pipeline.store.catalog import StoredChunk
 
 
-def words(text: str) -> list[int]:
+def words(text: str, *, special: bool = False) -> list[int]:
     """A stand-in tokenizer: one token per whitespace-separated word (pack only counts tokens)."""
     return [hash(w) % 50000 for w in text.split()]
 

@@ -77,7 +77,7 @@ from array import array
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 BLOCK = 256
 """Tokens per block of the chain hash."""
@@ -327,11 +327,14 @@ class PrefixCache:
                 "AND n_tokens <= ? ORDER BY n_tokens DESC")
 
     def lookup(self, namespace: str, tokens: Sequence[int], *, max_tokens: int | None = None,
-               min_tokens: int = 1) -> Entry | None:
+               min_tokens: int = 1, lengths: Collection[int] | None = None, count: bool = True
+               ) -> Entry | None:
         """The longest saved prefix of ``tokens`` in ``namespace`` of ``min_tokens..max_tokens`` tokens.
 
         ``max_tokens`` defaults to ``len(tokens) - 1``: a restored state has no logits,
-        so at least one token must be left to decode. Counts a miss when nothing fits.
+        so at least one token must be left to decode. ``lengths`` admits only entries of
+        those lengths (a prompt's split points). Counts a miss when nothing fits, unless
+        ``count`` is off (a probe, not a use).
         """
         limit = len(tokens) - 1 if max_tokens is None else min(max_tokens, len(tokens))
         if limit < max(min_tokens, 1):
@@ -344,10 +347,13 @@ class PrefixCache:
             n = row["n_tokens"]
             if n < min_tokens:
                 break
+            if lengths is not None and n not in lengths:
+                continue
             if full_hash(data[:4 * n]) == row["full_hash"]:
                 return self._entry(row)
-        with self._write() as db:
-            self._count(db, misses=1)
+        if count:
+            with self._write() as db:
+                self._count(db, misses=1)
         return None
 
     def entries(self, namespace: str | None = None) -> list[Entry]:

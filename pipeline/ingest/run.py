@@ -24,6 +24,7 @@ from ..store.catalog import DocumentRecord
 from ..store.store import Store
 from .chunking import Chunk, Chunker, for_embedder
 from .loaders import detect_format, load
+from .sections import cut as cut_sections
 from .scan import file_hash
 
 # Chunks embedded between two progress events inside one large document.
@@ -119,12 +120,14 @@ class _Todo:
 
 
 def ingest(scanned: tuple[list[Path], list[Path]], *, store: Store, embedder: Embedder, chunk_size: int,
-           chunk_overlap: int, embedder_ref: str = "", prune: bool = False,
+           chunk_overlap: int, section_tokens: int, embedder_ref: str = "", prune: bool = False,
            progress: Progress | None = None) -> IngestReport:
     """Bring the store's collection in line with ``scanned`` (files and folders, from :func:`scan`).
 
     ``store`` must be open. Scanning comes first and apart, so that a missing path fails
-    before the store is opened or created.
+    before the store is opened or created. Each new or changed document is cut into
+    sections of about ``section_tokens`` embedder tokens (see :mod:`.sections`), committed
+    with its chunks; unchanged documents keep theirs.
 
     Nothing is loaded (no model, no splitter) unless some file needs embedding, so a run
     over an unchanged corpus costs a directory scan and one catalog read.
@@ -177,7 +180,8 @@ def ingest(scanned: tuple[list[Path], list[Path]], *, store: Store, embedder: Em
                                 chunk_size=chunk_size, chunk_overlap=chunk_overlap)
         emit(IngestEvent("plan", total=len(todo)))
         for item, loaded in _prepared(todo, chunker, embedder):
-            outcome = _commit(item, loaded, store=store, embedder=embedder, report=report, emit=emit)
+            outcome = _commit(item, loaded, store=store, embedder=embedder, report=report, emit=emit,
+                              section_tokens=section_tokens)
             report.files.append(outcome)
             emit(IngestEvent("file", path=str(item.path), outcome=outcome))
     report.seconds = time.perf_counter() - started
@@ -229,7 +233,7 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: Embedder) -> Iterat
 
 
 def _commit(item: _Todo, loaded: object, *, store: Store, embedder: Embedder,
-            report: IngestReport, emit: Progress) -> FileOutcome:
+            report: IngestReport, emit: Progress, section_tokens: int) -> FileOutcome:
     if isinstance(loaded, LoadError):
         return FileOutcome(str(item.path), "failed", str(loaded))
     doc, chunks, seqs = loaded
@@ -244,5 +248,6 @@ def _commit(item: _Todo, loaded: object, *, store: Store, embedder: Embedder,
     pages = max((u.page or 0 for u in doc.units), default=0) or None
     record = DocumentRecord(source=item.source, content_hash=item.content_hash, size=item.size,
                             mtime_ns=item.mtime_ns, format=doc.format, title=doc.title, pages=pages)
-    store.write_document(record, chunks, matrix)
+    sections = cut_sections(item.source, item.content_hash, chunks, target=section_tokens)
+    store.write_document(record, chunks, matrix, sections)
     return FileOutcome(str(item.path), item.status, chunks=len(chunks), tokens=sum(c.tokens for c in chunks))

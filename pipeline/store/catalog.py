@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import StoreError
+from . import sections as _sections
 
 if TYPE_CHECKING:
     from ..ingest.chunking import Chunk
@@ -111,6 +112,10 @@ class Catalog:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
             self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            # Sections (pipeline.store.sections) are derived from chunks; a catalog without the
+            # table gets it here and its documents get sections when first needed. To merge
+            # into the versioned schema: one migration that runs sections.SCHEMA.
+            _sections.create(self.db)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open the catalog {path}: {exc}") from None
 
@@ -136,6 +141,7 @@ class Catalog:
             self.db.execute("DELETE FROM chunks WHERE collection = ?", (name,))
             self.db.execute("DELETE FROM documents WHERE collection = ?", (name,))
             self.db.execute("DELETE FROM pending WHERE collection = ?", (name,))
+            _sections.remove(self.db, name)
             self.db.execute("DELETE FROM collections WHERE name = ?", (name,))
 
     # -- documents --------------------------------------------------------------------------
@@ -157,9 +163,10 @@ class Catalog:
             "SELECT source, content_hash FROM documents WHERE collection = ?", (collection,)))
 
     def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence["Chunk"],
-                        chunk_ids: Sequence[str]) -> None:
-        """Replace ``doc.source``'s record and chunks in one transaction: the commit point."""
+                        chunk_ids: Sequence[str], sections: Sequence["_sections.Section"] = ()) -> None:
+        """Replace ``doc.source``'s record, chunks and sections in one transaction: the commit point."""
         with self._tx():
+            _sections.replace(self.db, collection, doc.source, sections)
             self.db.execute("DELETE FROM chunks WHERE collection = ? AND source = ?",
                             (collection, doc.source))
             self.db.executemany(
@@ -181,6 +188,7 @@ class Catalog:
         with self._tx():
             self.db.execute("DELETE FROM chunks WHERE collection = ? AND source = ?", (collection, source))
             self.db.execute("DELETE FROM documents WHERE collection = ? AND source = ?", (collection, source))
+            _sections.remove(self.db, collection, source)
 
     # -- the reconcile journal ----------------------------------------------------------------
 
@@ -196,18 +204,20 @@ class Catalog:
 
     # -- reading chunks -----------------------------------------------------------------------
 
-    def search(self, collection: str, query: str, *, limit: int, source: str | None = None
+    def search(self, collection: str, query: str, *, limit: int, source: str | Sequence[str] | None = None
                ) -> list[tuple[StoredChunk, float]]:
-        """BM25 hits, best first, with the BM25 score as a positive number (higher is better)."""
+        """BM25 hits (of ``source``: one document or several), best first, with the BM25 score as a
+        positive number (higher is better)."""
         match = fts_query(query)
         if match is None:
             return []
+        sources = [] if not source else [source] if isinstance(source, str) else list(source)
+        where = f" AND c.source IN ({','.join('?' * len(sources))})" if sources else ""
         rows = self.db.execute(
             "SELECT c.chunk_id, c.source, c.content_hash, c.idx, c.page, c.start, c.\"end\", c.tokens,"
             " c.text, bm25(chunks_fts) AS score FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
-            " WHERE chunks_fts MATCH ? AND c.collection = ? AND (? IS NULL OR c.source = ?)"
-            " ORDER BY score LIMIT ?",
-            (match, collection, source, source, limit))
+            " WHERE chunks_fts MATCH ? AND c.collection = ?" + where + " ORDER BY score LIMIT ?",
+            (match, collection, *sources, limit))
         return [(StoredChunk(*r[:9]), -float(r[9])) for r in rows]
 
     def chunks(self, collection: str, source: str, *, first: int = 0, last: int | None = None
