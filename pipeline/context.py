@@ -35,9 +35,9 @@ from .store.sections import Section
 _SENTINEL = "\x00DOCUMENTS\x00"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 QUESTION_ALLOWANCE = 128
-"""Tokens kept for the question when deciding what fits, so that the decision (and so the
-prefix) does not change with the question's length; a longer question takes its excess
-from the documents' budget."""
+"""Tokens kept for the question (a sixteenth of smaller contexts) when deciding what fits, so
+that the decision (and so the prefix) does not change with the question's length; a longer
+question takes its excess from the documents' budget."""
 
 
 class Tokenize(Protocol):
@@ -68,7 +68,8 @@ class Layout:
 
     def budget(self, *, n_ctx: int, reserve: int, suffix_tokens: int) -> int:
         """Tokens left for documents in a context of ``n_ctx`` with ``reserve`` for the answer."""
-        fixed = len(self.head_tokens) + max(suffix_tokens, QUESTION_ALLOWANCE + len(self.tail_tokens))
+        allowance = min(QUESTION_ALLOWANCE, n_ctx // 16) + len(self.tail_tokens)
+        fixed = len(self.head_tokens) + max(suffix_tokens, allowance)
         budget = n_ctx - reserve - fixed
         if budget <= 0:
             raise EngineError(f"the context ({n_ctx:,} tokens) has no room for documents after the question "

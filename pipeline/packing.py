@@ -10,8 +10,8 @@ at ingest (:mod:`pipeline.ingest.sections`).
 - **whole** — when every document of the selection (the collection, or ``--doc`` /
   ``--source``) fits the context, all of them are packed, whole, in canonical order
   (source path, then section). Every question over that selection has the same prefix.
-- **sections** — otherwise retrieval ranks sections by the fused scores of their
-  chunks; the best that fit are laid out in canonical order, never by score. When
+- **sections** — otherwise retrieval ranks sections by the fused ranks of their
+  chunks (:func:`section_scores`); the best that fit are laid out in canonical order, never by score. When
   another pack that reuses a cached prefix holds the question's best section and
   scores within ``reuse_tolerance`` of the best pack (its total score at least
   ``1 - reuse_tolerance`` of the best one's), that pack wins: a run of related questions
@@ -262,15 +262,20 @@ def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, mem
 
 
 def section_scores(shelf: Shelf) -> dict[Key, float]:
-    """Each section's score: the sum of the fused scores of its chunks among the hits."""
+    """Each section's score: its chunks' weights in the fused ranking of the hits, summed.
+
+    A chunk at fused rank ``r`` (from 1) weighs ``1 / r``. Reciprocal-rank fusion's own
+    scores are nearly flat (1/61 at the top, 1/100 at rank 40), so summing them would
+    let a section with many deep candidates beat the one holding the best hits.
+    """
     spans: dict[tuple[str, str], list[Section]] = {}
     for s in shelf.sections:
         spans.setdefault((s.source, s.content_hash), []).append(s)
     out: dict[Key, float] = {}
-    for h in shelf.hits:
+    for rank, h in enumerate(shelf.hits, start=1):
         for s in spans.get((h.source, h.content_hash), ()):
             if s.first <= h.index <= s.last:
-                out[s.key] = out.get(s.key, 0.0) + h.score
+                out[s.key] = out.get(s.key, 0.0) + 1.0 / rank
                 break
     return out
 
