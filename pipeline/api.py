@@ -443,7 +443,7 @@ class Pipeline:
                 shelf, question, layout=self._layout, tokenize=engine.tokenize, memo=self._section_tokens,
                 n_ctx=engine.n_ctx, reserve=a.max_tokens, tolerance=a.reuse_tolerance, history=history,
                 reusable=lambda p: engine.reusable(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries),
-                top_k=k)
+                top_k=k, neighbours=a.neighbours)
             if prompt is not None:
                 if prompt.mode == "sections":
                     notes.append(f"the selection ({sum(s.tokens for s in shelf.sections):,} tokens) does not fit the "

@@ -66,6 +66,7 @@ class Shelf:
     sections: list[Section]  # canonical order: source path, then index
     segments: dict[Key, list[tuple[int | None, str]]]  # per fetched section: (page, text) runs
     hits: list[Hit] = field(default_factory=list)  # fused, best first, within the selection
+    pages: dict[tuple[str, int], int | None] = field(default_factory=dict)  # (source, chunk) -> page, fetched
 
     @property
     def complete(self) -> bool:
@@ -110,15 +111,17 @@ def gather(store, *, sources: Iterable[str] | None, target: int, hits: Sequence[
         fetch = [s for s in ordered if s.key in extra
                  or any((s.source, s.content_hash, i) in hit_at for i in range(s.first, s.last + 1))]
     segments: dict[Key, list[tuple[int | None, str]]] = {}
+    pages: dict[tuple[str, int], int | None] = {}
     wanted_by_doc: dict[str, list[Section]] = {}
     for s in fetch:
         wanted_by_doc.setdefault(s.source, []).append(s)
     for source, secs in wanted_by_doc.items():
         chunks = store.catalog.chunks(store.name, source, first=secs[0].first, last=secs[-1].last)
+        pages.update({(source, c.index): c.page for c in chunks})
         for s in secs:
             segments[s.key] = page_segments([c for c in chunks if s.first <= c.index <= s.last])
     within = set(docs)
-    return Shelf(store.name, docs, ordered, segments, [h for h in hits if h.source in within])
+    return Shelf(store.name, docs, ordered, segments, [h for h in hits if h.source in within], pages)
 
 
 def page_segments(chunks) -> list[tuple[int | None, str]]:
@@ -179,7 +182,7 @@ def number(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens) -> list
 
 def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens, n_ctx: int,
          reserve: int, tolerance: float = 0.2, history: Sequence[Sequence[Key]] = (),
-         reusable: Callable[[Prompt], int] | None = None, top_k: int = 8) -> Prompt | None:
+         reusable: Callable[[Prompt], int] | None = None, top_k: int = 8, neighbours: int = 1) -> Prompt | None:
     """The prompt for ``question`` over the shelf: whole documents when they fit, else sections.
 
     Returns None when not even the question's best section fits (the caller falls back
@@ -191,7 +194,8 @@ def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, mem
     if shelf.complete and shelf.sections:
         whole = number(shelf, shelf.sections, memo)
         if sum(len(p.tokens) for p in whole) <= budget:
-            return _finish(shelf, whole, suffix_text, layout=layout, tokenize=tokenize, mode="whole", top_k=top_k)
+            return _finish(shelf, whole, suffix_text, layout=layout, tokenize=tokenize, mode="whole", top_k=top_k,
+                           neighbours=neighbours)
 
     available = [s for s in shelf.sections if s.key in shelf.segments]
     position = {s.key: i for i, s in enumerate(shelf.sections)}
@@ -253,7 +257,8 @@ def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, mem
     best_prompt, best_rank = None, None
     for chosen, _ in options:
         packed = _fit(shelf, chosen, memo, budget, score, keep=best)
-        prompt = _finish(shelf, packed, suffix_text, layout=layout, tokenize=tokenize, mode="sections", top_k=top_k)
+        prompt = _finish(shelf, packed, suffix_text, layout=layout, tokenize=tokenize, mode="sections", top_k=top_k,
+                         neighbours=neighbours)
         reuse = reusable(prompt) if reusable is not None and len(options) > 1 else 0
         rank = (reuse, total([p.section for p in packed]))
         if best_rank is None or rank > best_rank:
@@ -293,16 +298,18 @@ def _fit(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens, budget: i
 
 
 def _finish(shelf: Shelf, packed: list[PackedSection], suffix_text: str, *, layout: Layout, tokenize: Tokenize,
-            mode: str, top_k: int) -> Prompt:
+            mode: str, top_k: int, neighbours: int = 1) -> Prompt:
     texts = [render_section(p.n, p.section, of=p.of, segments=shelf.segments[p.section.key]) for p in packed]
     prompt = section_prompt(layout, packed, suffix_text, tokenize=tokenize, mode=mode, texts=texts)
-    prompt.sources = cited(shelf.hits, packed, top_k=top_k)
+    prompt.sources = cited(shelf.hits, packed, top_k=top_k, neighbours=neighbours, pages=shelf.pages)
     return prompt
 
 
-def cited(hits: Sequence[Hit], packed: Sequence[PackedSection], *, top_k: int) -> list[dict]:
+def cited(hits: Sequence[Hit], packed: Sequence[PackedSection], *, top_k: int, neighbours: int = 0,
+          pages: dict[tuple[str, int], int | None] | None = None) -> list[dict]:
     """The packed documents whose chunks rank highest for the question (the best ``top_k`` hits
-    inside the packed text), with those chunks' pages; every packed document if none ranked."""
+    inside the packed text), with the pages of those chunks and of their ``neighbours`` on each
+    side that are packed too (as passage mode widens hits); every packed document if none ranked."""
     docs: dict[str, dict] = {}
     for p in packed:
         d = docs.setdefault(p.section.source, {"n": p.n, "source": p.section.source, "pages": set(),
@@ -317,11 +324,18 @@ def cited(hits: Sequence[Hit], packed: Sequence[PackedSection], *, top_k: int) -
                 break
         if len(inside) >= top_k:
             break
+    spans = {(p.section.source, p.section.content_hash): [] for p in packed}
+    for p in packed:
+        spans[(p.section.source, p.section.content_hash)].append((p.section.first, p.section.last))
     for h in inside:
         d = docs[h.source]
         d["hit"] = True
         if h.page is not None:
             d["pages"].add(h.page)
+        for i in range(h.index - neighbours, h.index + neighbours + 1):
+            page = (pages or {}).get((h.source, i))
+            if page is not None and any(a <= i <= b for a, b in spans[(h.source, h.content_hash)]):
+                d["pages"].add(page)
     chosen = [d for d in docs.values() if d["hit"]] or list(docs.values())
     return [{"n": d["n"], "source": d["source"], "pages": sorted(d["pages"]), "sections": d["sections"]}
             for d in sorted(chosen, key=lambda d: d["n"])]
