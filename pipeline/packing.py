@@ -394,6 +394,7 @@ class PackHistory:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self._db = sqlite3.connect(path, timeout=5, isolation_level=None, check_same_thread=False)
                 self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")  # a hint: losing the last one costs nothing
                 self._db.execute("CREATE TABLE IF NOT EXISTS packs (namespace TEXT NOT NULL, collection TEXT "
                                  "NOT NULL, keys TEXT NOT NULL, used REAL NOT NULL, "
                                  "PRIMARY KEY (namespace, collection, keys))")
