@@ -110,7 +110,18 @@ def main(argv=None) -> int:
               f"load {result['state_load_seconds'] * 1000:.0f} ms (checks included)")
         print(f"[{'PASS' if ratio >= 30 else 'FAIL'}] warm TTFT at least 30x faster than cold: {ratio:.1f}x")
         if args.json:
-            args.json.write_text(json.dumps(result, indent=2))
+            from pipeline.dev.bench import document, row
+
+            r = result
+            table = [row("document_tokens", r["document_tokens"], "tokens"),
+                     row("prompt_tokens", r["prompt_tokens"], "tokens"),
+                     row("cold_ttft_seconds", cold, "s"), row("warm_ttft_seconds", warm, "s"),
+                     row("speedup", ratio, "x", ratio=("cold_ttft_seconds", "warm_ttft_seconds")),
+                     row("cold_wall_seconds", cold_wall, "s"), row("warm_wall_seconds", warm_wall, "s"),
+                     row("speedup_wall", ratio_wall, "x", ratio=("cold_wall_seconds", "warm_wall_seconds")),
+                     row("state_bytes_per_token", r["state_bytes_per_token"], "B"),
+                     row("state_load_seconds", r["state_load_seconds"], "s")]
+            args.json.write_text(json.dumps(document(table, **result), indent=2))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -88,8 +88,11 @@ def main(argv=None) -> int:
     print(f"\nanswer page among the sources: auto {hits['auto']}/{n}, passages {hits['passages']}/{n} "
           f"[{'PASS' if hits['auto'] >= hits['passages'] else 'FAIL'}] auto at least as often as passages")
     if args.json:
-        args.json.write_text(json.dumps({"summary": {"auto_cited": hits["auto"], "passages_cited": hits["passages"],
-                                                     "questions": n}, "rows": rows}, indent=2))
+        from pipeline.dev.bench import document, row
+
+        table = [row("questions", n, "questions"), row("auto_cited", hits["auto"], "questions"),
+                 row("passages_cited", hits["passages"], "questions")]
+        args.json.write_text(json.dumps(document(table, questions=rows), indent=2))
     return 0 if hits["auto"] >= hits["passages"] else 1
 
 

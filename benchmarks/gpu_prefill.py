@@ -105,16 +105,19 @@ def model_spec_from_shapes(qtype: str):
 
 
 def configurations(spec, n_ctx: int, budget_gib: float):
+    from dataclasses import replace
+
     from pipeline.planner.hardware import get_profile
-    from pipeline.planner.plan import Budget, Plan, evaluate, plan, recipe_plan
+    from pipeline.planner.plan import plan, planner_base, recipe_plan
+    from pipeline.planner.result import Budget, evaluate
 
     hw = get_profile("h200")
     budget24 = Budget(vram=int(budget_gib * GiB), ram=hw.ram)
     planned = plan(spec, hw, n_ctx=n_ctx, budget=budget24)
     return hw, [
         ("recipe", recipe_plan(n_ctx)),
-        (f"plan for {budget_gib:g} GiB", planned.plan),
-        ("all on GPU", Plan(n_ctx=n_ctx, n_batch=2048, n_ubatch=2048, n_cpu_moe=0, mmap=False)),
+        (f"plan for {budget_gib:g} GiB", planned.settings),
+        ("all on GPU", replace(planner_base(), n_ctx=n_ctx, n_batch=2048, n_ubatch=2048)),
     ], evaluate
 
 
@@ -126,8 +129,10 @@ def measure(args: argparse.Namespace, log) -> dict:
     spec = model_spec_from_shapes(args.qtype)
     hw, configs, evaluate = configurations(spec, max(contexts), args.budget_gib)
     log(f"model: {spec.name}, {spec.total_bytes / GiB:.1f} GiB, experts {spec.expert_bytes / GiB:.1f} GiB")
+    from pipeline.planner.result import llama_flags
+
     for label, p in configs:
-        log(f"config {label}: " + " ".join(p.llama_flags(spec.n_layers)))
+        log(f"config {label}: " + " ".join(llama_flags(p, spec.n_layers)))
         for ctx in contexts:
             est = evaluate(spec, p, hw, n_tokens=ctx, label=label)
             log(f"  estimate at {ctx}: {est.prefill.tokens_per_s:.0f} tok/s ({est.prefill.bound}-bound), "
@@ -144,7 +149,9 @@ def measure(args: argparse.Namespace, log) -> dict:
         write_timing_moe_model(path, qtype=args.qtype, **s)
         log(f"model: written in {time.perf_counter() - t:.0f} s ({path.stat().st_size / GiB:.1f} GiB)")
 
-    from pipeline.engine._llama import load_llama
+    from dataclasses import replace
+
+    from pipeline.engine.generator import Engine
 
     rng = random.Random(0)
     rows = []
@@ -154,9 +161,8 @@ def measure(args: argparse.Namespace, log) -> dict:
             log(f"skipping {label}: out of time")
             continue
         t = time.perf_counter()
-        kw = p.llama_kwargs()
-        llm = load_llama(path, overrides=p.overrides(spec.n_layers), n_threads=os.cpu_count() or 8,
-                         verbose=False, **kw)
+        engine = Engine(path, replace(p, threads=os.cpu_count() or 8))  # the engine's own loading and overrides
+        llm = engine.llm
         load_s = time.perf_counter() - t
         try:
             for ctx in contexts:
@@ -171,14 +177,21 @@ def measure(args: argparse.Namespace, log) -> dict:
                 row = dict(config=label, n_ctx=p.n_ctx, prompt_tokens=len(tokens), seconds=sec,
                            measured_tok_s=len(tokens) / sec, estimated_tok_s=est.prefill.tokens_per_s,
                            estimated_bound=est.prefill.bound, estimated_seconds=est.prefill.seconds,
-                           load_seconds=load_s, flags=p.llama_flags(spec.n_layers),
+                           load_seconds=load_s, flags=llama_flags(p, spec.n_layers),
                            estimated_gpu_gib=est.memory.gpu.total / GiB)
                 rows.append(row)
                 log(f"{label} @ {len(tokens)}: measured {row['measured_tok_s']:.0f} tok/s, "
                     f"estimated {row['estimated_tok_s']:.0f}")
         finally:
-            llm.close()
-    return dict(rows=rows, implied=implied_constants(rows, spec, hw))
+            engine.close()
+    from pipeline.dev.bench import document, row
+
+    declared = []
+    for r in rows:
+        at = dict(n_ubatch=int(r["flags"][r["flags"].index("-ub") + 1]), series=r["config"], context=r["prompt_tokens"])
+        declared.append(row(f"{r['config']} @ {r['prompt_tokens']}: measured", r["measured_tok_s"], "tok/s", **at))
+        declared.append(row(f"{r['config']} @ {r['prompt_tokens']}: estimated", r["estimated_tok_s"], "tok/s"))
+    return document(declared, measurements=rows, implied=implied_constants(rows, spec, hw))
 
 
 def implied_constants(rows: list[dict], spec, hw) -> dict:
@@ -246,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result.update(device=platform.node(), qtype=args.qtype, budget_gib=args.budget_gib,
                   shapes=QWEN3_30B_A3B, total_seconds=time.perf_counter() - t0)
-    print(table(result["rows"]))
+    print(table(result["measurements"]))
     if result["implied"]:
         print("implied constants:", json.dumps(result["implied"]))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     model_load_s = time.perf_counter() - t0
     chunker = base.chunker
 
-    files, _ = scan([samples])
+    files = [f.path for f in scan([samples]).files]
     chunks = []
     for path in files:
         if detect_format(path) is None:
@@ -267,8 +267,21 @@ def main(argv: list[str] | None = None) -> int:
             "sanity": {"same_sequences": same_seqs, "min_cosine_raw_vs_pipeline": agreement,
                        "ingest_tokens_match": tokens_match},
         }
+        from pipeline.dev.bench import document, row
+
+        rates = out["tokens_per_second"]
+        rows = [row("files", out["files"]), row("chunks", out["chunks"]),
+                row("content_tokens", out["content_tokens"], "tokens")]
+        rows += [row(f"tokens_per_second.{k}", v, "tok/s") for k, v in rates.items()]
+        rows += [row("ratios.pipeline_over_raw", pipe_ratio, "x", ratio=("tokens_per_second.pipeline_embed",
+                                                                          "tokens_per_second.raw_fa_on")),
+                 row("ratios.ingest_over_raw", ingest_ratio, "x", ratio=("tokens_per_second.ingest_report",
+                                                                          "tokens_per_second.raw_fa_on")),
+                 row("ratios.reingest_over_ingest", re_ratio, "x", ratio=("seconds.reingest_report",
+                                                                           "seconds.ingest_report"))]
+        rows += [row(f"checks.{name}", ok) for name, ok, _ in checks]
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
+        args.json.write_text(json.dumps(document(rows, **out), indent=2))
         print(f"\nfigures written to {args.json}")
     return 0
 

@@ -505,8 +505,18 @@ def main(argv: list[str] | None = None) -> int:
             reference=ref_key, sweep=rows, comparisons=comparisons, overhead_target=OVERHEAD_TARGET,
             engine_prefill_python_seconds=py_overhead, stale_timer_check=stale, noise_spread=noise, notes=notes,
         )
+        from pipeline.dev.bench import document, row
+
+        table = [row("prompt tokens", int(n_tokens))]
+        table += [row(f"-b {r['n_batch']} -ub {r['n_ubatch']}, offload {r['offload']}", float(r["tokens_per_second"]),
+                      "tok/s", n_batch=r["n_batch"], n_ubatch=r["n_ubatch"], series=str(r["offload"]))
+                  for r in rows]
+        for c in comparisons:
+            table.append(row(f"engine overhead vs bare llama_decode ({c['setting']})", 100.0 * float(c["overhead_wall"]),
+                             "%"))
+            table.append(row(f"overhead target met ({c['setting']})", bool(c["passed"])))
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        args.json.write_text(json.dumps(document(table, **out), indent=2) + "\n")
         print(f"wrote {args.json}")
     return 0
 

@@ -177,10 +177,19 @@ def main(argv=None) -> int:
             m = r[mode]
             print(f"| ({name}) | {mode} | {m['prompt_tokens_q1']:,} | {m['ttft_q1']:.2f} | {m['ttft_rest_median']:.3f} | "
                   f"**{m['speedup']:.1f}x** | {m['speedup_wall']:.1f}x | {m['reuse_median']:.1%} |")
-    summary = {f"{name}_{mode}_speedup": {"value": round(r[mode]["speedup"], 2), "unit": "x"}
-               for name, r in results.items() for mode in ("auto", "passages")}
     if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "cases": results}, indent=2))
+        from pipeline.dev.bench import document, row
+
+        rows = []
+        for name, r in results.items():
+            for mode in ("auto", "passages"):
+                m, series = r[mode], f"({name}) {mode}"
+                rows += [row(f"{name}_{mode}_ttft_q1", m["ttft_q1"], "s", series=series),
+                         row(f"{name}_{mode}_ttft_rest_median", m["ttft_rest_median"], "s", series=series),
+                         row(f"{name}_{mode}_speedup", m["speedup"], "x", series=series,
+                             ratio=(f"{name}_{mode}_ttft_q1", f"{name}_{mode}_ttft_rest_median")),
+                         row(f"{name}_{mode}_reuse_median", m["reuse_median"], "fraction", series=series)]
+        args.json.write_text(json.dumps(document(rows, cases=results), indent=2))
     return 0 if all(r["pass"] for r in results.values()) else 1
 
 

@@ -89,30 +89,43 @@ def resolve_args() -> list[str]:
     return cmake_args(cpu_flags(cpuinfo), cuda=_has_gpu() and shutil.which("nvcc") is not None)
 
 
-def ensure_wheel(args: list[str], *, python: str = sys.executable) -> Path:
-    """Return the wheel for ``args``, building it only if no build with that key exists."""
-    key = build_key(args)
-    folder = rag_home() / "wheels" / f"llama-cpp-python-{LLAMA_CPP_VERSION}-{key}"
+def ensure_wheel(args: list[str], *, python: str = sys.executable, env: dict[str, str] | None = None,
+                 sdist: str | None = None, build_dir: str | None = None) -> Path:
+    """Return the wheel for ``args``, building it only if no build with that key exists.
+
+    ``env`` adds environment variables for the build that are not part of its key (a
+    toolchain's location, say); ``sdist`` builds from that source archive or folder
+    instead of fetching it; ``build_dir`` keeps CMake's build folder there, so that an
+    interrupted build resumes where it stopped (with a source folder, which stays put).
+    """
+    folder = wheel_folder(args)
     wheels = sorted(folder.glob("llama_cpp_python-*.whl"))
     if wheels:
         return wheels[0]
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    env = dict(os.environ, CMAKE_ARGS=" ".join(args), FORCE_CMAKE="1")
+    env = dict(os.environ, **(env or {}), CMAKE_ARGS=" ".join(args), FORCE_CMAKE="1")
     env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 2))
     print(f"building llama-cpp-python {LLAMA_CPP_VERSION} with {' '.join(args)}", file=sys.stderr)
-    print("(one-time, about 8-10 minutes on 2 cores)", file=sys.stderr)
+    if not env:
+        print("(one-time, about 8-10 minutes on 2 cores)", file=sys.stderr)
     subprocess.run(
         [python, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
          "--no-binary", "llama-cpp-python", "-w", str(tmp),
-         f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
+         *([f"--config-settings=build-dir={build_dir}", "-v"] if build_dir else []),  # a long build: its log
+         sdist or f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
         env=env, check=True,
     )
     (tmp / "CMAKE_ARGS").write_text(" ".join(args) + "\n")
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return sorted(folder.glob("llama_cpp_python-*.whl"))[0]
+
+
+def wheel_folder(args: list[str]) -> Path:
+    """Where the wheel built with ``args`` is kept."""
+    return rag_home() / "wheels" / f"llama-cpp-python-{LLAMA_CPP_VERSION}-{build_key(args)}"
 
 
 def ensure_installed(*, python: str = sys.executable) -> None:

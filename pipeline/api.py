@@ -18,7 +18,7 @@ from . import models
 from .config import ASK_MODES, Config, load_config
 from .engine.generator import EngineStats
 from .ingest.run import IngestReport, Progress, ingest
-from .ingest.scan import scan
+from .ingest.scan import scan, source_names
 from .retrieve import Hit, search
 from .store.store import Store
 
@@ -209,24 +209,19 @@ class Pipeline:
 
     def engine_settings(self, model_path: Path):
         """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""
-        import dataclasses
-
-        from .config import EngineConfig
+        from .profiles import tuned_engine
 
         settings = self.config.engine
         if not settings.tuned:
             return settings
         from .engine.generator import ModelInfo
-        from .planner.tune import tuned_settings
 
         n_ctx = settings.n_ctx or ModelInfo.read(model_path).n_ctx_train
-        tuned = tuned_settings(self.config.home_path, model_path, n_ctx)
-        default = EngineConfig()
-        changes = {k.split(".", 1)[1]: v for k, v in tuned.items()
-                   if getattr(settings, k.split(".", 1)[1]) == getattr(default, k.split(".", 1)[1])}
-        if changes and self._log:
-            self._log("using tuned settings: " + ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
-        return dataclasses.replace(settings, **changes)
+        settings, changes, note = tuned_engine(settings, self.config.home_path, model_path, n_ctx)
+        if self._log and (changes or note):
+            self._log("warning: " + note if note else
+                      "using tuned settings: " + ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
+        return settings
 
     def plan(self, model: str | Path | None = None, *, builtin_spec: str | None = None, quant: str = "Q6_K",
              hardware: str | Path | None = None, vram_gb: float | None = None, ram_gb: float | None = None,
@@ -240,9 +235,10 @@ class Pipeline:
         the KV cache type. ``compare`` adds the recipe, its baseline and llama.cpp's fit side by side.
         """
         import dataclasses
+        import math
 
-        from .planner import plan as plan_mod
         from .errors import ConfigError
+        from .planner import plan as plan_mod
         from .planner.spec import ModelSpec
 
         if builtin_spec:
@@ -254,14 +250,20 @@ class Pipeline:
             spec = ModelSpec.from_gguf(models.resolve(ref, home=self.config.home_path, what="model",
                                                       log=self._log))
         hw = self.hardware(hardware)
+        for name, value in (("--vram", vram_gb), ("--ram", ram_gb)):
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"{name} must be a positive number of GiB, got {value:g}")
         if vram_gb is not None:
+            if not hw.has_gpu:
+                raise ConfigError(f"--vram {vram_gb:g} is a GPU budget, but the hardware profile {hw.name!r} has no "
+                                  "GPU: name one with --gpu (rtx3090, h100, ...), or drop --vram for a CPU plan")
             hw = dataclasses.replace(hw, vram=int(vram_gb * 2**30))
         if ram_gb is not None:
             hw = dataclasses.replace(hw, ram=int(ram_gb * 2**30))
         n_ctx = n_ctx or self.config.engine.n_ctx or spec.n_ctx_train
         kv_types = ("f16", "q8_0", "q4_0") if kv == "auto" else (kv or self.config.engine.type_k)
         best = plan_mod.plan(spec, hw, n_ctx=n_ctx, kv_types=kv_types, n_batch=n_batch, n_ubatch=n_ubatch)
-        fit = plan_mod.fit_like(spec, hw, n_ctx=n_ctx, kv=best.plan.type_k)
+        fit = plan_mod.fit_like(spec, hw, n_ctx=n_ctx, kv=best.settings.type_k)
         rows = plan_mod.compare(spec, hw, n_ctx=n_ctx) if compare else None
         return {"plan": best, "fit": fit, "hardware": hw, "compare": rows}
 
@@ -271,9 +273,10 @@ class Pipeline:
 
         Returns ``(TuneResult, profile path)``; later ``ask`` calls pick the profile up.
         """
+        from . import profiles
+        from .engine.generator import ModelInfo
         from .planner import hardware as hw_mod
         from .planner import tune as tune_mod
-        from .engine.generator import ModelInfo
 
         path = models.resolve(self.config.models.generator, home=self.config.home_path, what="generator",
                               log=self._log)
@@ -282,8 +285,8 @@ class Pipeline:
         result = tune_mod.tune(path, engine_settings=self.config.engine, hardware=hw, n_ctx=n_ctx,
                                max_seconds=max_seconds, n_tokens=n_tokens, progress=progress,
                                measure_hardware=measure_hardware)
-        target = tune_mod.write_profile(
-            result, tune_mod.profile_path(self.config.home_path, models.file_identity(path), n_ctx))
+        target = profiles.write_profile(
+            result.profile_text(), profiles.profile_path(self.config.home_path, models.file_identity(path), n_ctx))
         if measure_hardware and result.hardware is not None:
             hw_mod.save_profile(result.hardware, self.config.home_path / "hardware.toml")
         return result, target
@@ -310,10 +313,19 @@ class Pipeline:
         return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
 
     @contextmanager
-    def store(self) -> Iterator[Store]:
-        """The collection's store, open and locked for the duration of the ``with`` block."""
-        with Store(self.config.store_path, self.config.store.collection, wait=self.config.store.wait) as s:
+    def store(self, *, create: bool = True) -> Iterator[Store]:
+        """The collection's store, open and locked for the duration of the ``with`` block.
+
+        ``create=False`` (every read) refuses to open a store that does not exist yet.
+        """
+        with Store(self.config.store_path, self.config.store.collection, wait=self.config.store.wait,
+                   create=create) as s:
             yield s
+
+    def _check_embedder(self, store: Store) -> None:
+        """Dense search with another embedder than the collection's would compare unrelated vectors."""
+        if self.config.retrieval.dense:
+            store.check_embedder(embedder=self.config.models.embedder, embedder_id=self.embedder.identity)
 
     def pull_models(self) -> dict[str, str]:
         """Provision the configured models (download, convert) and return their local paths."""
@@ -325,16 +337,25 @@ class Pipeline:
 
     # -- operations ---------------------------------------------------------------------------
 
-    def ingest(self, paths: Iterable[str | Path], *, prune: bool = False,
+    def ingest(self, paths: Iterable[str | Path], *, prune: bool = False, include: Iterable[str] = (),
+               exclude: Iterable[str] = (), follow_symlinks: bool | None = None,
                progress: Progress | None = None) -> IngestReport:
-        """Embed new and changed files under ``paths`` into the collection (see :func:`.ingest.ingest`)."""
-        scanned = scan(paths)  # a missing path fails before any model loads or the store opens
+        """Embed new and changed files under ``paths`` into the collection (see :func:`.ingest.ingest`).
+
+        ``include``/``exclude`` are shell-style globs matched against file names (or against
+        paths relative to the folder, for a glob with a ``/``); ``follow_symlinks`` (default:
+        ``ingest.follow_symlinks``) also follows links that leave the folder.
+        """
+        i = self.config.ingest
+        follow = i.follow_symlinks if follow_symlinks is None else follow_symlinks
+        # A missing path fails before any model loads or the store opens.
+        scanned = scan(paths, include=tuple(include), exclude=tuple(exclude), follow_symlinks=follow)
         with self.store() as store:
             c = self.config.chunking
             return ingest(scanned, store=store, embedder=self.embedder, chunk_size=c.size,
                           chunk_overlap=c.overlap, section_tokens=self.section_tokens,
                           embedder_ref=self.config.models.embedder,
-                          prune=prune, progress=progress)
+                          prune=prune, max_bytes=int(i.max_file_mb * 2**20), progress=progress)
 
     def search(self, query: str, *, top_k: int | None = None) -> list[Hit]:
         """The best chunks for ``query`` by hybrid retrieval."""
@@ -343,8 +364,9 @@ class Pipeline:
         if not query.strip():
             raise InputError("the query is empty")
         r = self.config.retrieval
-        with self.store() as store:
+        with self.store(create=False) as store:
             store.require()
+            self._check_embedder(store)
             return search(query, store=store, embedder=self.embedder if r.dense else None,
                           top_k=top_k or r.top_k, dense=r.dense, lexical=r.lexical,
                           candidates=max(r.candidates, top_k or 0), rrf_k=r.rrf_k)
@@ -391,8 +413,7 @@ class Pipeline:
         known = store.documents()
 
         def spellings(path) -> list[str]:
-            p = Path(path).expanduser()
-            return list(dict.fromkeys([os.path.abspath(p), str(p.resolve())]))
+            return source_names(path)
 
         chosen: set[str] = set()
         for d in docs:
@@ -468,10 +489,11 @@ class Pipeline:
         """The store, for answering: the collection must exist and hold documents."""
         from .errors import StoreError
 
-        with self.store() as store:
+        with self.store(create=False) as store:
             store.require()
             if store.catalog.totals(store.name)[0] == 0:
                 raise StoreError(f"collection '{store.name}' is empty; run `rag ingest PATH` first")
+            self._check_embedder(store)
             yield store
 
     def _passages_prompt(self, question: str, *, doc: Paths, source: Paths, k: int, notes: list[str]):
@@ -532,7 +554,7 @@ class Pipeline:
         if self.prefix_cache is None:
             raise ConfigError("the prefix cache is off (cache.enabled = false): nothing to warm")
         engine, a = self.engine, self.config.ask
-        with self.store() as store:
+        with self.store(create=False) as store:
             store.require()
             shelf = packing.gather(store, sources=None, target=self.section_tokens, fetch_tokens=2**62)
         plans = packing.warm_plans(shelf, layout=self._layout, tokenize=engine.tokenize, memo=self._section_tokens,
@@ -561,7 +583,7 @@ class Pipeline:
         if not (path / "catalog.sqlite").exists():
             return CollectionStatus(collection=name, store=str(path), exists=False,
                                     generator=self.config.models.generator)
-        with self.store() as store:
+        with self.store(create=False) as store:
             info = store.info
             if info is None:
                 return CollectionStatus(collection=name, store=str(path), exists=False,
@@ -581,7 +603,9 @@ class Pipeline:
 
     def drop(self) -> bool:
         """Delete the collection; False if it did not exist."""
-        with self.store() as store:
+        if not (self.config.store_path / "catalog.sqlite").exists():
+            return False
+        with self.store(create=False) as store:
             if store.info is None:
                 return False
             store.drop()

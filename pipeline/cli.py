@@ -78,25 +78,36 @@ def cli(config_path: Path | None) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @store_options
 @click.option("--prune", is_flag=True, help="Remove documents whose files disappeared from the given folders.")
-@click.option("--strict", is_flag=True, help="Exit with status 1 if any file could not be read.")
+@click.option("--strict", is_flag=True, help="Exit with status 1 if any file or folder could not be read.")
+@click.option("--include", "include", multiple=True, metavar="GLOB",
+              help="Only files matching GLOB (name, or path under the folder if it has a '/'); repeatable.")
+@click.option("--exclude", "exclude", multiple=True, metavar="GLOB",
+              help="Leave out files and folders matching GLOB; repeatable.")
+@click.option("--follow-symlinks", is_flag=True, default=None,
+              help="Also follow symlinks that leave the folder. [default: ingest.follow_symlinks]")
 @click.option("--warm", is_flag=True, help="Then prefill and save the prompt prefixes questions will hit (see `rag warm`).")
 @json_option
 @click.pass_context
 @handles_errors
-def ingest(ctx, paths, collection, store_path, prune, strict, warm, as_json):
+def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, follow_symlinks, warm,
+           as_json):
     """Load, chunk, embed and store the documents under PATHS.
 
-    PDF, Markdown, text and HTML files are indexed; other files are skipped. Unchanged
-    files are not embedded again; changed files replace their old chunks.
+    PDF, Markdown, text and HTML files are indexed (also gzip-compressed, e.g. README.md.gz),
+    and files whose name says nothing (README, NEWS) when their content is text; other files
+    are skipped. Unchanged files are not embedded again; changed files replace their old chunks.
     """
     rag = _pipeline(ctx, **_store_overrides(collection, store_path))
-    bar = _IngestBar(enabled=not as_json and sys.stderr.isatty())
+    bar = _IngestProgress(bar=sys.stderr.isatty())
     try:
-        report = rag.ingest(paths, prune=prune, progress=bar.event)
+        report = rag.ingest(paths, prune=prune, include=include, exclude=exclude,
+                            follow_symlinks=follow_symlinks, progress=bar.event)
         bar.close()
         if not as_json:
+            for f in report.notable_skips:
+                click.echo(f"skipped: {_display_path(f.path)}: {f.reason}", err=True)
             for f in report.failed:
-                click.echo(f"failed: {f.path}: {f.reason}", err=True)
+                click.echo(f"failed: {_display_path(f.path)}: {f.reason}", err=True)
             click.echo(report.summary())
         warmed = _warm(rag, quiet=as_json) if warm else None
     finally:
@@ -189,25 +200,48 @@ def cache_clear(ctx, yes):
     click.echo(f"deleted {n} cached prefix states")
 
 
-class _IngestBar:
-    """A progress bar on stderr driven by the library's ingest events."""
+class _IngestProgress:
+    """Ingest progress on stderr, driven by the library's events, measured in bytes and tokens.
 
-    def __init__(self, *, enabled: bool):
-        self.enabled = enabled
+    On a terminal, a bar over the bytes to embed (so one long file moves it too). Otherwise
+    (a pipe, a log, ``--json`` in a script) one line every ``every`` seconds, and nothing for a
+    run shorter than that.
+    """
+
+    every = 10.0
+
+    def __init__(self, *, bar: bool):
+        self.use_bar = bar
         self.bar = None
+        self.started = self.last = 0.0
+        self.shown = 0
 
     def event(self, ev) -> None:
-        if not self.enabled:
-            return
+        import time
+
         if ev.kind == "plan":
-            self.bar = click.progressbar(length=ev.total, label="embedding", file=sys.stderr,
-                                         show_pos=True, item_show_func=lambda s: s)
-            self.bar.__enter__()
-        elif self.bar is not None and ev.kind == "chunks":
-            self.bar.current_item = f"{Path(ev.path).name} ({ev.chunks} chunks)"
-            self.bar.render_progress()
-        elif self.bar is not None and ev.kind == "file":
-            self.bar.update(1, Path(ev.path).name)
+            self.started = self.last = time.monotonic()
+            if self.use_bar:
+                self.bar = click.progressbar(length=max(1, ev.total_bytes), label="embedding",
+                                             file=sys.stderr, show_percent=True, show_eta=True,
+                                             item_show_func=lambda s: s)
+                self.bar.__enter__()
+            return
+        detail = f"{ev.done_chunks:,} chunks, {ev.done_tokens:,} tokens"
+        if ev.kind == "chunks":
+            detail += f" | {Path(ev.path).name} {ev.chunks:,}/{ev.file_chunks:,} chunks"
+        if self.bar is not None:
+            self.bar.current_item = detail
+            self.bar.update(ev.done_bytes - self.shown)
+            self.shown = ev.done_bytes
+        elif not self.use_bar and time.monotonic() - self.last >= self.every:
+            self.last = time.monotonic()
+            elapsed = self.last - self.started
+            share = ev.done_bytes / ev.total_bytes if ev.total_bytes else 0.0
+            rate = f", {ev.done_tokens / elapsed:,.0f} tokens/s" if elapsed > 0 else ""
+            size = (f"{ev.total_bytes / 2**20:,.1f} MB" if ev.total_bytes >= 2**20
+                    else f"{ev.total_bytes / 1024:,.0f} KB")
+            click.echo(f"embedding: {share:.0%} of {size}, {detail}{rate}", err=True)
 
     def close(self) -> None:
         if self.bar is not None:

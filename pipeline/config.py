@@ -46,6 +46,15 @@ class ChunkingConfig:
 
 
 @dataclass(frozen=True)
+class IngestConfig:
+    """What ``rag ingest`` reads. Files over ``max_file_mb`` (decompressed, for ``.gz``) are skipped
+    and reported; 0 = no limit. ``follow_symlinks`` also follows links that leave the folder."""
+
+    max_file_mb: float = 32.0
+    follow_symlinks: bool = False
+
+
+@dataclass(frozen=True)
 class EmbedConfig:
     """How the embedder runs. ``batch_tokens = 0`` lets the hardware decide how chunks are grouped per decode."""
 
@@ -75,16 +84,30 @@ class RetrievalConfig:
     rrf_k: int = 60
 
 
+#: The ``[engine]`` keys that say what llama.cpp runs with and where the weights live: what the
+#: planner chooses and a tuned profile sets (threads, seed, RoPE and ``-ot`` patterns are left alone).
+PLANNED_KEYS = ("n_ctx", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v", "gpu_layers", "n_cpu_moe",
+                "cpu_moe", "cpu_moe_from", "mmap")
+#: KV cache types that are not quantised: llama.cpp needs flash attention for any other V cache type.
+UNQUANTISED_KV = ("f32", "f16", "bf16")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    """The generator in llama.cpp, configured for fast prefill.
+    """The generator in llama.cpp, configured for fast prefill: the one settings type of the engine.
+
+    The engine runs it, the planner estimates it (a plan is an ``EngineConfig`` plus its
+    memory and speed estimates) and ``rag tune`` measures and saves it; :meth:`validate`
+    is the one check all of them use.
 
     ``n_ctx`` above the model's trained context is clamped (with a warning) unless
-    ``rope_scaling`` is set. Expert offload has llama.cpp's meaning: ``n_cpu_moe``
-    layers' experts in CPU memory (the first or last ``cpu_moe_from``), ``cpu_moe``
-    for all of them, and ``override_tensors`` for ``-ot``-style ``regex=BUFFER`` lists.
-    With ``tuned``, the profile ``rag tune`` wrote for this model and context replaces
-    the settings left at their defaults (never ones you set).
+    ``rope_scaling`` is set; ``n_ctx = 0`` means the trained context. ``gpu_layers = -1``
+    puts every layer and the output head on the GPU (llama.cpp's ``-ngl`` above the layer
+    count). Expert offload has llama.cpp's meaning: ``n_cpu_moe`` layers' experts in CPU
+    memory (the first or last ``cpu_moe_from``), ``cpu_moe`` for all of them, and
+    ``override_tensors`` for ``-ot``-style ``regex=BUFFER`` lists. With ``tuned``, the
+    profile ``rag tune`` wrote for this model and context replaces the settings left at
+    their defaults (never ones you set).
     """
 
     n_ctx: int = 8192
@@ -105,6 +128,72 @@ class EngineConfig:
     rope_freq_scale: float = 0.0
     seed: int = 0
     tuned: bool = True
+
+    def validate(self) -> "EngineConfig":
+        """Refuse settings llama.cpp cannot run, naming the setting and the cause; return ``self``."""
+        for key in ("type_k", "type_v"):
+            if getattr(self, key) not in KV_TYPES:
+                raise ConfigError(f"engine.{key} must be one of {', '.join(KV_TYPES)}, got {getattr(self, key)!r}")
+        if self.type_v not in UNQUANTISED_KV and not self.flash_attn:
+            raise ConfigError(f"engine.type_v = {self.type_v!r} is a quantised V cache, which llama.cpp runs only "
+                              "with flash attention: set engine.flash_attn = true, or engine.type_v = \"f16\"")
+        if self.n_ctx < 0 or self.n_batch < 1 or self.n_ubatch < 1:
+            raise ConfigError("engine.n_ctx must be >= 0 (0 = trained context), n_batch and n_ubatch >= 1")
+        if self.n_ubatch > self.n_batch:
+            raise ConfigError(f"engine.n_ubatch ({self.n_ubatch}) cannot exceed engine.n_batch ({self.n_batch})")
+        if self.cpu_moe_from not in ("first", "last"):
+            raise ConfigError(f"engine.cpu_moe_from must be 'first' or 'last', got {self.cpu_moe_from!r}")
+        if self.rope_scaling not in ("", "none", "linear", "yarn"):
+            raise ConfigError(f"engine.rope_scaling must be '', 'linear' or 'yarn', got {self.rope_scaling!r}")
+        if self.n_cpu_moe < 0 or self.threads < 0 or self.threads_batch < 0:
+            raise ConfigError("engine.n_cpu_moe, engine.threads and engine.threads_batch must be >= 0")
+        return self
+
+    # -- what the settings mean for a model of ``n_layers`` layers (llama.cpp's placement rules) --
+
+    def gpu_layer_set(self, n_layers: int) -> set[int]:
+        """Layers llama.cpp puts on the GPU for ``-ngl gpu_layers``: the last ones."""
+        k = n_layers + 1 if self.gpu_layers < 0 else self.gpu_layers
+        return set(range(max(n_layers - k, 0), n_layers))
+
+    def output_on_gpu(self, n_layers: int) -> bool:
+        """Whether the output head is on the GPU (``-ngl`` above the layer count)."""
+        return self.gpu_layers < 0 or self.gpu_layers > n_layers
+
+    def cpu_expert_layers(self, n_layers: int) -> list[int]:
+        """Layers whose routed experts stay in host memory (``cpu_moe``: all of them)."""
+        n = n_layers if self.cpu_moe else min(self.n_cpu_moe, n_layers)
+        return list(range(n)) if self.cpu_moe_from == "first" else list(range(n_layers - n, n_layers))
+
+    @property
+    def uses_mmap(self) -> bool:
+        """Whether the engine maps the file: tensors overridden to the CPU load without mmap, so that a
+        GPU build can pin them for fast copies."""
+        return self.mmap and not (self.cpu_moe or self.n_cpu_moe or self.override_tensors.strip())
+
+    def as_run(self, n_layers: int, *, gpu: bool) -> "EngineConfig":
+        """These settings as the engine runs them on a model of ``n_layers`` layers: batches clamped
+        to the context, expert offload in one form (``cpu_moe`` for every layer), mmap as loaded,
+        no GPU layers without ``gpu``. Raises :class:`ConfigError` for settings that cannot run.
+
+        ``n_ctx`` must be resolved (not 0) by the caller.
+        """
+        n_batch = min(self.n_batch, self.n_ctx)
+        k = n_layers if self.cpu_moe else min(self.n_cpu_moe, n_layers)
+        out = dataclasses.replace(
+            self, n_batch=n_batch, n_ubatch=min(self.n_ubatch, n_batch), mmap=self.uses_mmap,
+            gpu_layers=self.gpu_layers if gpu else 0, cpu_moe=bool(k) and k == n_layers,
+            n_cpu_moe=k if k < n_layers else 0)
+        return out.validate()
+
+    def with_planned(self, planned: "EngineConfig") -> "EngineConfig":
+        """These settings with the planned keys (:data:`PLANNED_KEYS`) of ``planned``: threads, seed,
+        RoPE and ``-ot`` patterns kept."""
+        return dataclasses.replace(self, **{k: getattr(planned, k) for k in PLANNED_KEYS})
+
+    def planned_toml(self) -> str:
+        """An ``[engine]`` section with the planned keys, for a config file or a tuned profile."""
+        return "\n".join(["[engine]", *(f"{k} = {toml_value(getattr(self, k))}" for k in PLANNED_KEYS)]) + "\n"
 
 
 @dataclass(frozen=True)
@@ -156,6 +245,7 @@ class Config:
 
     home: str = ""
     models: ModelsConfig = field(default_factory=ModelsConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
     chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
@@ -182,6 +272,9 @@ class Config:
         return dataclasses.asdict(self)
 
     def validate(self) -> "Config":
+        if not 0 <= self.ingest.max_file_mb < float("inf"):  # also refuses nan
+            raise ConfigError(f"ingest.max_file_mb must be a number >= 0 (0 = no limit), got "
+                              f"{self.ingest.max_file_mb}")
         c = self.chunking
         if c.size < 16:
             raise ConfigError(f"chunking.size must be at least 16 tokens, got {c.size}")
@@ -200,20 +293,7 @@ class Config:
             raise ConfigError(f"retrieval.candidates ({r.candidates}) must be >= retrieval.top_k ({r.top_k})")
         if self.store.wait < 0:
             raise ConfigError("store.wait must be >= 0 seconds")
-        e = self.engine
-        for key in ("type_k", "type_v"):
-            if getattr(e, key) not in KV_TYPES:
-                raise ConfigError(f"engine.{key} must be one of {', '.join(KV_TYPES)}, got {getattr(e, key)!r}")
-        if e.n_ctx < 0 or e.n_batch < 1 or e.n_ubatch < 1:
-            raise ConfigError("engine.n_ctx must be >= 0 (0 = trained context), n_batch and n_ubatch >= 1")
-        if e.n_ubatch > e.n_batch:
-            raise ConfigError(f"engine.n_ubatch ({e.n_ubatch}) cannot exceed engine.n_batch ({e.n_batch})")
-        if e.cpu_moe_from not in ("first", "last"):
-            raise ConfigError(f"engine.cpu_moe_from must be 'first' or 'last', got {e.cpu_moe_from!r}")
-        if e.rope_scaling not in ("", "none", "linear", "yarn"):
-            raise ConfigError(f"engine.rope_scaling must be '', 'linear' or 'yarn', got {e.rope_scaling!r}")
-        if e.n_cpu_moe < 0 or e.threads < 0 or e.threads_batch < 0:
-            raise ConfigError("engine.n_cpu_moe, engine.threads and engine.threads_batch must be >= 0")
+        self.engine.validate()
         a = self.ask
         if a.mode not in ASK_MODES:
             raise ConfigError(f"ask.mode must be one of {', '.join(ASK_MODES)}, got {a.mode!r}")
@@ -415,7 +495,7 @@ def toml_value(value: Any) -> str:
 
 
 __all__ = [
-    "Config", "ModelsConfig", "ChunkingConfig", "EmbedConfig", "StoreConfig", "RetrievalConfig",
-    "EngineConfig", "AskConfig", "CacheConfig",
+    "Config", "ModelsConfig", "IngestConfig", "ChunkingConfig", "EmbedConfig", "StoreConfig", "RetrievalConfig",
+    "EngineConfig", "AskConfig", "CacheConfig", "PLANNED_KEYS",
     "load_config", "read_toml", "env_settings", "resolve_home", "to_toml",
 ]

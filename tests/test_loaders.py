@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import gzip
 import os
 from pathlib import Path
 
@@ -311,3 +312,41 @@ def test_demo_samples_all_load() -> None:
             assert doc.title or doc.format == "text", path
             formats[doc.format] = formats.get(doc.format, 0) + 1
     assert set(formats) == {"pdf", "markdown", "text", "html"}
+
+
+# --- text by content, gzip, UTF-16 without a byte order mark, size limit ---------------
+
+
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be"])
+def test_utf16_without_bom_is_decoded(tmp_path: Path, codec: str) -> None:
+    text = "Ünïcödé notes about the Ω constant, written by a Windows editor.\nSecond line."
+    path = tmp_path / "notes.txt"
+    path.write_bytes(text.encode(codec))
+    assert load(path).units[0].text == text
+
+
+def test_files_named_without_a_format_are_read_by_content(tmp_path: Path) -> None:
+    from pipeline.ingest.loaders import NotADocument, may_be_text
+
+    (tmp_path / "README").write_text("Read me first.\n")
+    (tmp_path / "NEWS.Debian.gz").write_bytes(gzip.compress(b"Version 2 is out.\n"))
+    (tmp_path / "blob").write_bytes(bytes(range(256)) * 4)
+    assert load(tmp_path / "README").units[0].text == "Read me first."
+    assert load(tmp_path / "NEWS.Debian.gz").units[0].text == "Version 2 is out."
+    with pytest.raises(NotADocument, match="not a text file"):
+        load(tmp_path / "blob")
+    assert may_be_text(Path("copyright")) and not may_be_text(Path("photo.jpeg"))
+    assert not may_be_text(Path("a.tar.gz")) and detect_format(Path("guide.md.gz")) == "markdown"
+
+
+def test_gzip_is_bounded_and_checked(tmp_path: Path) -> None:
+    from pipeline.ingest.loaders import NotADocument
+
+    bomb = tmp_path / "bomb.txt.gz"
+    bomb.write_bytes(gzip.compress(b"a" * (8 << 20)))  # 8 MiB inside, a few KiB on disk
+    with pytest.raises(NotADocument, match="decompressed size over the limit of 1 MB"):
+        load(bomb, max_bytes=1 << 20)
+    broken = tmp_path / "broken.md.gz"
+    whole = gzip.compress(b"# Title\n\n" + os.urandom(4000).hex().encode())
+    broken.write_bytes(whole[:len(whole) // 2])  # cut off mid-stream
+    assert _load_error(broken).startswith("corrupt gzip file")

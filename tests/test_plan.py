@@ -17,11 +17,19 @@ from pipeline.errors import ConfigError
 from pipeline.planner.hardware import PROFILES, GiB, HardwareProfile, detect_ram, get_profile, load_profile, save_profile
 from pipeline.planner.memory import compute_buffer_bytes, dry_run, kv_bytes, memory, parse_dry_run
 from pipeline.engine.offload import planned_tensors
-from pipeline.planner.plan import Budget, Plan, baseline_plan, comparison_table, evaluate, fit_like, fits, plan, recipe_plan
+from pipeline.planner.plan import baseline_plan, comparison_table, fit_like, plan, planner_base, recipe_plan
+from pipeline.planner.result import Budget, evaluate, fits, llama_flags
 from pipeline.planner.spec import LayerSpec, ModelSpec, read_gguf
 from pipeline.planner.speed import decode_speed, prefill_speed
 
 MiB = 1024**2
+
+
+def Plan(**kw):
+    """Engine settings as the planner writes them (flash attention on, mmap off, first-N experts)."""
+    from dataclasses import replace
+
+    return replace(planner_base(), **kw).validate()
 
 MODELS = {
     "tiny": {},
@@ -51,7 +59,7 @@ def models(tmp_path_factory):
     return {name: write_moe_model(folder / f"{name}.gguf", **kw) for name, kw in MODELS.items()}
 
 
-def _plan(spec: ModelSpec, cfg: dict) -> Plan | None:
+def _plan(spec: ModelSpec, cfg: dict):
     kw = dict(cfg)
     kw.setdefault("flash_attn", True)
     p = Plan(n_batch=max(kw["n_ubatch"], 512), **kw)
@@ -206,7 +214,9 @@ def test_speed_model_reproduces_the_3090_measurements(qwen) -> None:
     assert est_base == pytest.approx(564, rel=0.2)
     assert est_recipe == pytest.approx(1330, rel=0.2)
     # pinned host memory (mmap off) copies faster than pageable
-    mm = prefill_speed(qwen, Plan(**{**recipe_plan(65536).__dict__, "mmap": True}), hw)
+    from dataclasses import replace
+
+    mm = prefill_speed(qwen, replace(recipe_plan(65536), mmap=True), hw)
     assert mm.tokens_per_s < est_recipe and mm.bound == "copy"
     # speed grows with n_ubatch when experts are in host memory (one copy per micro-batch)
     speeds = [prefill_speed(qwen, Plan(n_ctx=65536, n_batch=ub, n_ubatch=ub, n_cpu_moe=40), hw).tokens_per_s
@@ -229,7 +239,7 @@ def test_plan_never_over_budget_and_at_least_fit(qwen, vram_gib: int) -> None:
             except ConfigError:
                 assert fit_like(qwen, hw, n_ctx=ctx, budget=budget) is None
                 continue
-            m = memory(qwen, best.plan, hw)
+            m = memory(qwen, best.settings, hw)
             assert m.gpu.total + budget.gpu_margin <= budget.vram
             assert m.cpu.total + budget.ram_margin <= budget.ram
             assert fits(m, budget)
@@ -244,25 +254,29 @@ def test_plan_options_and_outputs(qwen) -> None:
     fixed = plan(qwen, hw, n_ctx=65536)
     assert searched.prefill.tokens_per_s >= fixed.prefill.tokens_per_s
     pinned = plan(qwen, hw, n_ctx=65536, n_ubatch=512)
-    assert pinned.plan.n_ubatch == 512
+    assert pinned.settings.n_ubatch == 512
     d = json.loads(json.dumps(fixed.to_dict()))
     assert d["fits"] and d["prefill"]["bound"] in ("gpu", "copy", "cpu")
     flags = fixed.flags
     assert flags[:2] == ["-c", "65536"] and "--no-mmap" in flags and "-fa" in flags
-    if fixed.plan.n_cpu_moe and fixed.plan.cpu_moe_from == "first":
-        assert flags[flags.index("--n-cpu-moe") + 1] == str(fixed.plan.n_cpu_moe)
+    if fixed.settings.n_cpu_moe and fixed.settings.cpu_moe_from == "first":
+        assert flags[flags.index("--n-cpu-moe") + 1] == str(fixed.settings.n_cpu_moe)
     toml = fixed.engine_toml
     import tomllib
 
     engine = tomllib.loads(toml)["engine"]
     assert set(engine) == {"n_ctx", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v", "gpu_layers",
-                           "n_cpu_moe", "cpu_moe_from", "mmap"}
-    assert engine["n_cpu_moe"] == fixed.plan.n_cpu_moe and engine["mmap"] is False
-    last = Plan(n_ctx=4096, n_cpu_moe=2, cpu_moe_from="last").llama_flags(40)
+                           "n_cpu_moe", "cpu_moe", "cpu_moe_from", "mmap"}
+    assert engine["n_cpu_moe"] == fixed.settings.n_cpu_moe and engine["mmap"] is False
+    from pipeline.config import load_config
+
+    assert load_config(overrides={f"engine.{k}": v for k, v in engine.items()}).engine.n_ubatch == \
+        fixed.settings.n_ubatch  # the snippet is a valid config
+    last = llama_flags(Plan(n_ctx=4096, n_cpu_moe=2, cpu_moe_from="last"), 40)
     assert "-ot" in last and re.search(r"blk\\\.\(38\|39\)", last[last.index("-ot") + 1])
     assert "fits" in fixed.describe()
     # everything fits on an 80 GB card: no experts on the CPU
-    assert plan(qwen, get_profile("a100-80gb"), n_ctx=65536).plan.n_cpu_moe == 0
+    assert plan(qwen, get_profile("a100-80gb"), n_ctx=65536).experts_on_cpu == 0
     # CPU only: no GPU memory used
     cpu = plan(qwen, get_profile("cpu").with_ram(64 * GiB), n_ctx=16384)
     assert cpu.memory.gpu.total == 0 and cpu.prefill.bound == "cpu"
@@ -293,15 +307,3 @@ def test_detect_ram() -> None:
     assert detect_ram(available=True, meminfo=text) == 12000000 * 1024
     assert detect_ram() > 1 * GiB  # this machine
     assert get_profile("rtx3090").with_ram().ram == detect_ram()
-
-
-def test_plan_module_reexports_the_models() -> None:
-    import pipeline.planner.memory
-    import pipeline.planner.plan
-    import pipeline.planner.spec
-    import pipeline.planner.speed
-
-    for name in ("ModelSpec", "LayerSpec", "memory", "kv_bytes", "dry_run", "prefill_speed", "decode_speed"):
-        assert getattr(pipeline.planner.plan, name) is (getattr(pipeline.planner.spec, name, None) or getattr(
-            pipeline.planner.memory, name, None) or getattr(pipeline.planner.speed, name))
-    assert set(pipeline.planner.plan.__all__) <= set(dir(pipeline.planner.plan))

@@ -59,7 +59,7 @@ def test_tune_writes_a_profile_that_ask_picks_up(store_dir, tmp_path, monkeypatc
     path = resolve("builtin:SmolLM2-135M-Instruct", home=home, fetch=False)
     settings = rag.engine_settings(path)
     assert settings.n_ubatch == 64  # what the user set wins over the profile
-    from pipeline.planner.tune import read_profile
+    from pipeline.profiles import read_profile
 
     profile = read_profile(data["profile"])
     assert profile and all(k.startswith("engine.") for k in profile)
@@ -74,3 +74,90 @@ def test_bench_names_the_benchmarks_it_knows(tmp_path, monkeypatch):
     assert out.exit_code == 2
     assert "unknown benchmark(s): no-such-benchmark; there are: cache, ingest, prefill" in out.output
     assert not (tmp_path / "bench-results").exists()  # nothing ran, nothing written
+
+
+def test_plan_default_model_on_a_gpu_profile_picks_large_micro_batches(store_dir):
+    """The issue's case: SmolLM2-135M on an RTX 3090 profile planned -b 128 -ub 128; now >= 512."""
+    out = run("plan", "--gpu", "rtx3090", "--ctx", "8192", "--json")
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["plan"]["plan"]["n_ubatch"] >= 512 and data["plan"]["fits"]
+    assert data["plan"]["prefill"]["tokens_per_s"] >= data["llama_cpp_fit"]["prefill"]["tokens_per_s"]
+
+
+def test_impossible_plan_requests_are_one_line_and_exit_2(store_dir, tmp_path):
+    from pipeline.dev.synthetic import write_moe_model
+
+    model = str(write_moe_model(tmp_path / "m.gguf"))  # trained context 65536
+    cases = {
+        ("--vram", "2", "--ctx", "8192"): "has no GPU",  # a GPU budget with the CPU-only profile
+        ("--gpu", "rtx3090", "--ram", "0.001", "--vram", "0.001"): "weights alone",
+        ("--gpu", "rtx3090", "--ctx", "70000"): "trained context",
+        ("--gpu", "voodoo2",): "Unknown hardware profile",
+        ("--gpu", "rtx3090", "--vram", "nan"): "positive number",
+        ("--gpu", "rtx3090", "-b", "256", "-ub", "512"): "cannot exceed",
+    }
+    for args, message in cases.items():
+        out = CliRunner().invoke(cli, ["plan", model, *args])
+        assert out.exit_code == 2, (args, out.output)
+        assert out.exception is None or isinstance(out.exception, SystemExit), (args, out.exception)
+        assert message in out.output and len(out.output.strip().splitlines()) == 1, (args, out.output)
+
+
+def test_plan_fuzz_no_traceback_and_fitting_plans_fit(store_dir, tmp_path):
+    """500 random option combinations: never a traceback; exit 0 with a plan that really fits, or 2 with one line."""
+    import math
+    import random
+
+    from pipeline.config import EngineConfig
+    from pipeline.planner.hardware import HardwareProfile
+    from pipeline.planner.memory import memory
+    from pipeline.planner.result import Budget, fits
+    from pipeline.planner.spec import ModelSpec
+    from pipeline.dev.synthetic import write_moe_model
+
+    models = {str(write_moe_model(tmp_path / "tiny.gguf")): None,
+              str(write_moe_model(tmp_path / "deep.gguf", n_layers=12, n_embd=128, n_head=8, n_head_kv=1,
+                                  head_dim=32, n_experts=32, n_experts_used=8, expert_ff=64, vocab=1000)): None}
+    specs = {path: ModelSpec.from_gguf(path) for path in models}
+    qwen = ModelSpec.qwen36_35b_a3b("Q6_K")
+    bad_profile = tmp_path / "bad.toml"
+    bad_profile.write_text('[hardware]\nname = "mine"\ngpu_name = "x"\nvram = 1000000000\ngpu_flops = 0.0\n'
+                           'h2d_pinned = 0.0\nh2d_pageable = 0.0\ncpu_flops = 1e9\nram = 1000000000\n')
+    rng = random.Random(15)
+    gpus = [None, "rtx3090", "rtx3090", "rtx4090", "a100-40gb", "h100", "h200", "cpu", "voodoo2", str(bad_profile)]
+    sizes = [None] * 6 + ["0", "0.001", "0.5", "2", "8", "24", "80", "-1", "nan", "inf"]
+    ctxs = [None, "1", "17", "512", "4096", "8192", "65536", "70000", "300000"]
+    batches = [None] * 6 + ["1", "64", "512", "4096", "100000"]
+    seen = {0: 0, 2: 0}
+    for i in range(500):
+        use_qwen = i % 25 == 0
+        target = ["--spec", "qwen3.6-35b-a3b"] if use_qwen else [rng.choice(list(models))]
+        args = ["plan", *target, "--json"]
+        for flag, choices in (("--gpu", gpus), ("--vram", sizes), ("--ram", sizes), ("--ctx", ctxs),
+                              ("--kv", [None, "f16", "q8_0", "q4_0", "auto"]), ("-b", batches), ("-ub", batches)):
+            value = rng.choice(choices)
+            if value is not None:
+                args += [flag, value]
+        if use_qwen and rng.random() < 0.3:
+            args.append("--compare")
+        out = CliRunner().invoke(cli, args)
+        assert out.exception is None or isinstance(out.exception, SystemExit), (args, repr(out.exception))
+        assert "Traceback" not in out.output, (args, out.output)
+        assert out.exit_code in (0, 2), (args, out.output)
+        seen[out.exit_code] += 1
+        if out.exit_code == 2:
+            assert len(out.output.strip().splitlines()) == 1, (args, out.output)
+            continue
+        data = json.loads(out.output)
+        spec = qwen if use_qwen else specs[target[0]]
+        hw = HardwareProfile.from_dict(data["hardware"])
+        for result in filter(None, [data["plan"], data["llama_cpp_fit"], *data.get("compare", [])]):
+            if not result["fits"]:
+                continue
+            mem = memory(spec, EngineConfig(**result["plan"]), hw)
+            assert fits(mem, Budget(**result["budget"])), (args, result["label"])
+            assert mem.gpu.total == result["memory"]["gpu"]["total"]
+            assert math.isfinite(result["prefill"]["tokens_per_s"]) and result["prefill"]["tokens_per_s"] > 0
+        assert data["plan"]["fits"]
+    assert seen[0] > 100 and seen[2] > 100  # both outcomes well exercised

@@ -5,15 +5,15 @@ Every script in the repository's ``benchmarks/`` folder (:func:`discover`; not
 with ``_``) runs in its own process as ``python SCRIPT --json OUT`` (plus
 ``--quick`` when asked and the script has it), from the repository root. A script
 whose source does not mention ``--json`` is reported as skipped, not run. Each
-script's JSON is kept whole in the combined JSON (:meth:`BenchResults.to_dict`)
-and flattened into table rows (benchmark, metric, value, unit; :func:`rows_of`):
-a script can name its headline figures in a top-level ``"summary"`` object
-(``{"metric": value}`` or ``{"metric": {"value": v, "unit": "tok/s"}}``),
-otherwise every number and flag it wrote becomes a row.
+script's JSON follows one schema (:data:`SCHEMA`, written with :func:`document` and
+:func:`row`): the rows it declares, each with its metric, value and unit, ratios with
+the two metrics they divide, and the figures a row was measured at. ``rag bench``'s
+table shows exactly those rows (:func:`rows_of`; nothing is guessed from key names);
+the script's raw figures are kept whole in the combined JSON (:meth:`BenchResults.to_dict`).
 
-:func:`plot` draws prefill tokens/s against ``n_ubatch``, one line per offload
-setting, from any JSON object with an ``n_ubatch`` and a tokens/s figure
-(:func:`prefill_points`), with matplotlib (the optional ``plot`` extra).
+:func:`plot` draws prefill tokens/s against ``n_ubatch``, one line per ``series``,
+from the declared rows that carry an ``n_ubatch`` (:func:`prefill_points`), with
+matplotlib (the optional ``plot`` extra).
 """
 
 from __future__ import annotations
@@ -116,8 +116,11 @@ class BenchResults:
 
     def write_json(self, path: str | os.PathLike[str]) -> Path:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n", encoding="utf-8")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot write the benchmark results to {path}: {exc.strerror or exc}") from None
         return path
 
     @property
@@ -243,106 +246,38 @@ def _run_one(name: str, script: Path, cmd: list[str], out: Path, *, timeout: flo
     return BenchRun(name, str(script), status, time.perf_counter() - t0, rc, data, message, "\n".join(tail))
 
 
-# --------------------------------------------------------------------------- rows
+# --------------------------------------------------------------------------- the output schema
 
-_IDENT_KEYS = ("config", "label", "name", "offload", "n_ctx", "n_batch", "n_ubatch", "n_cpu_moe", "prompt_tokens",
-               "n_tokens")
-
-
-def unit_of(metric: str) -> str:
-    """A unit guessed from a metric's name (``tokens_per_second`` -> ``tok/s``)."""
-    last = metric.rsplit(".", 1)[-1].lower()
-    m = metric.lower()
-    if re.search(r"(tok(en)?s?_per_s(ec(ond)?)?|tok_s|tps)$", last) or "tokens_per_second" in m or "tok/s" in m:
-        return "tok/s"
-    if last.endswith("tokens"):
-        return "tokens"
-    if "bytes" in last:
-        return "B"
-    if last.endswith("gib"):
-        return "GiB"
-    if "ratio" in m or "_over_" in last or last.startswith("speedup"):
-        return "x"
-    if "seconds" in m or last.endswith("_s"):
-        return "s"
-    return ""
+#: The schema every benchmark's JSON follows: ``{"schema": SCHEMA, "rows": [row, ...], ...raw figures}``.
+SCHEMA = "rag-bench/1"
 
 
-def _ident(item: dict[str, Any], i: int) -> str:
-    parts = [f"{k}={item[k]}" for k in _IDENT_KEYS if k in item and not isinstance(item[k], (dict, list))]
-    return ", ".join(parts) if parts else str(i)
+def row(metric: str, value: float | int | bool | str, unit: str = "", *, ratio: tuple[str, str] | None = None,
+        **fields: Any) -> dict[str, Any]:
+    """One declared row of a benchmark's JSON: a figure, its unit, and for a ratio the two metrics it divides.
+
+    ``fields`` name what the figure was measured at (``n_ubatch``, ``n_batch``, ``series``
+    for a line of the prefill plot, ``context`` for its prompt length).
+    """
+    out: dict[str, Any] = dict(metric=metric, value=value, unit=unit)
+    if ratio is not None:
+        out["ratio"] = list(ratio)
+    out.update(fields)
+    return out
 
 
-_RAW_KEYS = frozenset({"samples", "runs", "paired_overheads", "model_shape", "stale_timer_check"})
-
-
-def _generic_rows(benchmark: str, data: dict[str, Any]) -> list[Row]:
-    rows: list[Row] = []
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, bool) or (isinstance(value, (int, float)) and math.isfinite(value)):
-            rows.append(Row(benchmark, prefix, value, unit_of(prefix)))
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                if k not in _RAW_KEYS:
-                    walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif isinstance(value, list) and value and all(isinstance(x, dict) for x in value):
-            for i, item in enumerate(value):
-                ident = _ident(item, i)
-                for k, v in item.items():
-                    if k not in _IDENT_KEYS and k not in _RAW_KEYS and not k.endswith(("_min", "_max", "_spread")):
-                        walk(f"{prefix}[{ident}].{k}", v)
-        # strings, lists of numbers (individual runs), None, NaN: not rows
-
-    walk("", data)
-    return rows
-
-
-def _ingest_rows(data: dict[str, Any]) -> list[Row]:
-    """benchmarks/ingest.py: corpus size, rates, ratios and its checks (not every timing)."""
-    keep = {k: data[k] for k in ("files", "chunks", "content_tokens", "tokens_per_second", "ratios", "checks")
-            if k in data}
-    if "tokens_per_second" not in keep:
-        raise KeyError("tokens_per_second")
-    return _generic_rows("ingest", keep)
-
-
-def _prefill_rows(data: dict[str, Any]) -> list[Row]:
-    """benchmarks/prefill.py: tokens/s per (n_batch, n_ubatch, offload) and the engine's overhead."""
-    rows = [Row("prefill", "prompt tokens", int(data["tokens"]))]
-    for r in data["sweep"]:
-        rows.append(Row("prefill", f"-b {r['n_batch']} -ub {r['n_ubatch']}, offload {r['offload']}",
-                        float(r["tokens_per_second"]), "tok/s"))
-    for c in data.get("comparisons", []):
-        rows.append(Row("prefill", f"engine overhead vs bare llama_decode ({c['setting']})",
-                        100.0 * float(c["overhead_wall"]), "%"))
-        rows.append(Row("prefill", f"overhead target met ({c['setting']})", bool(c["passed"])))
-    return rows
-
-
-#: Row extractors that know a benchmark's JSON; others get the generic flattening.
-_EXTRACTORS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {"ingest": _ingest_rows, "prefill": _prefill_rows}
+def document(rows: list[dict[str, Any]], **raw: Any) -> dict[str, Any]:
+    """A benchmark's JSON: its declared rows (what ``rag bench`` shows) and any raw figures beside them."""
+    return {"schema": SCHEMA, "rows": rows, **raw}
 
 
 def rows_of(benchmark: str, data: dict[str, Any]) -> list[Row]:
-    """Table rows of one benchmark's JSON: its ``summary`` object if it has one, the headline figures of
-    the benchmarks this module knows (ingest, prefill), else every number and flag (raw samples left out)."""
-    summary = data.get("summary")
-    if isinstance(summary, dict):
-        rows = []
-        for metric, v in summary.items():
-            if isinstance(v, dict):
-                rows.append(Row(benchmark, metric, v.get("value"), str(v.get("unit", unit_of(metric)))))
-            else:
-                rows.append(Row(benchmark, metric, v, unit_of(metric)))
-        return rows
-    extract = _EXTRACTORS.get(benchmark)
-    if extract is not None:
-        try:
-            return extract(data)
-        except (KeyError, TypeError, ValueError):
-            pass  # its format changed: fall back to the generic rows
-    return _generic_rows(benchmark, data)
+    """The table rows a benchmark's JSON declares (:data:`SCHEMA`); one status row where it declares none."""
+    declared = data.get("rows") if data.get("schema") == SCHEMA else None
+    if not isinstance(declared, list) or not all(isinstance(r, dict) and "metric" in r and "value" in r
+                                                 for r in declared):
+        return [Row(benchmark, "status", f"ok, but its JSON declares no rows (schema {SCHEMA})")]
+    return [Row(benchmark, str(r["metric"]), r["value"], str(r.get("unit", ""))) for r in declared]
 
 
 def _fmt(value: Any) -> str:
@@ -369,82 +304,32 @@ def format_table(rows: Iterable[Row]) -> str:
 
 # --------------------------------------------------------------------------- the plot
 
-_SPEED_KEYS = ("prefill_tokens_per_second", "prefill_tokens_per_s", "prefill_tok_s", "pipeline_tokens_per_second",
-               "pipeline_tok_s", "tokens_per_second", "tokens_per_s", "measured_tok_s", "tok_s")
-_NESTED = ("settings", "config", "engine", "params", "plan")
-
-
-def _speed(d: dict[str, Any]) -> float | None:
-    def num(v: Any) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-
-    for k in _SPEED_KEYS:
-        if num(d.get(k)):
-            return float(d[k])
-    loose = [k for k, v in d.items() if num(v) and unit_of(k) == "tok/s" and "bare" not in k and "decode" not in k]
-    return float(d[loose[0]]) if loose else None
-
-
-def _offload_label(d: dict[str, Any]) -> str:
-    if d.get("offload") not in (None, ""):
-        v = d["offload"]
-        return f"{v} layers' experts on CPU" if isinstance(v, int) and not isinstance(v, bool) else str(v)
-    if d.get("cpu_moe") is True:
-        return "all experts on CPU"
-    if isinstance(d.get("n_cpu_moe"), int):
-        n = d["n_cpu_moe"]
-        return "experts on GPU" if n == 0 else f"{n} layers' experts on CPU"
-    for k in ("config", "label", "name"):
-        if isinstance(d.get(k), str) and d[k]:
-            return d[k]
-    return "default"
-
-
-def _ubatch(d: dict[str, Any]) -> int | None:
-    for k in ("n_ubatch", "ubatch", "ub"):
-        if isinstance(d.get(k), int) and not isinstance(d.get(k), bool):
-            return int(d[k])
-    flags = d.get("flags")
-    if isinstance(flags, list) and "-ub" in flags:
-        i = flags.index("-ub")
-        if i + 1 < len(flags) and str(flags[i + 1]).isdigit():
-            return int(flags[i + 1])
-    return None
-
 
 def prefill_points(obj: Any) -> list[dict[str, Any]]:
-    """Every measurement in ``obj`` (results, combined JSON or one benchmark's JSON) with an ``n_ubatch``
-    and a prefill tokens/s figure: ``{"line", "n_ubatch", "tokens_per_s", "context"}``.
-
-    A measurement is a JSON object holding (directly or in a ``settings``/``config``/``engine``
-    object) ``n_ubatch`` (or ``-ub`` in a ``flags`` list) and a tokens/s number such as
-    ``prefill_tokens_per_second``; its line is its ``offload`` (or ``n_cpu_moe``, ``config``, ``label``).
-    """
+    """Every declared prefill measurement in ``obj`` (results, combined JSON or one benchmark's JSON): rows in
+    tok/s with an ``n_ubatch``, as ``{"line", "n_ubatch", "tokens_per_s", "context"}`` (line: the row's
+    ``series``; context: its ``context``, else the benchmark's ``tokens``)."""
     if isinstance(obj, BenchResults):
         obj = obj.to_dict()["benchmarks"]
     points: list[dict[str, Any]] = []
 
-    def walk(v: Any, context: int | None) -> None:
-        if isinstance(v, dict):
-            if isinstance(v.get("tokens"), int) and not isinstance(v.get("tokens"), bool):
-                context = v["tokens"]  # a benchmark's prompt length, for the measurements below it
-            flat: dict[str, Any] = {}
-            for k in _NESTED:
-                if isinstance(v.get(k), dict):
-                    flat.update(v[k])
-            flat.update((k, x) for k, x in v.items() if k not in _NESTED or not isinstance(x, dict))
-            ub, speed = _ubatch(flat), _speed(flat)
-            if ub is not None and speed is not None:
-                ctx = next((flat[k] for k in ("prompt_tokens", "n_tokens") if isinstance(flat.get(k), int)), context)
-                points.append(dict(line=_offload_label(flat), n_ubatch=ub, tokens_per_s=speed, context=ctx))
-                return
+    def walk(v: Any) -> None:
+        if isinstance(v, dict) and v.get("schema") == SCHEMA and isinstance(v.get("rows"), list):
+            context = v.get("tokens") if isinstance(v.get("tokens"), int) else None
+            for r in v["rows"]:
+                ub, value = r.get("n_ubatch"), r.get("value")
+                if (r.get("unit") == "tok/s" and isinstance(ub, int) and isinstance(value, (int, float))
+                        and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+                    points.append(dict(line=str(r.get("series", "default")), n_ubatch=ub, tokens_per_s=float(value),
+                                       context=r.get("context", context)))
+        elif isinstance(v, dict):
             for x in v.values():
-                walk(x, context)
+                walk(x)
         elif isinstance(v, list):
             for x in v:
-                walk(x, context)
+                walk(x)
 
-    walk(obj, None)
+    walk(obj)
     return points
 
 
@@ -496,8 +381,11 @@ def plot(results: BenchResults | dict[str, Any] | list[Any], path: str | os.Path
     ax.grid(True, alpha=0.3)
     ax.legend(title="offload", fontsize="small")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    except (OSError, ValueError) as exc:  # an unwritable place, or a format matplotlib does not know
+        raise PlotError(f"cannot draw the plot to {path}: {exc}") from None
     return path
 
 
@@ -510,7 +398,7 @@ def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 __all__ = [
-    "BenchEvent", "BenchResults", "BenchRun", "EXCLUDED", "PlotError", "Row", "default_dir", "discover",
-    "format_table", "load_results", "plot", "prefill_points", "require_matplotlib", "rows_of", "run_benchmarks",
-    "script_options", "unit_of",
+    "BenchEvent", "BenchResults", "BenchRun", "EXCLUDED", "PlotError", "Row", "SCHEMA", "default_dir", "discover",
+    "document", "format_table", "load_results", "plot", "prefill_points", "require_matplotlib", "row", "rows_of",
+    "run_benchmarks", "script_options",
 ]

@@ -1,5 +1,10 @@
 """Turn one file into text units: PDF pages, or the whole text of Markdown/text/HTML.
 
+The format comes from the name (``README.md.gz`` is gzip-compressed Markdown);
+a file whose name says nothing (``README``, ``copyright``, ``NEWS.Debian``) is
+read as text if its content is text. Only regular files are opened, and a
+file over the size limit is not read at all (nor decompressed past it).
+
 This module only reads and cleans text; splitting into chunks is the chunker's job.
 Every way a file can fail to give text (unreadable, corrupt, encrypted, scanned,
 binary, empty) surfaces as :class:`~pipeline.errors.LoadError` with a short reason,
@@ -11,10 +16,12 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import gzip
 import io
 import logging
 import re
 import threading
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -23,10 +30,18 @@ from typing import TYPE_CHECKING
 
 from pipeline.errors import LoadError
 
+from .scan import open_regular
+
 if TYPE_CHECKING:
     from pypdf import PdfReader
 
-__all__ = ["LoadedDocument", "TextUnit", "detect_format", "load"]
+__all__ = ["LoadedDocument", "NotADocument", "TextUnit", "detect_format", "load", "may_be_text",
+           "sniff_text"]
+
+
+class NotADocument(LoadError):
+    """The file is not something to index (binary content where text was guessed, over the size
+    limit): ingest reports it as skipped, not failed."""
 
 _FORMATS = {
     ".pdf": "pdf",
@@ -41,6 +56,19 @@ _FORMATS = {
     ".htm": "html",
     ".xhtml": "html",
 }
+
+# Extensions that are never text: such files are skipped without being opened.
+_BINARY = frozenset("""
+    .png .jpg .jpeg .gif .bmp .tif .tiff .webp .ico .icns .heic .psd .xcf .svgz .ps .eps
+    .zip .tar .tgz .tbz2 .txz .bz2 .xz .zst .lz .lzma .7z .rar .z .jar .war .whl .egg
+    .deb .rpm .apk .dmg .iso .img .qcow2 .vmdk .cab .msi
+    .exe .dll .so .dylib .o .a .lib .obj .bin .elf .class .pyc .pyo .pyd .wasm .dex
+    .mp3 .mp4 .m4a .m4v .wav .flac .ogg .oga .opus .aac .avi .mov .mkv .webm .wmv .flv .mid .midi
+    .doc .docx .xls .xlsx .ppt .pptx .odt .ods .odp .epub .mobi .djvu
+    .ttf .otf .woff .woff2 .eot .pfb
+    .sqlite .sqlite3 .db .mdb .parquet .arrow .feather .npy .npz .pkl .pickle .pt .pth .ckpt
+    .gguf .safetensors .onnx .h5 .hdf5 .tflite .mo .gmo
+""".split())
 
 _SNIFF_BYTES = 8192  # how much of a file is checked for NUL bytes / a charset declaration
 _MAX_CONTROL_RATIO = 0.05  # more control characters than this means binary, not text
@@ -70,21 +98,85 @@ class LoadedDocument:
     skipped_pages: tuple[int, ...] = ()
 
 
+def _inner_suffix(path: Path) -> str:
+    """The extension that names the content: ``a.md.gz`` -> ``.md`` (lower case)."""
+    path = Path(path)
+    if path.suffix.lower() == ".gz":
+        path = Path(path.stem)
+    return path.suffix.lower()
+
+
 def detect_format(path: Path) -> str | None:
-    """The format of *path* by its extension (case-insensitive), or None if unsupported."""
-    return _FORMATS.get(Path(path).suffix.lower())
+    """The format of *path* by its name (case-insensitive; ``.gz`` looks inside), or None."""
+    return _FORMATS.get(_inner_suffix(path))
 
 
-def load(path: Path) -> LoadedDocument:
-    """Read *path* and return its text; raise LoadError(reason) if it gives none."""
+def may_be_text(path: Path) -> bool:
+    """True if the name says nothing about the format (``README``, ``NEWS.Debian.gz``): the content decides."""
+    return detect_format(path) is None and _inner_suffix(path) not in _BINARY
+
+
+def sniff_text(path: Path) -> bool:
+    """True if the start of *path* (decompressed for ``.gz``) reads as text."""
+    try:
+        head = read_bytes(path, limit=_SNIFF_BYTES, truncate=True)
+    except LoadError:
+        return True  # let the load report why it cannot be read
+    return _looks_like_text(head)
+
+
+def _looks_like_text(head: bytes) -> bool:
+    try:
+        _decode(head, partial=True)
+    except LoadError:
+        return False
+    return True
+
+
+def read_bytes(path: Path, *, limit: int = 0, truncate: bool = False) -> bytes:
+    """The bytes of a regular file, decompressed if its name ends in ``.gz``.
+
+    With ``limit`` (bytes), more than that is :class:`NotADocument` (too large), or with
+    ``truncate`` the first ``limit`` bytes. Decompression stops at the limit, so a small
+    file that inflates without end costs no more than a file of the limit's size.
+    """
+    gz = Path(path).suffix.lower() == ".gz"
+    want = limit + 1 if limit else -1
+    with open_regular(path) as fh:
+        try:
+            data = gzip.GzipFile(fileobj=fh).read(want) if gz else fh.read(want)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as err:
+            raise LoadError(f"corrupt gzip file: {_describe(err)}") from None
+        except OSError as err:
+            raise LoadError(f"cannot read file: {err.strerror or err}") from None
+    if limit and len(data) > limit:
+        if truncate:
+            return data[:limit]
+        what = "decompressed size" if gz else "size"
+        raise NotADocument(f"{what} over the limit of {limit / 2**20:.3g} MB (ingest.max_file_mb)")
+    return data
+
+
+def load(path: Path, *, max_bytes: int = 0) -> LoadedDocument:
+    """Read *path* and return its text; raise LoadError(reason) if it gives none.
+
+    ``max_bytes`` (0 = no limit) bounds the bytes read, after decompression.
+    """
     path = Path(path)
     fmt = detect_format(path)
-    if fmt is None:
+    guessed = fmt is None
+    if guessed and not may_be_text(path):
         raise LoadError(f"unsupported file type {path.suffix or '(no extension)'!r}")
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise LoadError(f"cannot read file: {err.strerror or err}") from err
+    data = read_bytes(path, limit=max_bytes)
+    if guessed:
+        fmt = "text"
+        try:
+            text = normalize_text(_decode(data), collapse_spaces=False)
+        except LoadError:
+            raise NotADocument("not a text file (binary content)") from None
+        if not text:
+            raise LoadError("empty file")
+        return LoadedDocument(path, fmt, [TextUnit(text, None)], None)
 
     if fmt == "pdf":
         return _load_pdf(path, data)
@@ -130,22 +222,46 @@ def normalize_text(text: str, *, collapse_spaces: bool = True) -> str:
     return text.strip("\n").rstrip()
 
 
-def _decode(data: bytes, *, html: bool = False) -> str:
-    """Bytes to text: BOM, declared HTML charset, UTF-8, then cp1252/latin-1.
+def _utf16_without_bom(head: bytes) -> str | None:
+    """"utf-16-le"/"utf-16-be" if NUL bytes sit in every other position, as in UTF-16 text of
+    mostly Latin script written without a byte order mark; else None."""
+    n = len(head) // 2
+    if n < 2:
+        return None
+    even, odd = head[0:2 * n:2].count(0), head[1:2 * n:2].count(0)
+    if odd >= 0.3 * n and even <= 0.02 * n:
+        return "utf-16-le"
+    if even >= 0.3 * n and odd <= 0.02 * n:
+        return "utf-16-be"
+    return None
+
+
+def _decode(data: bytes, *, html: bool = False, partial: bool = False) -> str:
+    """Bytes to text: BOM, UTF-16 by its NUL pattern, declared HTML charset, UTF-8, then cp1252/latin-1.
 
     The legacy fallback is tried only when the bytes are not valid UTF-8, so UTF-8
-    files are never mis-decoded. Binary content (NUL bytes without a UTF-16 BOM,
-    or many control characters) raises LoadError("binary file").
+    files are never mis-decoded. Binary content (NUL bytes in no UTF-16 pattern,
+    or many control characters) raises LoadError("binary file"). ``partial``: *data*
+    is the start of a file and may end inside a character.
     """
+    errors = "ignore" if partial else "strict"
     for bom, codec in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"),
                        (codecs.BOM_UTF16_BE, "utf-16")):
         if data.startswith(bom):
             try:
-                return _check_not_binary(data.decode(codec))
+                return _check_not_binary(data.decode(codec, errors))
             except UnicodeDecodeError as err:
                 raise LoadError("binary file") from err
     if b"\x00" in data[:_SNIFF_BYTES]:
-        raise LoadError("binary file")
+        codec = _utf16_without_bom(data[:_SNIFF_BYTES])
+        if codec is None:
+            raise LoadError("binary file")
+        try:
+            return _check_not_binary(data.decode(codec, errors))
+        except UnicodeDecodeError as err:
+            raise LoadError("binary file") from err
+    if partial:  # a multi-byte character cut at the end of the sample is still UTF-8
+        data = data[:len(data) - _incomplete_utf8_tail(data)]
     candidates = ["utf-8"]
     if html:
         declared = _declared_charset(data[:_SNIFF_BYTES])
@@ -157,6 +273,18 @@ def _decode(data: bytes, *, html: bool = False) -> str:
         except (UnicodeDecodeError, LookupError):
             continue
     return _check_not_binary(data.decode("latin-1"))  # total: every byte maps
+
+
+def _incomplete_utf8_tail(data: bytes) -> int:
+    """How many bytes at the end of *data* begin a UTF-8 character that is cut off (0-3)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # a lead byte (or ASCII)
+            need = 2 if byte >= 0xC0 else 1
+            need = 3 if byte >= 0xE0 else need
+            need = 4 if byte >= 0xF0 else need
+            return back if need > back else 0
+    return 0
 
 
 def _check_not_binary(text: str) -> str:

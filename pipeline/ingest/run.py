@@ -1,8 +1,9 @@
 """Orchestration of ``rag ingest``: scan, diff against the store, load → chunk → embed → commit.
 
-A document is identified by its resolved path and versioned by the SHA-256 of
-its bytes. Unchanged files (same size and mtime, or same hash) cost nothing;
-changed ones replace their old chunks through the store's commit protocol.
+A document is identified by its absolute path as found (symlinks not resolved,
+see :mod:`.scan`) and versioned by the SHA-256 of its bytes. Unchanged files
+(same size and mtime, or same hash) cost nothing; changed ones replace their
+old chunks through the store's commit protocol.
 Loading and chunking run in a background thread, one document ahead of the
 embedder, so that on a multi-core machine they hide behind embedding.
 """
@@ -19,16 +20,18 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..engine.embed import Embedder
-from ..errors import LoadError
+from ..errors import LoadError, StoreError
 from ..store.catalog import DocumentRecord
 from ..store.store import Store
 from .chunking import Chunk, Chunker, for_embedder
-from .loaders import detect_format, load
+from .loaders import NotADocument, detect_format, load, may_be_text, sniff_text
+from .scan import Scan, file_hash
 from .sections import cut as cut_sections
-from .scan import file_hash
 
 # Chunks embedded between two progress events inside one large document.
 _SLICE = 32
+# Reasons for skipping a file that a summary count says well enough.
+_ROUTINE_SKIPS = ("unsupported file type", "not a text file")
 
 
 @dataclass
@@ -66,6 +69,11 @@ class IngestReport:
     def failed(self) -> list[FileOutcome]:
         return [f for f in self.files if f.status == "failed"]
 
+    @property
+    def notable_skips(self) -> list[FileOutcome]:
+        """Skipped files worth a line: special files, links, size limit (not mere file types)."""
+        return [f for f in self.files if f.status == "skipped" and not (f.reason or "").startswith(_ROUTINE_SKIPS)]
+
     def to_dict(self) -> dict:
         statuses = ("new", "changed", "unchanged", "skipped", "failed", "removed", "missing")
         return {
@@ -96,14 +104,25 @@ class IngestReport:
 
 @dataclass(frozen=True)
 class IngestEvent:
-    """Progress: ``kind`` is "plan" (``total`` files to embed), "chunks" (embedded so far in the
-    current file) or "file" (one file finished, ``outcome`` set)."""
+    """Progress: ``kind`` is "plan" (``total`` files and ``total_bytes`` to embed), "chunks" (a slice
+    of the current file embedded: ``chunks`` of its ``file_chunks`` so far) or "file" (one file
+    finished, ``outcome`` set).
+
+    Every event carries the run's totals so far: ``done_chunks`` and ``done_tokens`` embedded,
+    and ``done_bytes``, the bytes of finished files plus the embedded share of the current one,
+    which measures progress against ``total_bytes`` however long a single file is.
+    """
 
     kind: str
     total: int = 0
     path: str = ""
     chunks: int = 0
     outcome: FileOutcome | None = None
+    file_chunks: int = 0
+    total_bytes: int = 0
+    done_bytes: int = 0
+    done_chunks: int = 0
+    done_tokens: int = 0
 
 
 Progress = Callable[[IngestEvent], None]
@@ -119,22 +138,24 @@ class _Todo:
     mtime_ns: int
 
 
-def ingest(scanned: tuple[list[Path], list[Path]], *, store: Store, embedder: Embedder, chunk_size: int,
+def ingest(scanned: Scan, *, store: Store, embedder: Embedder, chunk_size: int,
            chunk_overlap: int, section_tokens: int, embedder_ref: str = "", prune: bool = False,
+           max_bytes: int = 0,
            progress: Progress | None = None) -> IngestReport:
-    """Bring the store's collection in line with ``scanned`` (files and folders, from :func:`scan`).
+    """Bring the store's collection in line with ``scanned`` (from :func:`.scan.scan`).
 
     ``store`` must be open. Scanning comes first and apart, so that a missing path fails
-    before the store is opened or created. Each new or changed document is cut into
-    sections of about ``section_tokens`` embedder tokens (see :mod:`.sections`), committed
-    with its chunks; unchanged documents keep theirs.
+    before the store is opened or created. Files over ``max_bytes`` (0 = no limit) are
+    skipped and reported. Documents under paths the scan could not read, or did not
+    select, are never pruned. Each new or changed document is cut into sections of
+    about ``section_tokens`` embedder tokens (see :mod:`.sections`), committed with its
+    chunks; unchanged documents keep theirs.
 
     Nothing is loaded (no model, no splitter) unless some file needs embedding, so a run
     over an unchanged corpus costs a directory scan and one catalog read.
     """
     started = time.perf_counter()
     emit = progress or (lambda event: None)
-    files, folders = scanned
     report = IngestReport(collection=store.name)
     store.check_compatible(embedder=embedder_ref or str(embedder.model_path),
                            embedder_id=embedder.identity, chunk_size=chunk_size,
@@ -142,30 +163,41 @@ def ingest(scanned: tuple[list[Path], list[Path]], *, store: Store, embedder: Em
     known = store.documents()
     todo: list[_Todo] = []
     present: set[str] = set()
-    for path in files:
-        source = str(path.resolve())
+    report.files.extend(FileOutcome(p.path, p.status, p.reason) for p in scanned.problems)
+    for found in scanned.files:
+        path, source = found.path, str(found.path)
         present.add(source)
-        if detect_format(path) is None:
-            report.files.append(FileOutcome(str(path), "skipped", "unsupported file type"))
+        guessed = detect_format(path) is None
+        if guessed and not may_be_text(path):
+            report.files.append(FileOutcome(source, "skipped", "unsupported file type"))
+            continue
+        if max_bytes and found.size > max_bytes:
+            report.files.append(FileOutcome(source, "skipped", f"{found.size / 2**20:.3g} MB is over the "
+                                            f"size limit of {max_bytes / 2**20:.3g} MB (ingest.max_file_mb)"))
+            continue
+        record = known.get(source)
+        if record and record.size == found.size and record.mtime_ns == found.mtime_ns:
+            report.files.append(FileOutcome(source, "unchanged"))
+            continue
+        if guessed and not sniff_text(path):
+            report.files.append(FileOutcome(source, "skipped", "not a text file (binary content)"))
             continue
         try:
-            st = path.stat()
-            record = known.get(source)
-            if record and record.size == st.st_size and record.mtime_ns == st.st_mtime_ns:
-                report.files.append(FileOutcome(str(path), "unchanged"))
-                continue
             digest = file_hash(path)
+        except LoadError as exc:
+            report.files.append(FileOutcome(source, "failed", str(exc)))
+            continue
         except OSError as exc:
-            report.files.append(FileOutcome(str(path), "failed", exc.strerror or str(exc)))
+            report.files.append(FileOutcome(source, "failed", exc.strerror or str(exc)))
             continue
         if record and record.content_hash == digest:
-            store.touch_document(source, size=st.st_size, mtime_ns=st.st_mtime_ns)
-            report.files.append(FileOutcome(str(path), "unchanged"))
+            store.touch_document(source, size=found.size, mtime_ns=found.mtime_ns)
+            report.files.append(FileOutcome(source, "unchanged"))
             continue
-        todo.append(_Todo(path, source, "changed" if record else "new", digest, st.st_size, st.st_mtime_ns))
+        todo.append(_Todo(path, source, "changed" if record else "new", digest, found.size, found.mtime_ns))
 
     for source in sorted(set(known) - present):
-        if not _under(source, folders, files):
+        if not scanned.covers(source) or scanned.is_protected(source):
             continue
         if prune:
             store.remove_document(source)
@@ -178,24 +210,43 @@ def ingest(scanned: tuple[list[Path], list[Path]], *, store: Store, embedder: Em
         store.ensure_collection(embedder=embedder_ref or str(embedder.model_path),
                                 embedder_id=embedder.identity, dim=embedder.dim,
                                 chunk_size=chunk_size, chunk_overlap=chunk_overlap)
-        emit(IngestEvent("plan", total=len(todo)))
-        for item, loaded in _prepared(todo, chunker, embedder):
-            outcome = _commit(item, loaded, store=store, embedder=embedder, report=report, emit=emit,
-                              section_tokens=section_tokens)
+        tally = _Tally(total_bytes=sum(t.size for t in todo))
+        emit(IngestEvent("plan", total=len(todo), total_bytes=tally.total_bytes))
+        committed = 0
+        for item, loaded in _prepared(todo, chunker, embedder, max_bytes=max_bytes):
+            try:
+                outcome = _commit(item, loaded, store=store, embedder=embedder, report=report, emit=emit,
+                                  tally=tally, section_tokens=section_tokens)
+            except StoreError as exc:
+                raise StoreError(f"{exc} ({committed} of {len(todo)} files to embed were committed "
+                                 "before this)") from None
+            committed += outcome.status in ("new", "changed")
             report.files.append(outcome)
-            emit(IngestEvent("file", path=str(item.path), outcome=outcome))
+            tally.finish(item.size)
+            emit(tally.event("file", path=str(item.path), outcome=outcome))
     report.seconds = time.perf_counter() - started
     return report
 
 
-def _under(source: str, folders: list[Path], files: list[Path]) -> bool:
-    path = Path(source)
-    if any(path == f.resolve() for f in files):
-        return True
-    return any(folder == path or folder in path.parents for folder in folders)
+@dataclass
+class _Tally:
+    """The run's progress so far, for events."""
+
+    total_bytes: int
+    done_bytes: int = 0  # of finished files
+    done_chunks: int = 0
+    done_tokens: int = 0
+
+    def finish(self, size: int) -> None:
+        self.done_bytes += size
+
+    def event(self, kind: str, *, share: int = 0, **fields) -> IngestEvent:
+        return IngestEvent(kind, total_bytes=self.total_bytes, done_bytes=self.done_bytes + share,
+                           done_chunks=self.done_chunks, done_tokens=self.done_tokens, **fields)
 
 
-def _prepared(todo: list[_Todo], chunker: Chunker, embedder: Embedder) -> Iterator[tuple[_Todo, object]]:
+def _prepared(todo: list[_Todo], chunker: Chunker, embedder: Embedder, *,
+              max_bytes: int = 0) -> Iterator[tuple[_Todo, object]]:
     """(item, (document, chunks, token sequences) or LoadError), loaded one document ahead."""
     out: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
@@ -205,7 +256,7 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: Embedder) -> Iterat
             if stop.is_set():
                 return
             try:
-                doc = load(item.path)
+                doc = load(item.path, max_bytes=max_bytes)
                 chunks = chunker.split(doc.units, fmt=doc.format)
                 if not chunks:
                     raise LoadError("no text to index")
@@ -233,16 +284,22 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: Embedder) -> Iterat
 
 
 def _commit(item: _Todo, loaded: object, *, store: Store, embedder: Embedder,
-            report: IngestReport, emit: Progress, section_tokens: int) -> FileOutcome:
+            report: IngestReport, emit: Progress, tally: _Tally, section_tokens: int) -> FileOutcome:
+    if isinstance(loaded, NotADocument):
+        return FileOutcome(item.source, "skipped", str(loaded))
     if isinstance(loaded, LoadError):
-        return FileOutcome(str(item.path), "failed", str(loaded))
+        return FileOutcome(item.source, "failed", str(loaded))
     doc, chunks, seqs = loaded
     chunks: list[Chunk]
     t0 = time.perf_counter()
     vectors = []
     for lo in range(0, len(seqs), _SLICE):
         vectors.append(embedder.embed_tokens(seqs[lo:lo + _SLICE]))
-        emit(IngestEvent("chunks", path=str(item.path), chunks=min(lo + _SLICE, len(seqs))))
+        done = min(lo + _SLICE, len(seqs))
+        tally.done_chunks += done - lo
+        tally.done_tokens += sum(c.tokens for c in chunks[lo:done])
+        emit(tally.event("chunks", path=str(item.path), chunks=done, file_chunks=len(seqs),
+                         share=item.size * done // len(seqs)))
     matrix = np.concatenate(vectors)
     report.embed_seconds += time.perf_counter() - t0
     pages = max((u.page or 0 for u in doc.units), default=0) or None
@@ -250,4 +307,4 @@ def _commit(item: _Todo, loaded: object, *, store: Store, embedder: Embedder,
                             mtime_ns=item.mtime_ns, format=doc.format, title=doc.title, pages=pages)
     sections = cut_sections(item.source, item.content_hash, chunks, target=section_tokens)
     store.write_document(record, chunks, matrix, sections)
-    return FileOutcome(str(item.path), item.status, chunks=len(chunks), tokens=sum(c.tokens for c in chunks))
+    return FileOutcome(item.source, item.status, chunks=len(chunks), tokens=sum(c.tokens for c in chunks))

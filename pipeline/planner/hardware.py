@@ -18,13 +18,25 @@ What the figures mean (all in SI units: bytes, bytes/s, FLOP/s):
 * ``gpu_reserved``: VRAM the driver and the CUDA context take before llama.cpp
   allocates anything (not usable by the model).
 
-The RTX 3090 figures are *calibrated* (``gpu_flops`` 46e12, ``h2d_pinned``
-25.3e9, solved from two measurements): with them the planner's speed model
-reproduces the recipe's two measurements on that card (Qwen3.6-35B-A3B Q6_K at
-64K context: 564 prompt tokens/s at ``-b 512 -ub 128``, 1330 at ``-b 1024 -ub 512``
-with 8 layers' experts on the CPU) within 20%; see :mod:`pipeline.planner.speed`. The other
+The RTX 3090 figures are *calibrated* (:mod:`pipeline.planner.calibration`, which
+cites its sources): the micro-batch curve (``gpu_ubatch_half`` 84 tokens, exponent
+1.5) from the shape of a published llama-bench ``-ub`` sweep (Gemma 2B F16,
+``pp16384``, llama.cpp PR #11583), then ``gpu_flops`` 40.4e12 and ``h2d_pinned``
+31.2e9 solved so that the model reproduces the recipe's two measurements on that
+card (Qwen3.6-35B-A3B Q6_K at 64K context: 564 prompt tokens/s at ``-b 512 -ub
+128``, 1330 at ``-b 1024 -ub 512`` with 8 layers' experts on the CPU). The other
 cards scale the 3090's efficiency (effective / datasheet dense f16 tensor FLOP/s)
-to their own datasheet figures: estimates, to be replaced by ``rag tune``.
+to their own datasheet figures, and its curve's ``u_half`` by their number of
+multiprocessors (more of them need more rows to fill): estimates, to be replaced by
+measurements (``benchmarks/gpu_prefill.py`` reports the figures it implies).
+
+The ``cpu`` profile's micro-batch curve was measured on this project's 2-core
+development machine by ``rag tune --measure-hardware`` (SmolLM2-135M Q4_1, 2048-token
+prefills at ``-ub`` 128, 512 and 2048: 7.8, 17.6 and 28.6 tok/s, fitted exactly by
+``cpu_ubatch_half`` 2048, ``cpu_ubatch_exp`` 0.75, ``cpu_ubatch_cache`` 8192), with a
+load average of 18 on its 2 cores; ``cpu_flops`` scales that fit to the 180 tok/s
+FACTS.md records for the same prefill on an idle machine. Run it on yours: the
+result is saved as ``$RAG_HOME/hardware.toml`` and used by later plans.
 
 :func:`measure_cpu_flops` and :func:`measure_hardware` measure the host's figures
 (``rag tune --measure-hardware``). Standard library only, but for numpy in
@@ -33,6 +45,7 @@ to their own datasheet figures: estimates, to be replaced by ``rag tune``.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import tomllib
@@ -44,9 +57,12 @@ from ..errors import ConfigError
 GiB = 1024**3
 GB = 1e9
 
-#: Effective / datasheet dense f16 tensor FLOP/s, from the 3090 calibration (46 / 71 TFLOP/s).
+#: Effective / datasheet dense f16 tensor FLOP/s, from the 3090 calibration (40.4 / 71 TFLOP/s).
 #: Hopper cards get about half of it: llama.cpp's CUDA kernels do not use Hopper's wgmma path.
-_EFFICIENCY = 0.65
+_EFFICIENCY = 0.57
+#: The 3090's micro-batch curve (pipeline.planner.calibration), and its multiprocessor count to scale it by.
+_UBATCH_HALF, _SMS_3090 = 84.0, 82
+_LAYER_OVERHEAD = 50e-6
 
 
 @dataclass(frozen=True)
@@ -65,6 +81,14 @@ class HardwareProfile:
     cpu_mem_bw: float = 50 * GB  # bytes/s
     gpu_reserved: int = 300 * 1024**2  # bytes taken by driver + CUDA context
     attn_efficiency: float = 0.5  # attention FLOP/s as a fraction of gpu_flops
+    # micro-batch efficiency (pipeline.planner.speed): e(u) = 1 / (1 + (half / u) ** exp), 0 = none
+    gpu_ubatch_half: float = 0.0  # tokens
+    gpu_ubatch_exp: float = 1.5
+    gpu_layer_overhead: float = 0.0  # seconds per layer per micro-batch (kernel launches, scheduling)
+    cpu_ubatch_half: float = 0.0  # tokens
+    cpu_ubatch_exp: float = 1.5
+    cpu_ubatch_cache: float = 0.0  # tokens: larger micro-batches spill the caches, cost x (1 + u / cache); 0 = none
+    cpu_layer_overhead: float = 0.0  # seconds per layer per micro-batch (thread barriers, scheduling)
 
     @property
     def has_gpu(self) -> bool:
@@ -115,9 +139,21 @@ class HardwareProfile:
                     out[name] = str(v)
             except (TypeError, ValueError):
                 raise ConfigError(f"Hardware profile key {name} has a bad value {v!r}.") from None
-            if isinstance(out[name], (int, float)) and out[name] < 0:  # type: ignore[operator]
-                raise ConfigError(f"Hardware profile key {name} cannot be negative ({v!r}).")
-        return cls(**out)  # type: ignore[arg-type]
+            if isinstance(out[name], (int, float)) and not (math.isfinite(out[name]) and out[name] >= 0):  # type: ignore[arg-type]
+                raise ConfigError(f"Hardware profile key {name} must be a finite number >= 0, not {v!r}.")
+        return cls(**out).checked()  # type: ignore[arg-type]
+
+    def checked(self) -> HardwareProfile:
+        """``self``, or a :class:`ConfigError` naming the figure a planner would divide by zero with."""
+        need = ["cpu_flops", "cpu_mem_bw", "cpu_ubatch_exp"]
+        if self.has_gpu:
+            need += ["gpu_flops", "h2d_pinned", "h2d_pageable", "gpu_mem_bw", "attn_efficiency", "gpu_ubatch_exp"]
+        zero = [k for k in need if not getattr(self, k) > 0]
+        if zero:
+            what = "a GPU (vram > 0)" if self.has_gpu else "a host"
+            raise ConfigError(f"The hardware profile {self.name!r} describes {what} but has no "
+                              f"{', '.join(zero)} (must be > 0).")
+        return self
 
 
 def _escape(s: str) -> str:
@@ -125,13 +161,14 @@ def _escape(s: str) -> str:
 
 
 def _gpu(name: str, gpu_name: str, vram_gib: float, peak_tflops: float, pcie_gen: int, mem_bw_gbs: float,
-         efficiency: float = _EFFICIENCY, **kw: object) -> HardwareProfile:
+         sms: int, efficiency: float = _EFFICIENCY, **kw: object) -> HardwareProfile:
     pinned = {4: 25.0, 5: 50.0}[pcie_gen] * GB
     return HardwareProfile(
         name=name, gpu_name=gpu_name, vram=int(vram_gib * GiB),
         gpu_flops=peak_tflops * 1e12 * efficiency,
         h2d_pinned=pinned, h2d_pageable=pinned / 2,
         cpu_flops=1.0e12, ram=128 * GiB, gpu_mem_bw=mem_bw_gbs * GB, cpu_mem_bw=60 * GB,
+        gpu_ubatch_half=_UBATCH_HALF * sms / _SMS_3090, gpu_layer_overhead=_LAYER_OVERHEAD,
         **kw,  # type: ignore[arg-type]
     )
 
@@ -143,17 +180,19 @@ def _gpu(name: str, gpu_name: str, vram_gib: float, peak_tflops: float, pcie_gen
 PROFILES: dict[str, HardwareProfile] = {
     "rtx3090": HardwareProfile(
         name="rtx3090", gpu_name="NVIDIA GeForce RTX 3090", vram=24 * GiB,
-        gpu_flops=46.0e12, h2d_pinned=25.3 * GB, h2d_pageable=12.6 * GB,
+        gpu_flops=40.4e12, h2d_pinned=31.2 * GB, h2d_pageable=15.6 * GB,
         cpu_flops=1.0e12, ram=64 * GiB, gpu_mem_bw=936 * GB, cpu_mem_bw=50 * GB,
+        gpu_ubatch_half=_UBATCH_HALF, gpu_ubatch_exp=1.5, gpu_layer_overhead=_LAYER_OVERHEAD,
     ),
-    "rtx4090": _gpu("rtx4090", "NVIDIA GeForce RTX 4090", 24, 165.2, 4, 1008),
-    "a100-40gb": _gpu("a100-40gb", "NVIDIA A100-SXM4-40GB", 40, 312, 4, 1555),
-    "a100-80gb": _gpu("a100-80gb", "NVIDIA A100-SXM4-80GB", 80, 312, 4, 2039),
-    "h100": _gpu("h100", "NVIDIA H100 80GB HBM3", 80, 989, 5, 3350, efficiency=0.3, attn_efficiency=0.4),
-    "h200": _gpu("h200", "NVIDIA H200", 143771 / 1024, 989, 5, 4800, efficiency=0.3, attn_efficiency=0.4),
+    "rtx4090": _gpu("rtx4090", "NVIDIA GeForce RTX 4090", 24, 165.2, 4, 1008, 128),
+    "a100-40gb": _gpu("a100-40gb", "NVIDIA A100-SXM4-40GB", 40, 312, 4, 1555, 108),
+    "a100-80gb": _gpu("a100-80gb", "NVIDIA A100-SXM4-80GB", 80, 312, 4, 2039, 108),
+    "h100": _gpu("h100", "NVIDIA H100 80GB HBM3", 80, 989, 5, 3350, 132, efficiency=0.3, attn_efficiency=0.4),
+    "h200": _gpu("h200", "NVIDIA H200", 143771 / 1024, 989, 5, 4800, 132, efficiency=0.3, attn_efficiency=0.4),
     "cpu": HardwareProfile(
         name="cpu", gpu_name="", vram=0, gpu_flops=0.0, h2d_pinned=0.0, h2d_pageable=0.0,
-        cpu_flops=0.3e12, ram=32 * GiB, gpu_mem_bw=0.0, cpu_mem_bw=40 * GB, gpu_reserved=0,
+        cpu_flops=127e9, ram=32 * GiB, gpu_mem_bw=0.0, cpu_mem_bw=40 * GB, gpu_reserved=0,
+        cpu_ubatch_half=2048.0, cpu_ubatch_exp=0.75, cpu_ubatch_cache=8192.0,
     ),
 }
 

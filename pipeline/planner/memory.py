@@ -1,7 +1,7 @@
 """The memory model: bytes per device for a plan, checked against llama.cpp's own dry run.
 
-:func:`memory` gives the bytes a :class:`~pipeline.planner.plan.Plan` needs on the GPU and
-in host memory, from a :class:`~pipeline.planner.spec.ModelSpec`:
+:func:`memory` gives the bytes engine settings (:class:`~pipeline.config.EngineConfig`) need on
+the GPU and in host memory, from a :class:`~pipeline.planner.spec.ModelSpec`:
 
 * weights: llama.cpp keeps ``token_embd`` in host memory always; layers
   ``>= n_layers - gpu_layers`` and (with ``gpu_layers > n_layers``) the output
@@ -29,7 +29,7 @@ in host memory, from a :class:`~pipeline.planner.spec.ModelSpec`:
   (``CUDA_Host``) compute buffer is the KQ mask plus ``8*embd`` per token.
 
 The margins a plan keeps free on each device are the planner's business
-(:class:`pipeline.planner.plan.Budget`). :func:`dry_run` asks llama.cpp itself (model
+(:class:`pipeline.planner.result.Budget`). :func:`dry_run` asks llama.cpp itself (model
 param ``no_alloc``: nothing allocated) for the real KV and compute buffer sizes,
 and :func:`parse_dry_run` reads them from its log; llama_cpp is imported only there.
 """
@@ -38,15 +38,13 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from ..config import EngineConfig
 from ..errors import ConfigError
 from .hardware import HardwareProfile
 from .spec import LayerSpec, ModelSpec, type_bytes
-
-if TYPE_CHECKING:  # a Plan is only read here; pipeline.planner.plan imports this module
-    from .plan import Plan
 
 MiB = 1024**2
 
@@ -57,7 +55,7 @@ def _pad(n: int, to: int) -> int:
 
 @dataclass(frozen=True)
 class DeviceMemory:
-    """Bytes one device needs for a plan."""
+    """Bytes one device needs for engine settings."""
 
     weights: int = 0
     kv: int = 0  # KV cache + recurrent state
@@ -85,33 +83,33 @@ class Memory:
                     recurrent_state=self.recurrent_state, compute_buffer=self.compute_buffer)
 
 
-def kv_cells(layer: LayerSpec, plan: Plan) -> int:
+def kv_cells(layer: LayerSpec, settings: EngineConfig) -> int:
     """KV cells llama.cpp allocates for ``layer`` (0 for a recurrent layer)."""
-    n_ctx = _pad(plan.n_ctx, 256)
+    n_ctx = _pad(settings.n_ctx, 256)
     if layer.kind == "recurrent":
         return 0
     if layer.kind == "swa" and layer.window:
-        return min(n_ctx, _pad(layer.window * plan.n_seq + plan.n_ubatch, 256))
+        return min(n_ctx, _pad(layer.window + settings.n_ubatch, 256))  # one sequence
     return n_ctx
 
 
-def kv_bytes(spec: ModelSpec, plan: Plan, layers: set[int] | None = None) -> tuple[int, int]:
+def kv_bytes(spec: ModelSpec, settings: EngineConfig, layers: set[int] | None = None) -> tuple[int, int]:
     """(KV cache bytes, recurrent state bytes) of ``layers`` (default all)."""
     kv = state = 0
     for i, lay in enumerate(spec.layers):
         if layers is not None and i not in layers:
             continue
         if lay.kind == "recurrent":
-            state += lay.state_bytes * plan.n_seq
+            state += lay.state_bytes  # one sequence
             continue
-        cells = kv_cells(lay, plan)
-        kv += cells * (type_bytes(lay.n_head_kv * lay.head_dim_k, plan.type_k)
-                       + type_bytes(lay.n_head_kv * lay.head_dim_v, plan.type_v))
+        cells = kv_cells(lay, settings)
+        kv += cells * (type_bytes(lay.n_head_kv * lay.head_dim_k, settings.type_k)
+                       + type_bytes(lay.n_head_kv * lay.head_dim_v, settings.type_v))
     return kv, state
 
 
 
-def compute_buffer_bytes(spec: ModelSpec, plan: Plan) -> int:
+def compute_buffer_bytes(spec: ModelSpec, settings: EngineConfig) -> int:
     """The main compute buffer of a plan (see the module docstring for the formula and where it comes from).
 
     Checked against llama.cpp's dry run (``tests/test_plan.py``): within 5% wherever
@@ -120,30 +118,30 @@ def compute_buffer_bytes(spec: ModelSpec, plan: Plan) -> int:
     few thousand tokens, where the buffer is a few MiB): the per-layer term is the
     upper envelope of what ggml's allocator was seen to reserve.
     """
-    u = plan.n_ubatch
-    c = _pad(plan.n_ctx, 256)
+    u = settings.n_ubatch
+    c = _pad(settings.n_ctx, 256)
     if not any(lay.kind != "recurrent" for lay in spec.layers):
         c = 0
     e, q = spec.n_embd, spec.max_q_dim
     used_ff = spec.n_experts_used * spec.expert_ff
     layer = max(24 * e + 8 * q, 12 * used_ff + 17 * e + 4 * spec.n_experts + 4 * q)
     out = 4 * spec.n_vocab + 8 * e
-    if plan.flash_attn:
+    if settings.flash_attn:
         attn = 2 * c
     else:
         attn = (4 * spec.max_n_head + 4) * c
     return u * max(attn + layer, out)
 
 
-def memory(spec: ModelSpec, plan: Plan, hw: HardwareProfile | None = None) -> Memory:
-    """Bytes per device for ``plan`` (see the module docstring). ``hw`` without a GPU puts everything on the CPU."""
+def memory(spec: ModelSpec, settings: EngineConfig, hw: HardwareProfile | None = None) -> Memory:
+    """Bytes per device for ``settings`` (see the module docstring). ``hw`` without a GPU puts everything on the CPU."""
     has_gpu = hw is None or hw.has_gpu
     n = spec.n_layers
-    gpu_layers = plan.gpu_layer_set(n) if has_gpu else set()
-    cpu_exp = set(plan.cpu_expert_layers(n))
+    gpu_layers = settings.gpu_layer_set(n) if has_gpu else set()
+    cpu_exp = set(settings.cpu_expert_layers(n))
     w_gpu = w_cpu = spec.embd_bytes * 0
     w_cpu += spec.embd_bytes
-    if has_gpu and plan.output_on_gpu(n):
+    if has_gpu and settings.output_on_gpu(n):
         w_gpu += spec.output_bytes
     else:
         w_cpu += spec.output_bytes
@@ -156,13 +154,13 @@ def memory(spec: ModelSpec, plan: Plan, hw: HardwareProfile | None = None) -> Me
                 w_gpu += lay.expert_bytes
         else:
             w_cpu += lay.total_bytes
-    kv_all, state_all = kv_bytes(spec, plan)
-    kv_g, st_g = kv_bytes(spec, plan, gpu_layers)
-    compute = compute_buffer_bytes(spec, plan)
-    out_buf = spec.n_vocab * 4 * plan.n_seq + spec.n_embd * 4
+    kv_all, state_all = kv_bytes(spec, settings)
+    kv_g, st_g = kv_bytes(spec, settings, gpu_layers)
+    compute = compute_buffer_bytes(spec, settings)
+    out_buf = spec.n_vocab * 4 + spec.n_embd * 4
     if has_gpu and gpu_layers:
         copy = max((spec.layers[i].expert_tensor_max for i in cpu_exp & gpu_layers), default=0)
-        host_compute = plan.n_ubatch * (2 * _pad(plan.n_ctx, 256) + 8 * spec.n_embd)
+        host_compute = settings.n_ubatch * (2 * _pad(settings.n_ctx, 256) + 8 * spec.n_embd)
         if len(gpu_layers) < n:  # partial offload: the CPU layers need their own graph buffers
             host_compute = max(host_compute, compute)
         gpu = DeviceMemory(weights=w_gpu, kv=kv_g + st_g, compute=compute + copy,
@@ -204,14 +202,15 @@ def parse_dry_run(log: str) -> DryRun:
     return DryRun(kv_cache=int(kv * MiB), compute=compute, log=log)
 
 
-def dry_run(path: str | os.PathLike[str], plan: Plan, *, n_threads: int = 1) -> DryRun:
-    """Run llama.cpp's own dry run (model param ``no_alloc``) for ``plan`` and read the sizes it logs."""
+def dry_run(path: str | os.PathLike[str], settings: EngineConfig, *, n_threads: int = 1) -> DryRun:
+    """Run llama.cpp's own dry run (model param ``no_alloc``) for ``settings`` and read the sizes it logs."""
     from ..engine._llama import LlamaLog, load_llama
+    from ..engine.generator import Engine
 
-    kwargs = plan.llama_kwargs()
+    kwargs = Engine(path, replace(settings, threads=n_threads, threads_batch=n_threads)).llama_kwargs()
     kwargs.pop("use_mmap")  # a dry run cannot map
     with LlamaLog(chain=False) as log:
-        llm = load_llama(path, model_params={"no_alloc": True}, n_threads=n_threads, verbose=False, **kwargs)
+        llm = load_llama(path, model_params={"no_alloc": True}, **kwargs)
         llm.close()
     result = parse_dry_run(log.text)
     if not result.compute:

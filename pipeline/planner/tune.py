@@ -18,15 +18,18 @@ The library behind ``rag tune``. :func:`tune`
 4. picks the fastest measured candidate whose estimated memory fits the budget
    (:mod:`pipeline.planner.memory`; a candidate over budget is never measured nor picked).
 
-:func:`write_profile` writes the winner as an ``[engine]`` TOML table (with the
-measurements as comments) to :func:`profile_path` (``$RAG_HOME/tuned/<model
-identity>-<n_ctx>.toml``); :func:`read_profile` / :func:`tuned_settings` give its
-dotted keys for the pipeline to lay over the configuration.
+With ``measure_hardware``, the host's figures are measured first: numpy's matrix
+FLOP/s and the RAM, then (on a CPU-only run) a short prefill of the model at three
+micro-batch sizes, to which :func:`fit_cpu_curve` fits the CPU's FLOP/s and its
+micro-batch curve (see :mod:`pipeline.planner.speed`); the plans then use them.
+
+:meth:`TuneResult.profile_text` is the winner as an ``[engine]`` TOML table (with the
+measurements as comments); :mod:`pipeline.profiles` writes it where ``rag ask`` finds it.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import math
 import os
 import random
@@ -37,17 +40,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
 
-from ..config import EngineConfig, read_toml, toml_value
+from ..config import EngineConfig, toml_value
 from ..errors import ConfigError, RagError
+from ..profiles import PROFILE_KEYS
 from .hardware import GiB, HardwareProfile, detect_ram
 from .hardware import measure_hardware as _measure_hardware
-from .plan import UBATCHES, Budget, Plan, PlanResult, evaluate
+from .plan import UBATCHES
 from .plan import plan as make_plan
+from .result import Budget, PlanResult, evaluate
 from .spec import ModelSpec, kv_type_supported
-
-#: The ``[engine]`` keys a tuned profile sets.
-PROFILE_KEYS = ("n_batch", "n_ubatch", "flash_attn", "type_k", "type_v", "gpu_layers", "n_cpu_moe", "cpu_moe",
-                "cpu_moe_from", "mmap")
+from .speed import prefill_speed
 DEFAULT_MAX_SECONDS = 120.0
 DEFAULT_MAX_CANDIDATES = 10
 
@@ -142,6 +144,7 @@ class TuneResult:
     max_seconds: float
     hardware_measured: bool = False
     notes: list[str] = field(default_factory=list)
+    cpu_curve: list[dict[str, Any]] = field(default_factory=list)  # the micro-batch sweep of --measure-hardware
 
     @property
     def baseline(self) -> Candidate:
@@ -176,7 +179,7 @@ class TuneResult:
             plan=self.plan.to_dict(), candidates=[c.to_dict() for c in self.candidates],
             baseline=self.baseline.label, winner=w.label if w else None, winner_engine=w.engine if w else None,
             speedup=self.speedup, calibration=self.calibration, seconds=self.seconds,
-            max_seconds=self.max_seconds, notes=self.notes,
+            max_seconds=self.max_seconds, notes=self.notes, cpu_curve=self.cpu_curve,
         )
 
     def table(self) -> str:
@@ -202,6 +205,30 @@ class TuneResult:
         return (f"fastest: {w.label} ({w.describe_settings()}), {w.measured_tokens_per_s:.0f} tok/s, "
                 f"{speed} the configured default ({base})")
 
+    def profile_text(self) -> str:
+        """The tuned profile's TOML: the measurements as comments, the winner's keys in ``[engine]``."""
+        w = self.winner
+        if w is None:
+            raise ConfigError("No candidate that fits the memory budget was measured: there is no profile to write.")
+        hw = self.hardware
+        when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        lines = [
+            f"# Tuned by `rag tune` on {when}: {Path(self.model).name} (identity {self.model_identity}), "
+            f"n_ctx {self.n_ctx}, {self.n_tokens}-token prefills.",
+            f"# Hardware: {hw.name}{' (measured)' if self.hardware_measured else ''}, "
+            f"{'GPU ' + hw.gpu_name + ', ' if self.gpu else 'CPU only, '}"
+            f"RAM {hw.ram / GiB:.0f} GiB, CPU {hw.cpu_flops / 1e9:.0f} GFLOP/s.",
+            "# Measured prefill tokens/s (llama.cpp's timings); planner's estimate in brackets:",
+        ]
+        for c in self.candidates:
+            est = f"{c.estimated_tokens_per_s:.0f}" if c.estimated_tokens_per_s else "-"
+            got = f"{c.measured_tokens_per_s:.1f}" if c.measured_tokens_per_s else c.status
+            lines.append(f"#   {c.label}: {c.describe_settings()}: {got} [{est}]{' <- chosen' if c is w else ''}")
+        lines.append(f"# {self.summary()}.")
+        lines.append("[engine]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in w.engine.items() if self.gpu or k != "gpu_layers"]
+        return "\n".join(lines) + "\n"
+
     def describe(self) -> str:
         head = (f"{Path(self.model).name}: {self.n_tokens}-token prefills at n_ctx {self.n_ctx}, "
                 f"{'GPU' if self.gpu else 'CPU only'}, {self.seconds:.1f} s of {self.max_seconds:.0f} s")
@@ -218,33 +245,6 @@ def gpu_offload_available() -> bool:
     return bool(llama_cpp.llama_supports_gpu_offload())
 
 
-def plan_of(settings: EngineConfig, spec: ModelSpec, *, gpu: bool) -> Plan | None:
-    """The :class:`~pipeline.planner.plan.Plan` the engine runs for ``settings`` (None if not a valid plan)."""
-    n = spec.n_layers
-    n_batch = min(settings.n_batch, settings.n_ctx)
-    n_ubatch = min(settings.n_ubatch, n_batch)
-    k = n if settings.cpu_moe else min(settings.n_cpu_moe, n)
-    gpu_layers = (n + 1 if settings.gpu_layers < 0 else settings.gpu_layers) if gpu else 0
-    # the engine loads without mmap when tensors are overridden (so a GPU build can pin them)
-    mmap = settings.mmap and k == 0 and not settings.override_tensors.strip()
-    try:
-        return Plan(n_ctx=settings.n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, flash_attn=settings.flash_attn,
-                    type_k=settings.type_k, type_v=settings.type_v, gpu_layers=gpu_layers, n_cpu_moe=k,
-                    cpu_moe_from=settings.cpu_moe_from, mmap=mmap)  # type: ignore[arg-type]
-    except ConfigError:
-        return None
-
-
-def settings_of(p: Plan, base: EngineConfig, spec: ModelSpec, *, gpu: bool) -> EngineConfig:
-    """``base`` with the settings of plan ``p`` (threads, seed, RoPE and ``-ot`` patterns kept)."""
-    n = spec.n_layers
-    k = min(p.n_cpu_moe, n)
-    gpu_layers = (-1 if p.gpu_layers > n else p.gpu_layers) if gpu else base.gpu_layers
-    return replace(base, n_ctx=p.n_ctx, n_batch=p.n_batch, n_ubatch=p.n_ubatch, flash_attn=p.flash_attn,
-                   type_k=p.type_k, type_v=p.type_v, gpu_layers=gpu_layers, n_cpu_moe=k if k < n else 0,
-                   cpu_moe=bool(k) and k == n, cpu_moe_from=p.cpu_moe_from if k else base.cpu_moe_from, mmap=p.mmap)
-
-
 def _key(settings: EngineConfig) -> tuple:
     s = settings
     n_batch = min(s.n_batch, s.n_ctx)
@@ -253,15 +253,16 @@ def _key(settings: EngineConfig) -> tuple:
 
 
 def candidate_plans(spec: ModelSpec, hw: HardwareProfile, best: PlanResult, *, budget: Budget, n_tokens: int,
-                    kv_types: Sequence[str], gpu: bool) -> list[tuple[str, Plan]]:
+                    kv_types: Sequence[str], gpu: bool) -> list[tuple[str, EngineConfig]]:
     """Plans around ``best``: the other micro-batch sizes, flash attention toggled, other KV types, last-N experts."""
-    p = best.plan
+    p = best.settings
     n_ctx = p.n_ctx
-    out: list[tuple[str, Plan]] = [("plan", p)]
+    out: list[tuple[str, EngineConfig]] = [("plan", p)]
 
-    def planned(**kw: Any) -> Plan | None:
+    def planned(**kw: Any) -> EngineConfig | None:
         try:
-            return make_plan(spec, hw, n_ctx=n_ctx, budget=budget, n_tokens=n_tokens, mmap=p.mmap, **kw).plan
+            return make_plan(spec, hw, n_ctx=n_ctx, budget=budget, n_tokens=n_tokens, mmap=p.mmap, base=p,
+                             **kw).settings
         except ConfigError:
             return None
 
@@ -280,7 +281,7 @@ def candidate_plans(spec: ModelSpec, hw: HardwareProfile, best: PlanResult, *, b
             q = planned(n_ubatch=p.n_ubatch, kv_types=kv, flash_attn=True)
             if q is not None:
                 out.append((f"plan, KV {kv}", q))
-    if gpu and 0 < p.n_cpu_moe < spec.n_layers:
+    if gpu and 0 < len(p.cpu_expert_layers(spec.n_layers)) < spec.n_layers:
         other = "last" if p.cpu_moe_from == "first" else "first"
         out.append((f"plan, {other} experts", replace(p, cpu_moe_from=other)))
     return out
@@ -342,6 +343,55 @@ def _predicted_seconds(c: Candidate, done: list[Candidate], *, n_tokens: int, re
     return overhead + n_tokens * repeats / speed
 
 
+# --------------------------------------------------------------------------- the CPU's micro-batch curve
+
+#: Micro-batch sizes ``rag tune --measure-hardware`` measures on a CPU.
+CURVE_UBATCHES = (128, 512, 2048)
+
+
+def fit_cpu_curve(spec: ModelSpec, hw: HardwareProfile, points: Sequence[tuple[EngineConfig, int, float]]
+                  ) -> HardwareProfile:
+    """``hw`` with the CPU FLOP/s and micro-batch curve (``cpu_ubatch_half``, ``cpu_ubatch_cache``) that best
+    reproduce measured CPU prefills: ``points`` of (settings as run, prompt tokens, measured tokens/s).
+
+    A least-squares fit in log space over a grid of the three shape parameters; for each, the FLOP/s that scales the estimates onto the measurements is exact,
+    because every CPU term of the speed model is proportional to ``1 / cpu_flops``.
+    """
+    if not points:
+        return hw
+    halves = [0.0] + [8.0 * 2 ** (i / 4) for i in range(33)]  # 8 .. 2048 tokens
+    caches = [0.0] + [256.0 * 2 ** (i / 2) for i in range(17)]  # 256 .. 65536 tokens
+    base = replace(hw, vram=0, cpu_flops=1e12, cpu_layer_overhead=0.0)
+    best: tuple[float, HardwareProfile] | None = None
+    for half, cache, exp in itertools.product(halves, caches, (0.75, 1.0, 1.25, 1.5, 2.0)):
+        trial = replace(base, cpu_ubatch_half=half, cpu_ubatch_cache=cache, cpu_ubatch_exp=exp)
+        logs = [math.log(tps) - math.log(prefill_speed(spec, s, trial, n).tokens_per_s) for s, n, tps in points]
+        mean = statistics.fmean(logs)
+        err = sum((x - mean) ** 2 for x in logs)
+        if best is None or err < best[0] - 1e-12:
+            best = (err, replace(trial, cpu_flops=1e12 * math.exp(mean)))
+    assert best is not None
+    return replace(best[1], vram=hw.vram)
+
+
+def measure_cpu_curve(model_path: Path, base: EngineConfig, spec: ModelSpec, hw: HardwareProfile, *,
+                      n_tokens: int, seed: int = 0) -> tuple[HardwareProfile, list[dict[str, Any]]]:
+    """Prefill the model on the CPU at :data:`CURVE_UBATCHES` (those within ``n_tokens``), fit the curve to it.
+
+    Returns the fitted profile and the measurements (``n_ubatch``, tokens/s, estimate after the fit).
+    """
+    points: list[tuple[EngineConfig, int, float]] = []
+    for i, u in enumerate(u for u in CURVE_UBATCHES if u <= n_tokens):
+        s = replace(base, n_batch=u, n_ubatch=u, gpu_layers=0).as_run(spec.n_layers, gpu=False)
+        runs, _ = measure(model_path, s, n_tokens=n_tokens, n_vocab=spec.n_vocab, repeats=1, seed=seed + 100 + i)
+        points.append((s, n_tokens, statistics.median(runs)))
+    fitted = fit_cpu_curve(spec, hw, points)
+    cpu_only = replace(fitted, vram=0)
+    rows = [dict(n_ubatch=s.n_ubatch, measured_tokens_per_s=tps,
+                 estimated_tokens_per_s=prefill_speed(spec, s, cpu_only, n).tokens_per_s) for s, n, tps in points]
+    return fitted, rows
+
+
 # --------------------------------------------------------------------------- tune
 
 
@@ -359,7 +409,8 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
     profile's VRAM and RAM (RAM capped at this machine's), default margins.
     ``kv_types`` are the KV cache types tried (default: the configured one and
     q8_0, where the model's head size allows). ``measure_hardware`` measures
-    the CPU's FLOP/s and the RAM first (see :func:`pipeline.planner.hardware.measure_hardware`);
+    the CPU's FLOP/s and the RAM first (see :func:`pipeline.planner.hardware.measure_hardware`)
+    and, on a CPU-only run, the CPU's micro-batch curve (:func:`measure_cpu_curve`);
     the result's ``hardware`` is then worth saving with
     :func:`pipeline.planner.hardware.save_profile`. Raises :class:`ConfigError` if no plan fits.
     """
@@ -394,19 +445,36 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
         notes.append("engine.override_tensors is kept in every candidate; the estimates do not account for it")
 
     base = replace(engine_settings, n_ctx=n_ctx)
+    curve: list[dict[str, Any]] = []
+    if measure_hardware and not gpu:
+        hw, curve = measure_cpu_curve(model_path, base, spec, hw, n_tokens=min(n_tokens, max(CURVE_UBATCHES)),
+                                      seed=seed)
+        hw_plan = replace(hw, vram=0)
+        notes.append("CPU micro-batch curve: " + ", ".join(
+            f"-ub {r['n_ubatch']} {r['measured_tokens_per_s']:.0f} tok/s (model {r['estimated_tokens_per_s']:.0f})"
+            for r in curve))
+    elif measure_hardware:
+        notes.append("the GPU's micro-batch curve is not measured here: the profile's is kept")
     mmap = base.mmap if not gpu else False  # pinned host memory copies faster to a GPU
     best = make_plan(spec, hw_plan, n_ctx=n_ctx, budget=budget, kv_types=base.type_k, flash_attn=base.flash_attn,
-                     mmap=mmap, n_tokens=n_tokens)
+                     mmap=mmap, n_tokens=n_tokens, base=base)
     kvs = tuple(kv_types) if kv_types is not None else (base.type_k, "q8_0")
 
     def estimate(s: EngineConfig, label: str) -> PlanResult | None:
-        p = plan_of(s, spec, gpu=gpu)
-        return evaluate(spec, p, hw_plan, budget, label=label, n_tokens=n_tokens) if p else None
+        try:
+            run = s.as_run(spec.n_layers, gpu=gpu)
+        except ConfigError:
+            return None
+        return evaluate(spec, run, hw_plan, budget, label=label, n_tokens=n_tokens)
+
+    def settings_of(p: EngineConfig) -> EngineConfig:
+        s = base.with_planned(p)
+        return s if gpu else replace(s, gpu_layers=base.gpu_layers)  # a CPU plan leaves -ngl as configured
 
     candidates = [Candidate("baseline (configured)", base, estimate(base, "baseline"))]
     seen = {_key(base)}
     for label, p in candidate_plans(spec, hw_plan, best, budget=budget, n_tokens=n_tokens, kv_types=kvs, gpu=gpu):
-        s = settings_of(p, base, spec, gpu=gpu)
+        s = settings_of(p)
         if _key(s) in seen:
             continue
         seen.add(_key(s))
@@ -455,76 +523,12 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
     result = TuneResult(
         model=str(model_path), model_identity=file_identity(model_path), n_ctx=n_ctx, n_tokens=n_tokens,
         hardware=hw, gpu=gpu, plan=best, candidates=candidates, seconds=time.perf_counter() - t0,
-        max_seconds=max_seconds, hardware_measured=measure_hardware, notes=notes)
+        max_seconds=max_seconds, hardware_measured=measure_hardware, notes=notes, cpu_curve=curve)
     emit("done", message=result.summary())
     return result
 
 
-# --------------------------------------------------------------------------- profiles
-
-
-def profile_path(home: Path, model_identity: str, n_ctx: int) -> Path:
-    """Where the tuned profile of a model (by :func:`pipeline.models.file_identity`) at ``n_ctx`` lives."""
-    return Path(home) / "tuned" / f"{model_identity}-{n_ctx}.toml"
-
-
-def profile_text(result: TuneResult) -> str:
-    """The profile TOML: the measurements as comments, the winner's keys in ``[engine]``."""
-    w = result.winner
-    if w is None:
-        raise ConfigError("No candidate that fits the memory budget was measured: there is no profile to write.")
-    hw = result.hardware
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [
-        f"# Tuned by `rag tune` on {when}: {Path(result.model).name} (identity {result.model_identity}), "
-        f"n_ctx {result.n_ctx}, {result.n_tokens}-token prefills.",
-        f"# Hardware: {hw.name}{' (measured)' if result.hardware_measured else ''}, "
-        f"{'GPU ' + hw.gpu_name + ', ' if result.gpu else 'CPU only, '}"
-        f"RAM {hw.ram / GiB:.0f} GiB, CPU {hw.cpu_flops / 1e9:.0f} GFLOP/s.",
-        "# Measured prefill tokens/s (llama.cpp's timings); planner's estimate in brackets:",
-    ]
-    for c in result.candidates:
-        est = f"{c.estimated_tokens_per_s:.0f}" if c.estimated_tokens_per_s else "-"
-        got = f"{c.measured_tokens_per_s:.1f}" if c.measured_tokens_per_s else c.status
-        lines.append(f"#   {c.label}: {c.describe_settings()}: {got} [{est}]{' <- chosen' if c is w else ''}")
-    lines.append(f"# {result.summary()}.")
-    lines.append("[engine]")
-    lines += [f"{k} = {toml_value(v)}" for k, v in w.engine.items() if result.gpu or k != "gpu_layers"]
-    return "\n".join(lines) + "\n"
-
-
-def write_profile(result: TuneResult, path: str | os.PathLike[str]) -> Path:
-    """Write the winner's ``[engine]`` settings (and the measurements, as comments) to ``path``, atomically."""
-    text = profile_text(result)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
-def read_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The dotted ``engine.*`` settings of a tuned profile (``{"engine.n_ubatch": 512, ...}``)."""
-    values = read_toml(Path(path))
-    known = {f.name for f in dataclasses.fields(EngineConfig)}
-    for key in values:
-        section, _, name = key.partition(".")
-        if section != "engine" or name not in known:
-            raise ConfigError(f"{path}: a tuned profile holds only [engine] settings, not {key!r}")
-    return values
-
-
-def tuned_settings(home: Path, model_path: str | os.PathLike[str], n_ctx: int) -> dict[str, Any]:
-    """The tuned profile's settings for this model file at ``n_ctx``, or ``{}`` where it was not tuned."""
-    from ..models import file_identity
-
-    path = profile_path(home, file_identity(Path(model_path)), n_ctx)
-    return read_profile(path) if path.is_file() else {}
-
-
 __all__ = [
-    "Candidate", "PROFILE_KEYS", "TuneEvent", "TuneResult", "candidate_plans", "gpu_offload_available", "measure",
-    "plan_of", "profile_path", "profile_text", "read_profile", "settings_of", "tune", "tuned_settings",
-    "write_profile",
+    "CURVE_UBATCHES", "Candidate", "TuneEvent", "TuneResult", "candidate_plans", "fit_cpu_curve",
+    "gpu_offload_available", "measure", "measure_cpu_curve", "tune",
 ]

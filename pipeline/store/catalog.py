@@ -19,34 +19,11 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..errors import StoreError
 from . import sections as _sections
+from .failures import storage_error
+from .schema import upgrade
 
 if TYPE_CHECKING:
     from ..ingest.chunking import Chunk
-
-SCHEMA_VERSION = 1
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS collections (
-    name TEXT PRIMARY KEY, embedder TEXT, embedder_id TEXT, dim INTEGER,
-    chunk_size INTEGER, chunk_overlap INTEGER, created_at REAL);
-CREATE TABLE IF NOT EXISTS documents (
-    collection TEXT, source TEXT, content_hash TEXT, size INTEGER, mtime_ns INTEGER,
-    format TEXT, title TEXT, pages INTEGER, n_chunks INTEGER, n_tokens INTEGER, ingested_at REAL,
-    PRIMARY KEY (collection, source));
-CREATE TABLE IF NOT EXISTS chunks (
-    id INTEGER PRIMARY KEY, chunk_id TEXT UNIQUE, collection TEXT, source TEXT, content_hash TEXT,
-    idx INTEGER, page INTEGER, start INTEGER, "end" INTEGER, tokens INTEGER, text TEXT);
-CREATE INDEX IF NOT EXISTS chunks_by_doc ON chunks (collection, source, idx);
-CREATE VIRTUAL TABLE IF NOT EXISTS chunks_fts USING fts5(
-    text, content='chunks', content_rowid='id', tokenize="unicode61 tokenchars '_'");
-CREATE TRIGGER IF NOT EXISTS chunks_ai AFTER INSERT ON chunks BEGIN
-    INSERT INTO chunks_fts(rowid, text) VALUES (new.id, new.text); END;
-CREATE TRIGGER IF NOT EXISTS chunks_ad AFTER DELETE ON chunks BEGIN
-    INSERT INTO chunks_fts(chunks_fts, rowid, text) VALUES ('delete', old.id, old.text); END;
-CREATE TABLE IF NOT EXISTS pending (collection TEXT, source TEXT, PRIMARY KEY (collection, source));
-"""
-
 
 @dataclass(frozen=True)
 class DocumentRecord:
@@ -102,22 +79,27 @@ def fts_query(text: str) -> str | None:
 
 
 class Catalog:
-    """SQLite catalog of one store. Not shared between threads; the store lock serialises processes."""
+    """SQLite catalog of one store. Not shared between threads; the store lock serialises processes.
+
+    Opening it creates the schema in a new file and migrates an older one (see :mod:`.schema`);
+    ``migrated_from`` is the version found.
+    """
 
     def __init__(self, path: Path):
         self.path = path
         try:
             self.db = sqlite3.connect(path, isolation_level=None, timeout=30)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(_SCHEMA)
-            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            # Sections (pipeline.store.sections) are derived from chunks; a catalog without the
-            # table gets it here and its documents get sections when first needed. To merge
-            # into the versioned schema: one migration that runs sections.SCHEMA.
-            _sections.create(self.db)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open the catalog {path}: {exc}") from None
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.migrated_from = upgrade(self.db, path=path)
+        except BaseException as exc:
+            self.db.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise storage_error(exc, path.parent, doing="opening the catalog of") from None
+            raise
 
     def close(self) -> None:
         self.db.close()

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import StoreBusyError
+from ..errors import StoreBusyError, StoreError
 
 LOCK_NAME = ".rag.lock"
 
@@ -30,8 +30,14 @@ class StoreLock:
         self._fd: int | None = None
 
     def acquire(self) -> "StoreLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot take the store lock {self.path}: {exc.strerror or exc}. rag needs write access "
+                "to the store directory, even to read it (SQLite and Chroma write their journals there)"
+            ) from None
         deadline = time.monotonic() + self.wait
         while True:
             try:
@@ -46,8 +52,11 @@ class StoreLock:
                         f"waited {self.wait:g} s (raise store.wait or RAG_STORE_WAIT to wait longer)"
                     ) from None
                 time.sleep(self.poll)
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"pid": os.getpid(), "argv": sys.argv[:3], "since": time.time()}).encode())
+        try:  # who holds it, for the message a waiting process prints; a full disk must not stop us
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps({"pid": os.getpid(), "argv": sys.argv[:3], "since": time.time()}).encode())
+        except OSError:
+            pass
         self._fd = fd
         return self
 

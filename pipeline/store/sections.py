@@ -6,9 +6,9 @@ file keeps it, so every prompt that places it stays token-for-token the same and
 saved KV states keep matching. A changed document gets new sections under its new
 content hash in the same transaction that replaces its chunks.
 
-Schema (added beside the catalog's own tables, created if missing; a catalog written
-before sections existed simply has none yet, and they are cut from its chunks the
-first time they are needed, see :func:`pipeline.packing.gather`)::
+Schema (catalog schema version 3, see :mod:`.schema`; a catalog migrated from an
+older version has no sections yet, and they are cut from its chunks the first time
+they are needed, see :func:`pipeline.packing.gather`)::
 
     CREATE TABLE IF NOT EXISTS sections (
         collection TEXT NOT NULL, source TEXT NOT NULL, content_hash TEXT NOT NULL,
@@ -63,10 +63,6 @@ class Section:
             return ()
         return (self.first_page,) if self.last_page in (None, self.first_page) else (self.first_page,
                                                                                       self.last_page)
-
-
-def create(db: sqlite3.Connection) -> None:
-    db.execute(SCHEMA)
 
 
 def replace(db: sqlite3.Connection, collection: str, source: str, sections: Sequence[Section]) -> None:

@@ -19,14 +19,17 @@ cleanups first. Only one process opens a store at a time (see :mod:`.lock`).
 from __future__ import annotations
 
 import hashlib
-import re
+import sqlite3
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .catalog import Catalog, CollectionInfo, DocumentRecord, StoredChunk
-from ..errors import ConfigError, StoreError
+from .failures import storage_error
+from ..errors import StoreError
 from .lock import StoreLock
+from .names import check_collection_name
 
 if TYPE_CHECKING:
     import numpy as np
@@ -34,15 +37,7 @@ if TYPE_CHECKING:
     from ..ingest.chunking import Chunk
     from .sections import Section
 
-_COLLECTION_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9._-]{1,510}[a-zA-Z0-9]$")
-
-
-def check_collection_name(name: str) -> str:
-    if not _COLLECTION_NAME.match(name) or ".." in name:
-        raise ConfigError(
-            f"invalid collection name {name!r}: use 3-512 characters from letters, digits, '.', '_' "
-            "and '-', starting and ending with a letter or digit")
-    return name
+__all__ = ["Store", "check_collection_name", "chunk_id"]
 
 
 def _where_source(source: str | Sequence[str] | None) -> dict | None:
@@ -59,8 +54,10 @@ def chunk_id(source: str, content_hash: str, index: int) -> str:
 class Store:
     """One store directory, opened by one process at a time. Use as a context manager."""
 
-    def __init__(self, path: Path, collection: str, *, wait: float = 10.0):
+    def __init__(self, path: Path, collection: str, *, wait: float = 10.0, create: bool = True):
+        """``create=False`` opens an existing store only: reads never create one."""
         self.path = Path(path)
+        self.create = create
         self.name = check_collection_name(collection)
         self._lock = StoreLock(self.path, wait=wait)
         self._client = None
@@ -72,6 +69,9 @@ class Store:
     def open(self) -> "Store":
         if self.path.exists() and not self.path.is_dir():
             raise StoreError(f"store path is not a directory: {self.path}")
+        if not self.create and not (self.path / "catalog.sqlite").is_file():
+            raise StoreError(f"collection '{self.name}' does not exist: there is no store at {self.path} "
+                             "(run `rag ingest PATH` first, or give the right --store)")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -80,7 +80,8 @@ class Store:
         try:
             self.catalog = Catalog(self.path / "catalog.sqlite")
             if self.catalog.collection(self.name) is not None:
-                self._finish_pending()
+                with self._writing():
+                    self._finish_pending()
         except BaseException:
             self.close()
             raise
@@ -103,6 +104,18 @@ class Store:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Turn a failed write (full disk, read-only files, a Chroma error) into a :class:`StoreError`."""
+        try:
+            yield
+        except (OSError, sqlite3.Error) as exc:
+            raise storage_error(exc, self.path) from None
+        except Exception as exc:
+            if not type(exc).__module__.startswith("chromadb"):  # a bug, not the store's state
+                raise
+            raise storage_error(exc, self.path) from None
 
     @property
     def _chroma(self):
@@ -145,13 +158,14 @@ class Store:
         if info is None:
             info = CollectionInfo(self.name, embedder, embedder_id, dim, chunk_size, chunk_overlap,
                                   time.time())
-            try:  # vectors left by a drop that crashed half-way are not part of the new collection
-                self._chroma.delete_collection(self.name)
-            except Exception:
-                pass
-            self._collection = None
-            self.catalog.create_collection(info)
-            self._col()
+            with self._writing():
+                try:  # vectors left by a drop that crashed half-way are not part of the new collection
+                    self._chroma.delete_collection(self.name)
+                except Exception:
+                    pass
+                self._collection = None
+                self._col()  # first: a collection Chroma refuses never reaches the catalog
+                self.catalog.create_collection(info)
             return info
         self.check_compatible(embedder=embedder, embedder_id=embedder_id, chunk_size=chunk_size,
                               chunk_overlap=chunk_overlap)
@@ -163,20 +177,26 @@ class Store:
         info = self.info
         if info is None:
             return
-        if info.embedder_id != embedder_id:
-            raise StoreError(
-                f"collection '{self.name}' was built with the embedder {info.embedder}; the configured "
-                f"one is {embedder} (a different model file). Use another --collection, or "
-                "`rag drop` this one first")
+        self.check_embedder(embedder=embedder, embedder_id=embedder_id)
         if (info.chunk_size, info.chunk_overlap) != (chunk_size, chunk_overlap):
             raise StoreError(
                 f"collection '{self.name}' was chunked with size {info.chunk_size} / overlap "
                 f"{info.chunk_overlap}; the configuration says {chunk_size} / {chunk_overlap}. "
                 "Use another --collection, or `rag drop` this one first")
 
+    def check_embedder(self, *, embedder: str, embedder_id: str) -> None:
+        """Refuse to compare vectors of two embedders: ingest, search and ask say so alike."""
+        info = self.info
+        if info is not None and info.embedder_id != embedder_id:
+            raise StoreError(
+                f"collection '{self.name}' was built with the embedder {info.embedder}; the configured "
+                f"one is {embedder} (a different model file). Use another --collection, or "
+                "`rag drop` this one first")
+
     def drop(self) -> None:
         """Delete the collection: from the catalog first (the commit point), then from Chroma."""
-        self.catalog.drop_collection(self.name)
+        with self._writing():
+            self.catalog.drop_collection(self.name)
         try:
             self._chroma.delete_collection(self.name)
         except Exception:
@@ -196,29 +216,32 @@ class Store:
         if len(chunks) != len(vectors):
             raise ValueError("one vector per chunk")
         ids = [chunk_id(doc.source, doc.content_hash, c.index) for c in chunks]
-        self.catalog.mark_pending(self.name, doc.source)
-        col = self._col()
-        step = max(1, self._chroma.get_max_batch_size())
-        for lo in range(0, len(chunks), step):
-            part = chunks[lo:lo + step]
-            col.upsert(
-                ids=ids[lo:lo + step],
-                embeddings=np.ascontiguousarray(vectors[lo:lo + step], dtype=np.float32),
-                documents=[c.text for c in part],
-                metadatas=[{"source": doc.source, "content_hash": doc.content_hash, "idx": c.index,
-                            "page": c.page if c.page is not None else -1, "start": c.start,
-                            "end": c.end, "tokens": c.tokens} for c in part],
-            )
-        self.catalog.commit_document(self.name, doc, chunks, ids, sections)
-        self._reconcile(doc.source, keep=doc.content_hash)
+        with self._writing():
+            self.catalog.mark_pending(self.name, doc.source)
+            col = self._col()
+            step = max(1, self._chroma.get_max_batch_size())
+            for lo in range(0, len(chunks), step):
+                part = chunks[lo:lo + step]
+                col.upsert(
+                    ids=ids[lo:lo + step],
+                    embeddings=np.ascontiguousarray(vectors[lo:lo + step], dtype=np.float32),
+                    documents=[c.text for c in part],
+                    metadatas=[{"source": doc.source, "content_hash": doc.content_hash, "idx": c.index,
+                                "page": c.page if c.page is not None else -1, "start": c.start,
+                                "end": c.end, "tokens": c.tokens} for c in part],
+                )
+            self.catalog.commit_document(self.name, doc, chunks, ids, sections)
+            self._reconcile(doc.source, keep=doc.content_hash)
 
     def touch_document(self, source: str, *, size: int, mtime_ns: int) -> None:
-        self.catalog.touch_document(self.name, source, size=size, mtime_ns=mtime_ns)
+        with self._writing():
+            self.catalog.touch_document(self.name, source, size=size, mtime_ns=mtime_ns)
 
     def remove_document(self, source: str) -> None:
-        self.catalog.mark_pending(self.name, source)
-        self.catalog.remove_document(self.name, source)
-        self._reconcile(source, keep=None)
+        with self._writing():
+            self.catalog.mark_pending(self.name, source)
+            self.catalog.remove_document(self.name, source)
+            self._reconcile(source, keep=None)
 
     def _reconcile(self, source: str, *, keep: str | None) -> None:
         where = {"source": source} if keep is None else {
