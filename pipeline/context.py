@@ -230,9 +230,11 @@ def pack(passages: Sequence[Passage], question: str, *, chat: Callable[[str, str
     prefix_len = len(tokens) - len(suffix)
     sources = [{"n": i, "source": p.source, "pages": list(p.pages), "chunks": [p.first, p.last]}
                for i, p in enumerate(ordered, start=1)]
+    # Passages differ from question to question: only the head (template and system prompt) is shared.
+    boundaries = sorted({len(layout.head_tokens), prefix_len} - {0})
     return Prompt(prefix=layout.head + "".join(rendered), suffix=suffix_text + layout.tail, passages=ordered,
                   dropped=len(passages) - len(ordered), truncated=truncated, prefix_tokens=tokens[:prefix_len],
-                  tokens=tokens, boundaries=[prefix_len], mode="passages", sources=sources)
+                  tokens=tokens, boundaries=boundaries, mode="passages", sources=sources)
 
 
 def _with_text(p: Passage, text: str) -> Passage:
