@@ -7,14 +7,16 @@ long-lived application does not block ``rag`` commands between calls.
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from . import models
-from .config import Config, load_config
+from .config import ASK_MODES, Config, load_config
+from .engine.stages import EngineStats
 from .ingest.run import IngestReport, Progress, ingest
 from .ingest.scan import scan, source_names
 from .retrieve import Hit, search
@@ -22,9 +24,11 @@ from .store.store import Store
 
 if TYPE_CHECKING:
     from .context import Prompt
-    from .engine.stages import EngineStats, Generation, TextEmbedder, TextGenerator
+    from .engine.stages import Generation, TextEmbedder, TextGenerator
     from .evaluate import EvalReport, Question
     from .summarize import SummaryEvent, SummaryRun
+
+Paths = "str | Path | Sequence[str | Path] | None"
 
 
 @dataclass(frozen=True)
@@ -56,13 +60,28 @@ class CollectionStatus:
 
 
 @dataclass
+class AskStats(EngineStats):
+    """The engine's figures for one answer, and how its prompt was packed.
+
+    ``mode`` is "whole" (every document of the selection, whole), "sections" (the fixed
+    sections chosen for this question) or "passages"; ``sections`` lists what was packed
+    (document number, source, section, pages, tokens); ``cached_tokens`` is how much of
+    the prompt was reused, and ``reuse_lost`` says why, where less than the whole prefix was.
+    """
+
+    mode: str = ""
+    sections: list[dict] = field(default_factory=list)
+    reuse_lost: str = ""
+
+
+@dataclass
 class Answer:
-    """An answer with the numbered sources it may cite as [1], [2] and the engine's figures."""
+    """An answer with the numbered sources it may cite as [1] or [1, p. 3], and the engine's figures."""
 
     question: str
     text: str
     sources: list[dict]
-    stats: "EngineStats"
+    stats: AskStats
     dropped_passages: int = 0
     truncated: bool = False
     notes: list[str] | None = None
@@ -79,12 +98,14 @@ class AnswerStream:
     """Text pieces as the model writes them; ``answer`` is complete once iteration ends."""
 
     def __init__(self, question: str, prompt: "Prompt", generation: "Generation", notes: list[str],
-                 retrieval: dict[str, float] | None = None):
+                 retrieval: dict[str, float] | None = None,
+                 finish: Callable[[AskStats], None] | None = None):
         self.question = question
         self.prompt = prompt
         self._generation = generation
         self._notes = notes
         self._retrieval = retrieval
+        self._finish = finish
         self.answer: Answer | None = None
 
     @property
@@ -94,6 +115,8 @@ class AnswerStream:
     def __iter__(self) -> Iterator[str]:
         yield from self._generation
         stats = self._generation.stats
+        if self._finish is not None:
+            self._finish(stats)
         self.answer = Answer(self.question, self._generation.text.strip(), self.prompt.sources, stats,
                              self.prompt.dropped, self.prompt.truncated, self._notes + stats.notes,
                              self._retrieval)
@@ -165,7 +188,51 @@ class Pipeline:
         path = models.resolve(self.config.models.generator, home=self.config.home_path,
                               what="generator", log=self._log)
         return Engine(path, self.engine_settings(path), log=self._log, cache=self.prefix_cache,
-                      cache_min_tokens=self.config.cache.min_tokens)
+                      cache_min_tokens=self.config.cache.min_tokens,
+                      boundary_states=self.config.cache.boundary_states)
+
+    @property
+    def section_tokens(self) -> int:
+        """The size new documents' sections are cut to, in embedder tokens (``chunking.section_tokens``,
+        else a quarter of the generator's context; see :mod:`.ingest.sections`)."""
+        from .engine.generator import Engine
+        from .errors import RagError
+        from .ingest.sections import target_tokens
+
+        c = self.config
+        if c.chunking.section_tokens:
+            return c.chunking.section_tokens
+        if "engine" in self.__dict__:
+            n_ctx = self.engine.n_ctx
+        else:  # the context the generator will run with, read from its header if it is here already
+            n_ctx = c.engine.n_ctx or 8192
+            try:
+                path = models.resolve(c.models.generator, home=c.home_path, fetch=False, what="generator")
+                n_ctx = Engine(path, c.engine).n_ctx
+            except RagError:
+                pass
+        return target_tokens(n_ctx, chunk_size=c.chunking.size)
+
+    @cached_property
+    def _layout(self):
+        from .context import Layout
+
+        engine = self.engine
+        return Layout.make(chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
+                           system=self.config.ask.system_prompt)
+
+    @cached_property
+    def _section_tokens(self):
+        from .packing import SectionTokens
+
+        return SectionTokens(self.engine.tokenize)
+
+    @cached_property
+    def pack_history(self):
+        """The packs recent questions used (beside the prefix cache; in memory when it is off)."""
+        from .packing import PackHistory
+
+        return PackHistory(self.config.cache_path / "packs.sqlite" if self.config.cache.enabled else None)
 
     def engine_settings(self, model_path: Path):
         """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""
@@ -313,8 +380,9 @@ class Pipeline:
             c = self.config.chunking
             ref = None if "embedder" in self._given else self.config.models.embedder
             return ingest(scanned, store=store, embedder=self.embedder, chunk_size=c.size,
-                          chunk_overlap=c.overlap, embedder_ref=ref, prune=prune,
-                          max_bytes=int(i.max_file_mb * 2**20), contextual=c.contextual, progress=progress)
+                          chunk_overlap=c.overlap, section_tokens=self.section_tokens,
+                          embedder_ref=ref, prune=prune, max_bytes=int(i.max_file_mb * 2**20),
+                          contextual=c.contextual, progress=progress)
 
     def search(self, query: str, *, top_k: int | None = None,
                timings: dict[str, float] | None = None) -> list[Hit]:
@@ -400,11 +468,18 @@ class Pipeline:
         return pack(passages, question, chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
                     n_ctx=engine.n_ctx, reserve=a.max_tokens, system=a.system_prompt)
 
-    def ask(self, question: str, *, doc: str | Path | None = None, top_k: int | None = None) -> Answer:
-        """Answer ``question`` from retrieved passages (or from one whole document with ``doc``)."""
-        return self.ask_stream(question, doc=doc, top_k=top_k).result()
+    def ask(self, question: str, *, doc: Paths = None, source: Paths = None, mode: str | None = None,
+            top_k: int | None = None) -> Answer:
+        """Answer ``question`` from the collection, or from the documents ``doc`` and those under ``source``.
 
-    def ask_stream(self, question: str, *, doc: str | Path | None = None,
+        ``mode`` (default ``ask.mode``): "auto" packs every selected document whole when they
+        fit the context, else the best fixed sections, in canonical order so that questions
+        share their prompt's prefix; "passages" packs retrieved passages. The packing used,
+        the tokens reused and why some were not are in ``Answer.stats`` (:class:`AskStats`).
+        """
+        return self.ask_stream(question, doc=doc, source=source, mode=mode, top_k=top_k).result()
+
+    def ask_stream(self, question: str, *, doc: Paths = None, source: Paths = None, mode: str | None = None,
                    top_k: int | None = None) -> AnswerStream:
         """Like :meth:`ask`, streaming: iterate the result for text pieces as they are generated."""
         from .errors import InputError
@@ -412,61 +487,167 @@ class Pipeline:
         if not question.strip():
             raise InputError("the question is empty")
         timings: dict[str, float] = {}
-        prompt, notes = self._prompt(question, doc=doc, top_k=top_k, timings=timings)
+        prompt, notes, finish = self._prompt(question, doc=doc, source=source, mode=mode, top_k=top_k,
+                                             timings=timings)
         a = self.config.ask
+        stats = AskStats(mode=prompt.mode, sections=[p.to_dict() for p in prompt.sections])
         generation = self.engine.generate(prompt.tokens, max_tokens=a.max_tokens, temperature=a.temperature,
-                                          repeat_penalty=a.repeat_penalty, prefix_len=len(prompt.prefix_tokens))
-        return AnswerStream(question, prompt, generation, notes, timings)
+                                          repeat_penalty=a.repeat_penalty, prefix_len=len(prompt.prefix_tokens),
+                                          boundaries=prompt.boundaries, stats=stats)
+        return AnswerStream(question, prompt, generation, notes, timings, finish)
 
-    def _prompt(self, question: str, *, doc, top_k: int | None,
-                timings: dict[str, float] | None = None) -> "tuple[Prompt, list[str]]":
-        from .errors import InputError, StoreError
-        from .retrieve import expand, whole_document
+    @staticmethod
+    def _selection(store: Store, doc: Paths, source: Paths) -> list[str] | None:
+        """The sources ``doc`` (documents) and ``source`` (documents or folders) select; None for all."""
+        from .errors import InputError
+
+        def listed(value) -> list:
+            if value is None:
+                return []
+            return [value] if isinstance(value, (str, os.PathLike)) else list(value)
+
+        docs, folders = listed(doc), listed(source)
+        if not docs and not folders:
+            return None
+        known = store.documents()
+
+        def spellings(path) -> list[str]:
+            return source_names(path)
+
+        chosen: set[str] = set()
+        for d in docs:
+            found = next((s for s in spellings(d) if s in known), None)
+            if found is None:
+                raise InputError(f"{d} is not in collection '{store.name}' (ingest it first)")
+            chosen.add(found)
+        for f in folders:
+            under = {s for s in known for p in spellings(f) if s == p or s.startswith(p.rstrip(os.sep) + os.sep)}
+            if not under:
+                raise InputError(f"no document of collection '{store.name}' is {f} or under it")
+            chosen |= under
+        return sorted(chosen)
+
+    def _retrieve(self, question: str, store: Store, *, k: int, sources: list[str] | None,
+                  expand_passages: bool = True, timings: dict[str, float] | None = None):
+        from .retrieve import expand
 
         a = self.config.ask
-        engine = self.engine
+        hits = self._search(store, question, top_k=k, source=sources, use_mmr=a.mmr and expand_passages,
+                            timings=timings)
+        return expand(hits, store=store, neighbours=a.neighbours) if expand_passages else hits
+
+    def _prompt(self, question: str, *, doc: Paths, source: Paths, mode: str | None, top_k: int | None,
+                timings: dict[str, float] | None = None
+                ) -> "tuple[Prompt, list[str], Callable[[AskStats], None] | None]":
+        from . import packing
+        from .errors import ConfigError
+
+        a, r = self.config.ask, self.config.retrieval
+        mode = mode or a.mode
+        if mode not in ASK_MODES:
+            raise ConfigError(f"mode must be one of {', '.join(ASK_MODES)}, got {mode!r}")
+        k = top_k or a.top_k
+        engine = self.engine  # the model file is found now; it loads only after the store is released
         notes: list[str] = []
 
-        def packed(passages):
-            return self._pack(passages, question)
+        if mode == "auto":
+            namespace = engine.namespace
+            history = self.pack_history.recent(namespace, self.config.store.collection)
+            with self._reading() as store:
+                selection = self._selection(store, doc, source)
+                hits = self._retrieve(question, store, k=2 * r.candidates, sources=selection, expand_passages=False,
+                                     timings=timings)
+                shelf = packing.gather(store, sources=selection, target=self.section_tokens, hits=hits,
+                                       fetch_tokens=3 * engine.n_ctx, also={key for p in history[:16] for key in p})
+            # The store is released: tokenising (and loading the generator) happens from here on.
+            prompt = packing.plan(
+                shelf, question, layout=self._layout, tokenize=engine.tokenize, memo=self._section_tokens,
+                n_ctx=engine.n_ctx, reserve=a.max_tokens, tolerance=a.reuse_tolerance, history=history,
+                reusable=lambda p: engine.reusable(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries),
+                top_k=k, neighbours=a.neighbours)
+            if prompt is not None:
+                if prompt.mode == "sections":
+                    notes.append(f"the selection ({sum(s.tokens for s in shelf.sections):,} tokens) does not fit the "
+                                 f"context of {engine.n_ctx:,}: packed {len(prompt.sections)} of its "
+                                 f"{len(shelf.sections)} sections, the most relevant, in document order")
+                keys = [p.section.key for p in prompt.sections]
+                self.pack_history.record(namespace, shelf.collection, keys)
+                previous = history[0] if history else None
 
-        def retrieve(store, *, k, source=None):
-            hits = self._search(store, question, top_k=k, source=source, use_mmr=a.mmr, timings=timings)
-            return expand(hits, store=store, neighbours=a.neighbours)
+                def finish(stats: AskStats) -> None:
+                    stats.reuse_lost = packing.reuse_note(
+                        prompt, cached_tokens=stats.cached_tokens, previous=previous, documents=shelf.documents,
+                        cache_on=self.prefix_cache is not None, min_tokens=self.config.cache.min_tokens)
+
+                return prompt, notes, finish
+            notes.append(f"not even one section fits the context of {engine.n_ctx:,} tokens: answering from "
+                         "retrieved passages (sections were cut for a longer context; see chunking.section_tokens)")
+        return self._passages_prompt(question, doc=doc, source=source, k=k, notes=notes, timings=timings)
+
+    @contextmanager
+    def _reading(self) -> Iterator[Store]:
+        """The store, for answering: the collection must exist and hold documents."""
+        from .errors import StoreError
 
         with self.store(create=False) as store:
             store.require()
             if store.catalog.totals(store.name)[0] == 0:
                 raise StoreError(f"collection '{store.name}' is empty; run `rag ingest PATH` first")
             self._check_embedder(store)
-            if doc is None:
-                prompt = packed(retrieve(store, k=top_k or a.top_k))
+            yield store
+
+    def _passages_prompt(self, question: str, *, doc: Paths, source: Paths, k: int, notes: list[str],
+                         timings: dict[str, float] | None = None):
+        from .retrieve import whole_document
+
+        engine = self.engine
+        with self._reading() as store:
+            selection = self._selection(store, doc, source)
+            whole = None
+            if selection is not None and len(selection) == 1 and doc is not None and source is None:
+                whole = whole_document(selection[0], store=store)  # `--doc FILE`: the whole of it, if it fits
+                n_tokens = store.documents()[selection[0]].n_tokens
+                passages = self._retrieve(question, store, k=max(4 * k, 16), sources=selection, timings=timings)
             else:
-                source, record = str(doc), None
-                for source in source_names(doc):
-                    if (record := store.catalog.document(store.name, source)) is not None:
-                        break
-                if record is None:
-                    raise InputError(f"{doc} is not in collection '{store.name}' (ingest it first)")
-                prompt = packed(whole_document(source, store=store))
-                if prompt.dropped or prompt.truncated:
-                    notes.append(f"{Path(source).name} ({record.n_tokens:,} tokens) does not fit the "
-                                 f"context of {engine.n_ctx:,} tokens: answering from its most relevant passages")
-                    prompt = packed(retrieve(store, k=max(4 * (top_k or a.top_k), 16), source=source))
+                passages = self._retrieve(question, store, k=k, sources=selection, timings=timings)
+
+        def packed(ps):
+            return self._pack(ps, question)
+
+        prompt = None
+        if whole is not None:
+            prompt = packed(whole)
+            if prompt.dropped or prompt.truncated:
+                notes.append(f"{Path(selection[0]).name} ({n_tokens:,} tokens) does not fit the context of "
+                             f"{engine.n_ctx:,} tokens: answering from its most relevant passages")
+                prompt = None
+        if prompt is None:
+            prompt = packed(passages)
         if prompt.dropped:
             notes.append(f"{prompt.dropped} lower-ranked passage(s) did not fit the context and were left out")
         if prompt.truncated:
             notes.append("the best passage alone exceeds the context: it was cut at a sentence boundary")
-        return prompt, notes
 
-    def warm(self, *, progress: Callable[[str, str], None] | None = None) -> dict[str, str]:
-        """Save the prefix state of every document's whole-document prompt (the ``ask --doc`` layout).
+        def finish(stats: AskStats) -> None:
+            from .packing import reuse_note
 
-        Returns ``{source: outcome}`` with outcome "saved", "cached" (already there) or
-        "too long" (does not fit the context; questions about it use retrieved passages).
+            stats.reuse_lost = reuse_note(prompt, cached_tokens=stats.cached_tokens, previous=None, documents={},
+                                          cache_on=self.prefix_cache is not None,
+                                          min_tokens=self.config.cache.min_tokens)
+
+        return prompt, notes, finish
+
+    def warm(self, *, progress: Callable[[str, str], None] | None = None) -> dict:
+        """Prefill and save the prefixes the next questions will hit (``ask`` in auto mode).
+
+        The whole collection's prefix when it fits the context, else each document's
+        leading sections (as many as fit), with states at their boundaries. Returns
+        ``{"mode": "whole" | "sections", "prefixes": [...]}``, one item per prefix with its
+        documents, sections, tokens and outcome: "saved", "cached" (already there), "too
+        short" (under ``cache.min_tokens``) or "too long" (not even one section fits).
         """
+        from . import packing
         from .errors import ConfigError
-        from .retrieve import whole_document
 
         cache = self.prefix_cache
         if cache is None:
@@ -474,22 +655,28 @@ class Pipeline:
         if cache.unavailable or cache.read_only:
             raise ConfigError(f"the prefix cache cannot save states: "
                               f"{cache.unavailable or f'{cache.directory} is read-only'}")
-        engine = self.engine
+        engine, a = self.engine, self.config.ask
         with self.store(create=False) as store:
             store.require()
-            prompts = {}
-            for source in sorted(store.documents()):
-                prompts[source] = self._pack(whole_document(source, store=store), "")
-        outcomes = {}
-        for source, prompt in prompts.items():
-            if prompt.dropped or prompt.truncated:
+            shelf = packing.gather(store, sources=None, target=self.section_tokens, fetch_tokens=2**62)
+        plans = packing.warm_plans(shelf, layout=self._layout, tokenize=engine.tokenize, memo=self._section_tokens,
+                                   n_ctx=engine.n_ctx, reserve=a.max_tokens)
+        mode = "whole" if plans and plans[0][1] is not None and plans[0][1].mode == "whole" else "sections"
+        items = []
+        for name, prompt in plans:
+            if prompt is None:
                 outcome = "too long"
+            elif len(prompt.prefix_tokens) < self.config.cache.min_tokens:
+                outcome = "too short"
             else:
-                outcome = "saved" if engine.warm(prompt.prefix_tokens) else "cached"
-            outcomes[source] = outcome
+                outcome = "saved" if engine.warm(prompt.prefix_tokens, boundaries=prompt.boundaries) else "cached"
+                self.pack_history.record(engine.namespace, shelf.collection, [p.section.key for p in prompt.sections])
+            items.append({"prefix": name, "documents": len({p.section.source for p in prompt.sections}) if prompt else 0,
+                          "sections": len(prompt.sections) if prompt else 0,
+                          "tokens": len(prompt.prefix_tokens) if prompt else 0, "outcome": outcome})
             if progress:
-                progress(source, outcome)
-        return outcomes
+                progress(name, outcome)
+        return {"mode": mode, "prefixes": items}
 
     # -- batch summaries (rag summarize) ------------------------------------------------------
 
@@ -601,7 +788,7 @@ class Pipeline:
             return True
 
     def close(self) -> None:
-        for name in ("embedder", "engine", "prefix_cache"):
+        for name in ("embedder", "engine", "prefix_cache", "pack_history"):
             resource = self.__dict__.pop(name, None)
             if resource is not None and name not in self._given:
                 resource.close()

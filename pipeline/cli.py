@@ -116,7 +116,7 @@ def cli(config_path: Path | None) -> None:
               help="Leave out files and folders matching GLOB; repeatable.")
 @click.option("--follow-symlinks", is_flag=True, default=None,
               help="Also follow symlinks that leave the folder. [default: ingest.follow_symlinks]")
-@click.option("--warm", is_flag=True, help="Then save each document's prompt state (see `rag warm`).")
+@click.option("--warm", is_flag=True, help="Then prefill and save the prompt prefixes questions will hit (see `rag warm`).")
 @json_option
 @click.pass_context
 @handles_errors
@@ -153,17 +153,23 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
         ctx.exit(1)
 
 
-def _warm(rag, *, quiet: bool) -> dict[str, str]:
-    def show(source: str, outcome: str) -> None:
+def _warm(rag, *, quiet: bool) -> dict:
+    def show(prefix: str, outcome: str) -> None:
         if not quiet:
-            click.echo(f"warm: {_display_path(source)}: {outcome}", err=True)
+            click.echo(f"warm: {_display_path(prefix)}: {outcome}", err=True)
 
-    outcomes = rag.warm(progress=show)
+    report = rag.warm(progress=show)
     if not quiet:
-        counts = {k: list(outcomes.values()).count(k) for k in ("saved", "cached", "too long")}
-        click.echo(f"warmed {len(outcomes)} documents: {counts['saved']} saved, {counts['cached']} already "
-                   f"cached, {counts['too long']} too long for the context")
-    return outcomes
+        items = report["prefixes"]
+        if report["mode"] == "whole":
+            item = items[0]
+            click.echo(f"warmed {item['prefix']}, {item['tokens']:,} tokens in one prefix: {item['outcome']}")
+        else:
+            counts = {k: sum(1 for i in items if i["outcome"] == k) for k in ("saved", "cached", "too short", "too long")}
+            click.echo(f"warmed the leading sections of {len(items)} documents (the collection does not fit the "
+                       f"context whole): {counts['saved']} saved, {counts['cached']} already cached, "
+                       f"{counts['too short']} too short to save, {counts['too long']} too long for the context")
+    return report
 
 
 @cli.command()
@@ -172,14 +178,15 @@ def _warm(rag, *, quiet: bool) -> dict[str, str]:
 @click.pass_context
 @handles_errors
 def warm(ctx, collection, store_path, as_json):
-    """Prefill and save each document's whole-document prompt, so the first question is fast too.
+    """Prefill and save the prompt prefixes the next questions will hit, so the first one is fast too.
 
-    Uses the layout of `rag ask --doc`; documents longer than the context are skipped.
+    The whole collection's prefix when it fits the context (what `rag ask` packs then),
+    else each document's leading sections.
     """
     with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
-        outcomes = _warm(rag, quiet=as_json)
+        report = _warm(rag, quiet=as_json)
     if as_json:
-        _echo_json(outcomes)
+        _echo_json(report)
 
 
 @cli.group()
@@ -353,26 +360,35 @@ def _indent(text: str, width: int = 600) -> str:
 
 @cli.command(cls=QueryCommand)
 @click.argument("question")
-@click.option("--doc", type=click.Path(path_type=Path), help="Answer from this ingested document as a whole.")
-@click.option("-k", "--top-k", type=click.IntRange(min=1), help="Passages to retrieve. [default: from config, 8]")
-@click.option("--stats", "show_stats", is_flag=True, help="Print the engine's figures (prefill, TTFT, decode).")
+@click.option("--doc", "docs", multiple=True, type=click.Path(path_type=Path),
+              help="Answer from this ingested document (repeatable).")
+@click.option("--source", "sources", multiple=True, type=click.Path(path_type=Path),
+              help="Answer from the documents under this folder or path (repeatable).")
+@click.option("--mode", type=click.Choice(["auto", "passages"]),
+              help="auto: whole documents when they fit, else fixed sections, so questions share a cached "
+                   "prefix; passages: retrieved passages. [default: from config, auto]")
+@click.option("-k", "--top-k", type=click.IntRange(min=1), help="Passages to retrieve, or hits cited. [default: from config, 8]")
+@click.option("--stats", "show_stats", is_flag=True, help="Print the engine's figures (prefill, TTFT, reuse, decode).")
 @click.option("--ctx", "n_ctx", type=click.IntRange(min=0), help="Context length in tokens (engine.n_ctx).")
 @click.option("--max-tokens", type=click.IntRange(min=1), help="Longest answer in tokens (ask.max_tokens).")
 @store_options
 @json_option
 @click.pass_context
 @handles_errors
-def ask(ctx, question, doc, top_k, show_stats, n_ctx, max_tokens, collection, store_path, as_json):
+def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens, collection, store_path, as_json):
     """Answer QUESTION from the collection, streaming the answer, then its sources.
 
-    Retrieves passages (hybrid search plus neighbouring chunks), packs as many as fit
-    the context with the question last, and runs them through llama.cpp. A QUESTION
-    that starts with a dash goes after --.
+    By default (auto) the prompt holds every document whole when they fit the context,
+    else the fixed sections that best match the question, always in document order, so
+    the next question reuses the prompt's prefix and prefills only itself. Pages are
+    marked in the prompt; sources list the pages that matched best.
+    A QUESTION that starts with a dash goes after --.
     """
     overrides = _store_overrides(collection, store_path)
     overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
     with _pipeline(ctx, **overrides) as rag:
-        stream = rag.ask_stream(question, doc=doc, top_k=top_k)
+        stream = rag.ask_stream(question, doc=list(docs) or None, source=list(sources) or None, mode=mode,
+                                top_k=top_k)
         if as_json:
             _echo_json(stream.result().to_dict())
             return
@@ -383,20 +399,35 @@ def ask(ctx, question, doc, top_k, show_stats, n_ctx, max_tokens, collection, st
     if answer.sources:
         click.echo("\nSources:")
         for src in answer.sources:
-            pages = src["pages"]
-            where = "" if not pages else (f", page {pages[0]}" if len(pages) == 1 else f", pages {pages[0]}-{pages[-1]}")
-            click.echo(f"  [{src['n']}] {_display_path(src['source'])}{where}")
+            pages = _pages(src["pages"])
+            click.echo(f"  [{src['n']}] {_display_path(src['source'])}{', ' + pages if pages else ''}")
     for note in answer.notes or []:
         click.echo(f"note: {_printable(note)}", err=True)
     if show_stats:
         st = answer.stats
+        reuse = f"{st.cached_tokens:,} reused, cache: {st.cache}"
+        packed = f"mode {st.mode}" + (f" ({len(st.sections)} sections)" if st.sections else "")
         click.echo(
-            f"\nprompt {st.prompt_tokens:,} tokens ({st.cached_tokens:,} reused, cache: {st.cache}) | "
+            f"\n{packed} | prompt {st.prompt_tokens:,} tokens ({reuse}) | "
             f"prefill {st.prefill_seconds:.2f} s at {st.prefill_tokens_per_second:,.0f} tok/s | "
             f"TTFT {st.ttft_seconds:.2f} s | decode {st.decode_tokens} tokens at "
             f"{st.decode_tokens_per_second:.1f} tok/s | model load {st.load_seconds:.2f} s", err=True)
         if answer.retrieval:
             click.echo(_retrieval_line(answer.retrieval), err=True)
+        if st.reuse_lost:
+            click.echo(f"reuse: {st.reuse_lost}", err=True)
+
+
+def _pages(pages: list[int]) -> str:
+    """[3, 4, 5, 9] as "pages 3-5, 9"."""
+    runs: list[list[int]] = []
+    for p in pages:
+        if runs and p == runs[-1][-1] + 1:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return "" if not pages else ("page " if len(pages) == 1 else "pages ") + text
 
 
 @cli.command()

@@ -42,16 +42,20 @@ class ModelsConfig:
 
 @dataclass(frozen=True)
 class ChunkingConfig:
-    """Chunk sizes, in tokens of the embedder's own tokenizer.
+    """Chunk and section sizes, in tokens of the embedder's own tokenizer.
 
     With ``contextual``, each chunk is embedded and BM25-indexed with its document
     title and heading path in front (never shown in passages); changing it needs a
-    re-ingest into a fresh collection to take effect on stored chunks.
+    re-ingest into a fresh collection to take effect on stored chunks. Sections (runs
+    of chunks that prompts are built from) are cut once per document version;
+    ``section_tokens = 0`` sizes them from the context length (a quarter of
+    ``engine.n_ctx``, at most 4096).
     """
 
     size: int = 256
     overlap: int = 32
     contextual: bool = True
+    section_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -125,7 +129,7 @@ class EngineConfig:
     their defaults (never ones you set).
     """
 
-    n_ctx: int = 4096
+    n_ctx: int = 8192
     n_batch: int = 2048
     n_ubatch: int = 512
     flash_attn: bool = True
@@ -213,8 +217,18 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class AskConfig:
-    """How questions are answered: retrieval breadth, packing and sampling."""
+    """How questions are answered: packing, retrieval breadth and sampling.
 
+    ``mode = "auto"`` packs whole documents when the collection (or the selection) fits
+    the context, else the best fixed sections, always in canonical order so that
+    questions share their prompt's prefix; ``"passages"`` packs retrieved passages.
+    ``reuse_tolerance``: a pack that reuses a cached prefix is chosen over the
+    best-scoring one when it holds the question's best section and scores at least
+    ``1 - reuse_tolerance`` of it.
+    """
+
+    mode: str = "auto"
+    reuse_tolerance: float = 0.2
     top_k: int = 8
     neighbours: int = 1
     mmr: bool = False
@@ -224,7 +238,7 @@ class AskConfig:
     repeat_penalty: float = 1.2
     system_prompt: str = (
         "You answer questions using only the numbered documents provided. Cite the documents you "
-        "use as [1], [2]. If the documents do not contain the answer, say so.")
+        "use as [1] or, with a page, as [1, p. 3]. If the documents do not contain the answer, say so.")
 
 
 @dataclass(frozen=True)
@@ -248,13 +262,16 @@ class CacheConfig:
     """Prefix KV states on disk: prompts that start like an earlier one skip that part of prefill.
 
     An empty ``path`` means ``$RAG_HOME/cache``. Prefixes shorter than ``min_tokens``
-    are not worth a file.
+    are not worth a file. Besides a prompt's whole prefix, up to ``boundary_states``
+    states are saved at earlier document and section boundaries of it (spread evenly),
+    so that a prompt sharing only its first documents or sections resumes from there.
     """
 
     enabled: bool = True
     path: str = ""
     max_gb: float = 8.0
     min_tokens: int = 256
+    boundary_states: int = 4
 
 
 @dataclass(frozen=True)
@@ -307,6 +324,8 @@ class Config:
             raise ConfigError(f"chunking.size must be at least 16 tokens, got {c.size}")
         if not 0 <= c.overlap < c.size:
             raise ConfigError(f"chunking.overlap must be between 0 and chunking.size - 1, got {c.overlap}")
+        if c.section_tokens < 0:
+            raise ConfigError(f"chunking.section_tokens must be >= 0 (0 = from engine.n_ctx), got {c.section_tokens}")
         if self.embed.threads < 0 or self.embed.batch_tokens < 0:
             raise ConfigError("embed.threads and embed.batch_tokens must be >= 0 (0 = automatic)")
         r = self.retrieval
@@ -327,12 +346,16 @@ class Config:
             raise ConfigError("store.wait must be >= 0 seconds")
         self.engine.validate()
         a = self.ask
+        if a.mode not in ASK_MODES:
+            raise ConfigError(f"ask.mode must be one of {', '.join(ASK_MODES)}, got {a.mode!r}")
+        if not 0.0 <= a.reuse_tolerance <= 1.0:
+            raise ConfigError(f"ask.reuse_tolerance must be in [0, 1], got {a.reuse_tolerance}")
         if a.top_k < 1 or a.neighbours < 0 or a.max_tokens < 1:
             raise ConfigError("ask.top_k and ask.max_tokens must be >= 1, ask.neighbours >= 0")
         if not 0.0 <= a.mmr_lambda <= 1.0 or a.temperature < 0 or a.repeat_penalty <= 0:
             raise ConfigError("ask.mmr_lambda must be in [0, 1], ask.temperature >= 0, ask.repeat_penalty > 0")
-        if self.cache.max_gb <= 0 or self.cache.min_tokens < 1:
-            raise ConfigError("cache.max_gb must be > 0 and cache.min_tokens >= 1")
+        if self.cache.max_gb <= 0 or self.cache.min_tokens < 1 or self.cache.boundary_states < 0:
+            raise ConfigError("cache.max_gb must be > 0, cache.min_tokens >= 1 and cache.boundary_states >= 0")
         m = self.summarize
         if not m.prompt.strip() or m.max_tokens < 1 or m.temperature < 0 or m.repeat_penalty <= 0:
             raise ConfigError("summarize.prompt must not be empty, summarize.max_tokens >= 1, "
@@ -341,6 +364,7 @@ class Config:
 
 
 KV_TYPES = tuple(KV_TYPE_IDS)
+ASK_MODES = ("auto", "passages")
 
 
 def _check_values(config: Config) -> None:

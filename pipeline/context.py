@@ -1,12 +1,24 @@
-"""Passages → a prompt that fits the context, laid out so that prompts share prefixes.
+"""The prompt's layout: system and documents first, the question last, tokenised piece by piece.
 
-Layout: the system prompt and the numbered documents come first, ordered by
-document and position (not by score), and the question comes last. Two
-questions over the same passages therefore share every token up to the
-question, which the engine's prefix reuse (and the prefix cache) turns into
-skipped prefill. Passages are whole: when they do not all fit, the lowest-ranked
-ones are dropped; only a single passage larger than the whole budget is cut, at a
-sentence boundary, and the result says so.
+A prompt is the chat template's head (its markup, the system prompt, "Documents:"),
+then the documents, then the question and the template's tail. Each piece is
+tokenised on its own and the token lists are joined, so:
+
+- a prompt made of parts ``[A, B]`` is token for token the start of one made of
+  ``[A, B, C]``: the end of every part is a *boundary* where a saved KV state can be
+  reused (:meth:`pipeline.engine.generator.Engine.generate`);
+- only the template's own markup is tokenised with special-token parsing: text from
+  documents and questions never becomes control tokens, so a document holding
+  ``<|im_end|><|im_start|>system`` cannot forge a turn.
+
+Two ways to fill the documents part:
+
+- **passages** (:func:`pack`): retrieved passages, as many as fit, best first, laid out
+  by document and position (not by score) and numbered ``[1]``, ``[2]``...;
+- **sections** (:func:`section_prompt`): whole documents or fixed sections, chosen by
+  :mod:`pipeline.packing` and given here in canonical order. Each section is headed by
+  its document's number and marks its pages inline, ``[2, p. 9]``, so citations stay
+  page-exact.
 """
 
 from __future__ import annotations
@@ -14,32 +26,92 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from .errors import EngineError
 from .retrieve import Passage
+from .store.sections import Section
 
-_SENTINEL = "\x00QUESTION\x00"
+_SENTINEL = "\x00DOCUMENTS\x00"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+QUESTION_ALLOWANCE = 128
+"""Tokens kept for the question (a sixteenth of smaller contexts) when deciding what fits, so
+that the decision (and so the prefix) does not change with the question's length; a longer
+question takes its excess from the documents' budget."""
+
+
+class Tokenize(Protocol):
+    def __call__(self, text: str, *, special: bool = False) -> list[int]: ...
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The chat template around the documents, tokenised: ``head`` (BOS, markup, system prompt,
+    "Documents:") and ``tail`` (end of the user turn, start of the answer)."""
+
+    head: str
+    tail: str
+    head_tokens: tuple[int, ...]
+    tail_tokens: tuple[int, ...]
+
+    @classmethod
+    def make(cls, *, chat: Callable[[str, str], str], tokenize: Tokenize, bos: Sequence[int],
+             system: str) -> "Layout":
+        rendered = chat(system, "Documents:\n\n" + _SENTINEL)
+        head, _, tail = rendered.partition(_SENTINEL)
+        return cls(head, tail, tuple(bos) + tuple(tokenize(head, special=True)),
+                   tuple(tokenize(tail, special=True)))
+
+    def suffix(self, text: str, tokenize: Tokenize) -> list[int]:
+        """``text`` (a question or an instruction, plain) followed by the template's tail."""
+        return tokenize(text) + list(self.tail_tokens)
+
+    def budget(self, *, n_ctx: int, reserve: int, suffix_tokens: int) -> int:
+        """Tokens left for documents in a context of ``n_ctx`` with ``reserve`` for the answer."""
+        allowance = min(QUESTION_ALLOWANCE, n_ctx // 16) + len(self.tail_tokens)
+        fixed = len(self.head_tokens) + max(suffix_tokens, allowance)
+        budget = n_ctx - reserve - fixed
+        if budget <= 0:
+            raise EngineError(f"the context ({n_ctx:,} tokens) has no room for documents after the question "
+                              f"and {reserve} answer tokens: raise engine.n_ctx or lower ask.max_tokens")
+        return budget
+
+
+@dataclass(frozen=True)
+class PackedSection:
+    """A section as placed in a prompt: its document's number there and its rendered tokens."""
+
+    n: int
+    section: Section
+    of: int  # sections in its document
+    tokens: tuple[int, ...]
+
+    def to_dict(self) -> dict:
+        s = self.section
+        return {"n": self.n, "source": s.source, "section": s.index, "of": self.of,
+                "pages": list(s.pages), "tokens": len(self.tokens)}
 
 
 @dataclass
 class Prompt:
-    """A packed prompt: ``prefix`` (system + documents) and ``suffix`` (question + answer header)."""
+    """A packed prompt: ``prefix`` (head + documents) and ``suffix`` (question + tail).
+
+    ``boundaries`` are the positions (in ``tokens``) where each document part ends;
+    the last is ``len(prefix_tokens)``. ``mode`` is "passages", "whole" (every document
+    of the selection, whole) or "sections" (chosen sections).
+    """
 
     prefix: str
     suffix: str
-    passages: list[Passage]
+    passages: list[Passage] = field(default_factory=list)
     dropped: int = 0
     truncated: bool = False
     prefix_tokens: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
-
-    @property
-    def sources(self) -> list[dict]:
-        """The numbered sources, as cited in the prompt."""
-        return [{"n": i, "source": p.source, "pages": list(p.pages), "chunks": [p.first, p.last]}
-                for i, p in enumerate(self.passages, start=1)]
+    boundaries: list[int] = field(default_factory=list)
+    mode: str = "passages"
+    sections: list[PackedSection] = field(default_factory=list)
+    sources: list[dict] = field(default_factory=list)
 
 
 def label(source: str) -> str:
@@ -49,6 +121,50 @@ def label(source: str) -> str:
 def render_passage(n: int, passage: Passage) -> str:
     where = label(passage.source) + (f", {passage.page_label}" if passage.pages else "")
     return f"[{n}] {where}\n{passage.text}\n\n"
+
+
+def page_range(pages: Sequence[int]) -> str:
+    if not pages:
+        return ""
+    lo, hi = min(pages), max(pages)
+    return f"page {lo}" if lo == hi else f"pages {lo}-{hi}"
+
+
+def render_section(n: int, section: Section, *, of: int, segments: Sequence[tuple[int | None, str]]) -> str:
+    """One section: a header naming its document ``[n]``, then its text with each page marked ``[n, p. P]``.
+
+    ``segments`` are the section's text runs in order, one per page (page None for
+    documents without pages).
+    """
+    where = [f"section {section.index + 1} of {of}"] if of > 1 else []
+    if section.pages:
+        where.append(page_range(section.pages))
+    header = f"[{n}] {label(section.source)}" + (" (" + ", ".join(where) + ")" if where else "")
+    body = "\n".join(f"[{n}, p. {page}] {text}" if page is not None else text for page, text in segments)
+    return f"{header}\n{body}\n\n"
+
+
+def _join(layout: Layout, parts: Sequence[Sequence[int]], suffix: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(tokens, boundaries): the head, each part, the suffix; a boundary after every part."""
+    tokens = list(layout.head_tokens)
+    boundaries = []
+    for part in parts:
+        tokens.extend(part)
+        boundaries.append(len(tokens))
+    prefix_len = len(tokens)
+    tokens.extend(suffix)
+    return tokens, boundaries or [prefix_len]
+
+
+def section_prompt(layout: Layout, sections: Sequence[PackedSection], suffix_text: str, *, tokenize: Tokenize,
+                   mode: str, texts: Sequence[str] = ()) -> Prompt:
+    """The prompt over ``sections`` (already in canonical order, tokenised) with ``suffix_text`` last."""
+    suffix = layout.suffix(suffix_text, tokenize)
+    tokens, boundaries = _join(layout, [s.tokens for s in sections], suffix)
+    prefix_len = len(tokens) - len(suffix)
+    return Prompt(prefix=layout.head + "".join(texts), suffix=suffix_text + layout.tail,
+                  prefix_tokens=tokens[:prefix_len], tokens=tokens, boundaries=boundaries, mode=mode,
+                  sections=list(sections))
 
 
 def _cut_at_sentence(text: str, fits: Callable[[str], bool]) -> str:
@@ -65,21 +181,21 @@ def _cut_at_sentence(text: str, fits: Callable[[str], bool]) -> str:
     return best
 
 
-def pack(passages: Sequence[Passage], question: str, *, chat: Callable[[str, str], str],
-         tokenize: Callable[[str], list[int]], bos: Sequence[int], n_ctx: int, reserve: int,
-         system: str) -> Prompt:
+def pack(passages: Sequence[Passage], question: str, *, chat: Callable[[str, str], str], tokenize: Tokenize,
+         bos: Sequence[int], n_ctx: int, reserve: int, system: str) -> Prompt:
     """The prompt for ``question`` over as many of ``passages`` (best rank first) as fit.
 
-    ``reserve`` tokens are left for the answer; the result never exceeds ``n_ctx``.
+    ``reserve`` tokens are left for the answer; the result never exceeds ``n_ctx``. When
+    not even the best passage fits, it is cut at a sentence boundary (``truncated``);
+    when not even its first sentence fits, the prompt is refused.
     """
-    rendered = chat(system, "Documents:\n\n" + _SENTINEL)
-    head, _, tail = rendered.partition(_SENTINEL)
-    suffix = f"Question: {question}" + tail
-    fixed = len(bos) + len(tokenize(head)) + len(tokenize(suffix))
-    budget = n_ctx - reserve - fixed
+    layout = Layout.make(chat=chat, tokenize=tokenize, bos=bos, system=system)
+    suffix_text = f"Question: {question}"
+    suffix = layout.suffix(suffix_text, tokenize)
+    budget = n_ctx - reserve - len(layout.head_tokens) - len(suffix)
     if budget <= 0:
-        raise EngineError(f"the context ({n_ctx:,} tokens) has no room for documents after the question "
-                          f"and {reserve} answer tokens: raise engine.n_ctx or lower ask.max_tokens")
+        layout.budget(n_ctx=n_ctx, reserve=reserve, suffix_tokens=len(suffix))  # raises, naming the setting
+        raise EngineError(f"the question alone needs {len(suffix):,} tokens, more than the context allows")
 
     by_rank = sorted(passages, key=lambda p: (p.rank, p.source, p.first))
     chosen: list[Passage] = []
@@ -97,20 +213,28 @@ def pack(passages: Sequence[Passage], question: str, *, chat: Callable[[str, str
         if text:
             chosen.append(_with_text(top, text + " […]"))
             truncated = True
+    if by_rank and not chosen:
+        raise EngineError(f"not even one passage fits the context of {n_ctx:,} tokens (the best needs "
+                          f"{len(tokenize(render_passage(1, by_rank[0]))):,}, {budget:,} are left after the "
+                          "question and the answer): raise engine.n_ctx (--ctx) or lower ask.max_tokens")
 
     while True:
         ordered = sorted(chosen, key=lambda p: (p.source, p.first))
-        prefix = head + "".join(render_passage(i, p) for i, p in enumerate(ordered, start=1))
-        prefix_tokens = list(bos) + tokenize(prefix)
-        tokens = prefix_tokens + tokenize(suffix)
-        # Token counts of parts can differ slightly from the whole; drop the worst until it fits.
-        if len(tokens) + reserve <= n_ctx or not chosen:
+        rendered = [render_passage(i, p) for i, p in enumerate(ordered, start=1)]
+        parts = [tokenize(r) for r in rendered]
+        if len(layout.head_tokens) + sum(map(len, parts)) + len(suffix) + reserve <= n_ctx or not chosen:
             break
+        # Numbering can change a part's length by a token; drop the worst until it fits.
         chosen.remove(max(chosen, key=lambda p: (p.rank, p.source, p.first)))
-    if len(tokens) + reserve > n_ctx:
-        raise EngineError(f"the question alone needs {len(tokens):,} tokens, more than the context allows")
-    return Prompt(prefix=prefix, suffix=suffix, passages=ordered, dropped=len(passages) - len(ordered),
-                  truncated=truncated, prefix_tokens=prefix_tokens, tokens=tokens)
+    tokens, _ = _join(layout, [sum(parts, [])] if parts else [], suffix)
+    prefix_len = len(tokens) - len(suffix)
+    sources = [{"n": i, "source": p.source, "pages": list(p.pages), "chunks": [p.first, p.last]}
+               for i, p in enumerate(ordered, start=1)]
+    # Passages differ from question to question: only the head (template and system prompt) is shared.
+    boundaries = sorted({len(layout.head_tokens), prefix_len} - {0})
+    return Prompt(prefix=layout.head + "".join(rendered), suffix=suffix_text + layout.tail, passages=ordered,
+                  dropped=len(passages) - len(ordered), truncated=truncated, prefix_tokens=tokens[:prefix_len],
+                  tokens=tokens, boundaries=boundaries, mode="passages", sources=sources)
 
 
 def _with_text(p: Passage, text: str) -> Passage:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from .store.catalog import StoredChunk
 from .engine.stages import TextEmbedder
@@ -97,10 +97,11 @@ def mmr(query_vector, candidates: list, vectors: dict, *, k: int, lam: float) ->
 
 
 def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: int, dense: bool = True,
-           lexical: bool = True, candidates: int = 40, rrf_k: int = 60, source: str | None = None,
+           lexical: bool = True, candidates: int = 40, rrf_k: int = 60, source: str | Sequence[str] | None = None,
            use_mmr: bool = False, mmr_lambda: float = 0.7, rerank: "Reranker | None" = None,
            timings: dict[str, float] | None = None) -> list[Hit]:
-    """The ``top_k`` best chunks for ``query`` from the enabled sides. ``store`` must be open.
+    """The ``top_k`` best chunks for ``query`` from the enabled sides, of ``source`` (one document,
+    several, or all when None). ``store`` must be open.
 
     ``rerank`` (see :mod:`.rerank`) re-orders the fused candidates; ``timings``, when given,
     receives the seconds spent per stage (embed_query, dense, lexical, fuse, rerank).

@@ -90,7 +90,9 @@ class EchoGenerator:
     def bos(self) -> list[int]:
         return [self.BOS]
 
-    def tokenize(self, text: str) -> list[int]:
+    namespace = "echo"  # one model, one setting: every prefix state belongs together
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
         out = []
         for piece in _PIECES.findall(text):
             tok = _token_id(piece, 100_000)
@@ -108,9 +110,30 @@ class EchoGenerator:
         return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
                 "<|im_start|>assistant\n")
 
+    @staticmethod
+    def _cuts(n_tokens: int, prefix_len: int, boundaries: Sequence[int]) -> list[int]:
+        limit = min(prefix_len, n_tokens - 1)
+        return sorted({b for b in boundaries if 0 < b < limit} | {limit}) if limit > 0 else []
+
+    def _reuse(self, tokens: Sequence[int], cuts: list[int]) -> tuple[int, str]:
+        """(tokens reused, where from) as the engine would: memory up to a cut, else the longest saved cut."""
+        n = 0
+        limit = cuts[-1] if cuts else len(tokens) - 1
+        while n < min(limit, len(self._kv)) and self._kv[n] == tokens[n]:
+            n += 1
+        memory = max((c for c in cuts if c <= n), default=0) if cuts else n
+        disk = max((c for c in cuts if c > memory and c >= self.min_tokens and tuple(tokens[:c]) in self.saved),
+                   default=0)
+        if disk:
+            return disk, "disk"
+        return memory, "memory" if memory else "none"
+
+    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
+        return self._reuse(list(tokens), self._cuts(len(tokens), prefix_len, boundaries))[0]
+
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 stats: EngineStats | None = None) -> Generation:
+                 boundaries: Sequence[int] = (), stats: EngineStats | None = None) -> Generation:
         from pipeline.errors import EngineError
 
         if len(tokens) + 1 > self.n_ctx:
@@ -119,18 +142,15 @@ class EchoGenerator:
         self.prompts.append(tokens)
         stats = stats or EngineStats()
         stats.prompt_tokens = len(tokens)
-        limit = min(prefix_len or len(tokens), len(tokens) - 1)
-        reused = 0
-        while reused < min(limit, len(self._kv)) and self._kv[reused] == tokens[reused]:
-            reused += 1
-        if reused:
-            stats.cache = "memory"
-        if prefix_len >= self.min_tokens and reused < prefix_len:
-            if tuple(tokens[:prefix_len]) in self.saved:
-                reused, stats.cache = prefix_len, "disk"
-            else:
-                stats.cache = "miss"
-                self.saved.add(tuple(tokens[:prefix_len]))
+        cuts = self._cuts(len(tokens), prefix_len, boundaries)
+        reused, where = self._reuse(tokens, cuts)
+        stats.cache = where
+        if cuts and cuts[-1] >= self.min_tokens and reused < cuts[-1]:
+            stats.cache = where if where == "disk" else "miss"
+            for c in cuts:
+                if c > reused and c >= self.min_tokens and tuple(tokens[:c]) not in self.saved:
+                    self.saved.add(tuple(tokens[:c]))
+                    stats.states_saved += 1
         self._kv = tokens[:]
         stats.cached_tokens = reused
         stats.prefill_tokens = len(tokens) - reused
@@ -145,11 +165,15 @@ class EchoGenerator:
             stats.decode_tokens += 1
             yield word
 
-    def warm(self, prefix: Sequence[int]) -> bool:
+    def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool:
         key = tuple(prefix)
         if len(key) < self.min_tokens or key in self.saved:
             return False
+        for b in boundaries:
+            if self.min_tokens <= b < len(key):
+                self.saved.add(key[:b])
         self.saved.add(key)
+        self._kv = list(key)
         return True
 
     def close(self) -> None:

@@ -21,11 +21,16 @@ def ingested(make_pipeline, corpus):
     return corpus
 
 
-def test_ask_answers_with_numbered_sources_and_stats(make_pipeline, ingested):
+@pytest.mark.parametrize("mode", ["auto", "passages"])
+def test_ask_answers_with_numbered_sources_and_stats(make_pipeline, ingested, mode):
     rag = make_pipeline(**FAST)
-    answer = rag.ask("Which fruit is rich in potassium?")
+    answer = rag.ask("Which fruit is rich in potassium?", mode=mode)
     assert answer.text
-    assert answer.sources and [s["n"] for s in answer.sources] == list(range(1, len(answer.sources) + 1))
+    numbers = [s["n"] for s in answer.sources]
+    if mode == "passages":
+        assert answer.sources and numbers == list(range(1, len(answer.sources) + 1))
+    else:  # the packed documents whose chunks matched best, numbered as in the prompt
+        assert answer.sources and numbers == sorted(set(numbers)) and answer.stats.mode == "whole"
     pdf = [s for s in answer.sources if s["source"].endswith("manual.pdf")]
     assert pdf and 2 in pdf[0]["pages"]
     st = answer.stats
@@ -45,9 +50,12 @@ def test_streaming_yields_the_same_text(make_pipeline, ingested):
 
 def test_ask_whole_document(make_pipeline, ingested):
     rag = make_pipeline(**FAST)
-    answer = rag.ask("What is on page three?", doc=ingested / "manual.pdf")
+    answer = rag.ask("What is on page three?", doc=ingested / "manual.pdf", mode="passages")
     assert {s["source"] for s in answer.sources} == {str((ingested / "manual.pdf").resolve())}
     assert answer.sources[0]["pages"] == [1, 2, 3]  # all of it, in order
+    auto = rag.ask("What is on page three?", doc=ingested / "manual.pdf")
+    assert auto.stats.mode == "whole" and [s["source"] for s in auto.stats.sections] == [answer.sources[0]["source"]]
+    assert 3 in auto.sources[0]["pages"]  # the page whose chunk matched
     with pytest.raises(InputError, match="not in collection"):
         rag.ask("x", doc=ingested / "image.png")
 
@@ -89,7 +97,12 @@ def test_cli_ask_streams_then_lists_sources(store_dir, ingested, monkeypatch):
     data = json.loads(runner.invoke(cli, ["ask", "Where do tomatoes grow best?", "--json"]).output)
     assert set(data) >= {"answer", "sources", "stats"}
     assert set(data["retrieval_seconds"]) == {"embed_query", "dense", "lexical", "fuse", "rerank"}
-    assert data["stats"]["prompt_tokens"] > 0 and data["sources"][0]["n"] == 1
+    assert data["stats"]["prompt_tokens"] > 0 and data["sources"][0]["n"] >= 1
+    assert data["stats"]["mode"] == "whole" and len(data["stats"]["sections"]) == 4
+    assert data["stats"]["cached_tokens"] > 0 and data["stats"]["reuse_lost"] == ""  # the question before left it
+    assert all("pages" in s for s in data["sources"])
+    passages = json.loads(runner.invoke(cli, ["ask", "Where do tomatoes grow best?", "--json", "--mode", "passages"]).output)
+    assert passages["stats"]["mode"] == "passages" and passages["sources"][0]["n"] == 1
     bad = runner.invoke(cli, ["ask", "x", "--doc", "/nonexistent.pdf"])
     assert bad.exit_code == 2 and "not in collection" in bad.output
 

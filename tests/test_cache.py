@@ -49,7 +49,8 @@ def prompt_parts(eng: Engine, n_sentences: int) -> tuple[list[int], list[int]]:
     """(reusable prefix, question suffix) tokens; the prefix ends where the question starts."""
     text = eng.chat("Answer from the documents.", "Documents:\n" + passage(n_sentences) + "\n\n" + QUESTION)
     cut = text.index(QUESTION)
-    return eng.bos + eng.tokenize(text[:cut]), eng.tokenize(text[cut:])
+    # the whole text is the template's rendering: its markup must become control tokens
+    return eng.bos + eng.tokenize(text[:cut], special=True), eng.tokenize(text[cut:], special=True)
 
 
 def answer(eng: Engine, tokens: list[int], n: int = 10):

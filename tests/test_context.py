@@ -10,7 +10,7 @@ from pipeline.retrieve import Passage, merge_chunks
 from pipeline.store.catalog import StoredChunk
 
 
-def words(text: str) -> list[int]:
+def words(text: str, *, special: bool = False) -> list[int]:
     """A stand-in tokenizer: one token per whitespace-separated word (pack only counts tokens)."""
     return [hash(w) % 50000 for w in text.split()]
 
@@ -46,6 +46,8 @@ def test_question_is_last_and_prefixes_are_shared():
     one, two = packed(ps, "first question?"), packed(ps, "a different one?")
     assert one.prefix == two.prefix and one.prefix_tokens == two.prefix_tokens
     assert one.tokens[:len(one.prefix_tokens)] == one.prefix_tokens
+    # split after the shared head and at the end of the passages
+    assert one.boundaries[-1] == len(one.prefix_tokens) and len(one.boundaries) == 2
     assert one.suffix.startswith("Question: first question?") and "first question" not in one.prefix
 
 

@@ -67,9 +67,10 @@ def test_prefix_reuse_in_process_is_lossless(model_home):
 
     path = resolve("builtin:SmolLM2-135M-Instruct", home=model_home, fetch=False)
     eng = Engine(path, settings(n_ctx=1024))
-    head = eng.bos + eng.tokenize(eng.chat("Be brief.", "Documents:\n\n[1] The sky on Mars is butterscotch by day.\n\n"))
-    q1 = head + eng.tokenize("Question: what colour is the Martian sky?<|im_end|>\n<|im_start|>assistant\n")
-    q2 = head + eng.tokenize("Question: what colour is the sky on Mars?<|im_end|>\n<|im_start|>assistant\n")
+    head = eng.bos + eng.tokenize(eng.chat("Be brief.", "Documents:\n\n[1] The sky on Mars is butterscotch by day.\n\n"),
+                                  special=True)
+    q1 = head + eng.tokenize("Question: what colour is the Martian sky?<|im_end|>\n<|im_start|>assistant\n", special=True)
+    q2 = head + eng.tokenize("Question: what colour is the sky on Mars?<|im_end|>\n<|im_start|>assistant\n", special=True)
     cold = eng.generate(q2, max_tokens=12)
     cold_text = cold.read()
     eng.generate(q1, max_tokens=12).read()

@@ -41,7 +41,7 @@ class FakeEngine:
     def chat(self, system: str, user: str) -> str:
         return f"SYSTEM {system} USER {user} ASSISTANT"
 
-    def tokenize(self, text: str) -> list[int]:
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
         out = []
         for w in text.split():
             if w not in self.vocab:

@@ -75,7 +75,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Collection, Iterator, Sequence
 
 from ..errors import ConfigError, EngineError
 from .cache_index import INDEX_NAME, CacheIndex, Entry, is_damaged
@@ -267,12 +267,15 @@ class PrefixCache:
     # -- lookup -------------------------------------------------------------------------------
 
     def lookup(self, namespace: str, tokens: Sequence[int], *, max_tokens: int | None = None,
-               min_tokens: int = 1) -> Entry | None:
+               min_tokens: int = 1, lengths: Collection[int] | None = None, count: bool = True
+               ) -> Entry | None:
         """The longest saved prefix of ``tokens`` in ``namespace`` of ``min_tokens..max_tokens`` tokens.
 
         ``max_tokens`` defaults to ``len(tokens) - 1``: a restored state has no logits,
-        so at least one token must be left to decode. Counts a miss when nothing fits.
-        None also when the index fails (:attr:`last_error` says why).
+        so at least one token must be left to decode. ``lengths`` admits only entries of
+        those lengths (a prompt's split points). Counts a miss when nothing fits, unless
+        ``count`` is off (a probe, not a use). None also when the index fails
+        (:attr:`last_error` says why).
         """
         self.last_error = ""
         limit = len(tokens) - 1 if max_tokens is None else min(max_tokens, len(tokens))
@@ -284,9 +287,11 @@ class PrefixCache:
             for entry in self._index.candidates(namespace, keys, limit):
                 if entry.n_tokens < min_tokens:
                     break
+                if lengths is not None and entry.n_tokens not in lengths:
+                    continue
                 if full_hash(data[:4 * entry.n_tokens]) == entry.full_hash:
                     return entry
-            if not self.read_only:
+            if count and not self.read_only:
                 self._index.add(misses=1)
         except sqlite3.Error as exc:
             self._fault("lookup", exc)

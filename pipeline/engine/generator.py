@@ -10,6 +10,12 @@ Within one process the engine keeps what is in its KV cache and reuses the
 longest common token prefix of the next prompt (exact, so lossless). Models
 whose memory cannot be cut at an arbitrary position (recurrent and hybrid ones)
 reuse only a saved prefix state (see :mod:`.cache`), or prefill in full.
+
+A prompt may name *boundaries*: positions where its shared part can end (after
+each document or section, and the whole prefix). The prompt is always decoded in
+pieces split there, whether or not anything is cached, and state is reused, saved
+and restored only there, so an answer from a reused state is token for token the
+answer without one.
 """
 
 from __future__ import annotations
@@ -44,11 +50,12 @@ class Engine:
     """One generator model in llama.cpp. The model loads on first use."""
 
     def __init__(self, model_path: Path, settings: EngineConfig, *, log: Callable[[str], None] | None = None,
-                 cache=None, cache_min_tokens: int = 256):
+                 cache=None, cache_min_tokens: int = 256, boundary_states: int = 4):
         self.model_path = Path(model_path)
         self.settings = settings
         self.cache = cache  # a PrefixCache, or None
         self.cache_min_tokens = cache_min_tokens
+        self.boundary_states = boundary_states  # states saved per prompt at boundaries before its prefix
         self._log = log or (lambda message: None)
         self._tokens: list[int] = []  # what the KV cache holds, position by position
         self.load_seconds = 0.0
@@ -141,9 +148,11 @@ class Engine:
 
     # -- text ---------------------------------------------------------------------------------
 
-    def tokenize(self, text: str, *, add_bos: bool = False) -> list[int]:
-        """Tokens of ``text``, special tokens (chat markup) parsed as such."""
-        return self.llm.tokenize(text, add_bos=add_bos, special=True)
+    def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
+        """Tokens of ``text``. Control-token text (``<|im_end|>``...) becomes control tokens only
+        with ``special``: pass it for the chat template's own markup, never for documents or
+        questions, which could otherwise forge turns."""
+        return self.llm.tokenize(text, add_bos=add_bos, special=special)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenize(text))
@@ -171,12 +180,15 @@ class Engine:
         self.llm.clear()
         self._tokens = []
 
-    def _keep_prefix(self, tokens: Sequence[int], *, limit: int) -> int:
-        """Keep the longest common prefix (at most ``limit`` tokens) of the KV cache and ``tokens``."""
+    def _keep_prefix(self, tokens: Sequence[int], *, limit: int, cuts: Sequence[int] | None = None) -> int:
+        """Keep the longest common prefix (at most ``limit`` tokens, ending at one of ``cuts`` when
+        given) of the KV cache and ``tokens``."""
         n = 0
         limit = min(len(self._tokens), len(tokens), limit)
         while n < limit and self._tokens[n] == tokens[n]:
             n += 1
+        if cuts is not None:
+            n = max((c for c in cuts if c <= n), default=0)
         if n == len(self._tokens):
             return n
         if n and not self.can_trim:
@@ -210,23 +222,35 @@ class Engine:
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 stats: EngineStats | None = None) -> Generation:
+                 boundaries: Sequence[int] = (), stats: EngineStats | None = None) -> Generation:
         """Stream the completion of ``tokens``.
 
-        The KV cache's common prefix with the previous prompt is reused; with a prefix
-        cache, ``tokens[:prefix_len]`` (the part shared by other prompts) is restored from
-        disk when saved before, and saved after prefill when not.
+        ``tokens[:prefix_len]`` is the part shared with other prompts, and ``boundaries``
+        the earlier positions where a shared part may end (document and section ends).
+        The KV cache's prefix in common with the previous prompt is reused up to the last
+        such point; with a prefix cache, the longest state saved at one of them is
+        restored from disk, and states are saved at the whole prefix and at up to
+        ``boundary_states`` earlier boundaries (spread evenly) that were prefilled now.
         """
         if len(tokens) + 1 > self.n_ctx:
             raise EngineError(f"the prompt has {len(tokens):,} tokens; the context holds {self.n_ctx:,}")
         stats = stats or EngineStats()
         stats.prompt_tokens = len(tokens)
         sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
-        return Generation(self._run(list(tokens), max_tokens, sampling, stats, prefix_len), stats)
+        cuts = self._cuts(len(tokens), prefix_len, boundaries)
+        return Generation(self._run(list(tokens), max_tokens, sampling, stats, cuts), stats)
+
+    @staticmethod
+    def _cuts(n_tokens: int, prefix_len: int, boundaries: Sequence[int]) -> list[int]:
+        """The split points: the boundaries within the prefix and the prefix's end, one token left to decode."""
+        limit = min(prefix_len, n_tokens - 1)
+        if limit <= 0:
+            return []
+        return sorted({int(b) for b in boundaries if 0 < b < limit} | {limit})
 
     def _use_disk_cache(self, prefix_len: int) -> bool:
-        # Recurrent and hybrid models qualify too: states are saved and restored exactly at the
-        # prefix boundary, never cut afterwards; in memory such a model cannot drop a previous
+        # Recurrent and hybrid models qualify too: states are saved and restored exactly at
+        # boundaries, never cut afterwards; in memory such a model cannot drop a previous
         # question, so its next one restores the prefix from disk instead.
         return self.cache is not None and not self.cache.unavailable and prefix_len >= self.cache_min_tokens
 
@@ -238,14 +262,14 @@ class Engine:
             return [f"the prefix cache is unavailable ({self.cache.unavailable}): answered without it"]
         return self.cache.take_notes()
 
-    def _restore(self, tokens: list[int], prefix_len: int, reused: int, stats: EngineStats) -> int:
-        """Load the longest saved prefix of ``tokens`` if it beats what the KV cache already holds."""
-        entry = self.cache.lookup(self.namespace, tokens, max_tokens=len(tokens) - 1,
+    def _restore(self, tokens: list[int], cuts: Sequence[int], reused: int, stats: EngineStats) -> int:
+        """Load the longest state saved at one of ``cuts`` if it beats what the KV cache already holds."""
+        entry = self.cache.lookup(self.namespace, tokens, max_tokens=cuts[-1], lengths=set(cuts),
                                   min_tokens=max(reused + 1, self.cache_min_tokens))
         if entry is None:
             if self.cache.last_error:
                 stats.notes.append(self.cache.last_error)
-            if reused < prefix_len:
+            if reused < cuts[-1]:
                 stats.cache = "miss"
             return reused
         self._reset()
@@ -259,51 +283,110 @@ class Engine:
         stats.cache_load_seconds = self.cache.last_load_seconds
         return entry.n_tokens
 
-    def _save(self, prefix: list[int], stats: EngineStats | None = None) -> bool:
-        """Save the state of ``prefix`` (what the KV cache holds now); a failure costs a note, never the answer."""
+    def _save(self, prefix: list[int], stats: EngineStats | None = None):
+        """Save the state of ``prefix`` (what the KV cache holds now) and return its entry; a failure
+        costs a note, never the answer."""
         if self.cache.read_only:  # said once, when the cache was opened
-            return False
-        saved = self.cache.save(self.namespace, prefix, self.llm) is not None
-        if not saved and self.cache.last_error and stats is not None:
+            return None
+        entry = self.cache.save(self.namespace, prefix, self.llm)
+        if entry is None and self.cache.last_error and stats is not None:
             stats.notes.append(f"prefix state not saved: {self.cache.last_error}")
+        return entry
+
+    def _save_points(self, cuts: Sequence[int], start: int) -> set[int]:
+        """The cuts after ``start`` to save a state at: the last, and at most ``boundary_states`` others,
+        spread evenly from the first; none shorter than ``cache_min_tokens``."""
+        eligible = [c for c in cuts if c > start and c >= self.cache_min_tokens]
+        if not eligible:
+            return set()
+        out = {cuts[-1]} & set(eligible)
+        inner = [c for c in eligible if c != cuts[-1]]
+        k = self.boundary_states
+        if len(inner) <= k:
+            out.update(inner)
+        elif k == 1:
+            out.add(inner[len(inner) // 2])
+        elif k > 1:
+            out.update(inner[round(i * (len(inner) - 1) / (k - 1))] for i in range(k))
+        return out
+
+    def _advance(self, tokens: Sequence[int], cuts: Sequence[int], stats: EngineStats, *, save: bool) -> set[int]:
+        """Prefill from what the KV cache holds up to the last cut, piece by piece at every cut,
+        saving states where :meth:`_save_points` says. Returns the cuts saved now."""
+        saved: set[int] = set()
+        points = self._save_points(cuts, len(self._tokens)) if save else set()
+        for cut in cuts:
+            if cut <= len(self._tokens):
+                continue
+            self.prefill(tokens[:cut], start=len(self._tokens))
+            if cut not in points:
+                continue
+            self.llm.synchronize()  # the prefill is booked as prefill, the save is not
+            t0, wall = time.perf_counter(), time.time()
+            entry = self._save(tokens[:cut], stats)
+            stats.cache_save_seconds += time.perf_counter() - t0
+            if entry is not None and entry.created >= wall:  # not one saved before (save then only marks it used)
+                stats.states_saved += 1
+                saved.add(cut)
         return saved
 
-    def warm(self, prefix: Sequence[int]) -> bool:
-        """Prefill ``prefix`` and save its state, unless it is already saved. True if it was saved now."""
-        if not self._use_disk_cache(len(prefix)):
-            return False
+    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
+        """How many tokens of this prompt :meth:`generate` would reuse now (memory or disk), without
+        running anything or loading the model: what a packer weighs candidate prompts by."""
+        cuts = self._cuts(len(tokens), prefix_len, boundaries)
+        if not cuts:
+            return 0
+        n, limit = 0, min(len(self._tokens), cuts[-1])
+        while n < limit and self._tokens[n] == tokens[n]:
+            n += 1
+        memory = max((c for c in cuts if c <= n), default=0)
+        if memory != len(self._tokens) and "llm" in self.__dict__ and not self.can_trim:
+            memory = 0
+        if self.cache is None or cuts[-1] < self.cache_min_tokens or memory == cuts[-1]:
+            return memory
+        entry = self.cache.lookup(self.namespace, tokens, max_tokens=cuts[-1], lengths=set(cuts),
+                                  min_tokens=max(memory + 1, self.cache_min_tokens), count=False)
+        return entry.n_tokens if entry is not None else memory
+
+    def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool:
+        """Prefill ``prefix`` and save its state (and states at ``boundaries``, as :meth:`generate`
+        does), unless it is already saved. True if the whole prefix was saved now."""
+        stats = EngineStats()
         prefix = list(prefix)
-        if self.cache.lookup(self.namespace, prefix, max_tokens=len(prefix), min_tokens=len(prefix)):
+        if not prefix or not self._use_disk_cache(len(prefix)):
             return False
-        self._keep_prefix(prefix, limit=len(prefix))
-        self.prefill(prefix, start=len(self._tokens))
-        return self._save(prefix)
+        if self.cache.lookup(self.namespace, prefix, max_tokens=len(prefix), min_tokens=len(prefix), count=False):
+            return False
+        cuts = sorted({int(b) for b in boundaries if 0 < b < len(prefix)} | {len(prefix)})
+        reused = self._keep_prefix(prefix, limit=len(prefix), cuts=cuts)
+        if reused < len(prefix):
+            self._restore(prefix, cuts, reused, stats)
+        return len(prefix) in self._advance(prefix, cuts, stats, save=True)
 
     def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
-             prefix_len: int = 0) -> Iterator[str]:
+             cuts: list[int]) -> Iterator[str]:
         llm = self.llm
         stats.load_seconds = self.load_seconds
         t0 = time.perf_counter()
-        # The prompt is always decoded in two parts split at prefix_len, and nothing past
-        # prefix_len is reused: a restored or reused prefix then leaves the computation
-        # exactly as it is without any cache, so greedy answers match token for token.
+        # The prompt is always decoded in pieces split at the cuts, and state is reused only
+        # up to a cut: a reused or restored prefix then leaves the computation exactly as
+        # it is without any cache, so greedy answers match token for token. Without cuts
+        # (no shared prefix named), any common prefix with the KV cache is reused.
         # At least one token is always decoded: sampling needs its logits.
-        reused = self._keep_prefix(tokens, limit=min(prefix_len or len(tokens), len(tokens) - 1))
+        prefix_len = cuts[-1] if cuts else 0
+        reused = self._keep_prefix(tokens, limit=prefix_len or len(tokens) - 1, cuts=cuts or None)
         if reused:
             stats.cache = "memory"
         disk = self._use_disk_cache(prefix_len)
         if disk and reused < prefix_len:
-            reused = self._restore(tokens, prefix_len, reused, stats)
+            reused = self._restore(tokens, cuts, reused, stats)
         stats.cached_tokens = reused
         stats.notes.extend(self.notes + self._prompt_notes)
         self._prompt_notes = []
         llm.synchronize()  # anything pending is booked before the counters restart
         llm.reset_timings()
         t_prefill = time.perf_counter()
-        if len(self._tokens) < prefix_len:
-            self.prefill(tokens[:prefix_len], start=len(self._tokens))
-            if disk:
-                self._save(tokens[:prefix_len], stats)
+        self._advance(tokens, cuts, stats, save=disk)
         self.prefill(tokens, start=len(self._tokens))
         stats.prefill_tokens = len(tokens) - reused
         stats.notes.extend(self._cache_notes(prefix_len))

@@ -34,6 +34,8 @@ class EngineStats:
     load_seconds: float = 0.0
     cache: str = "none"  # none | memory (kept in the KV cache) | disk (restored) | miss
     cache_load_seconds: float = 0.0
+    states_saved: int = 0  # prefix states written by this prompt (whole prefix and boundaries)
+    cache_save_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -102,10 +104,16 @@ class TextGenerator(Protocol):
     """Prompts → streamed answers, with the prefill figures (:class:`EngineStats`) of each.
 
     ``generate`` decodes ``tokens``; ``tokens[:prefix_len]`` is the part other prompts
-    share, which the generator may reuse (in memory or from a saved state) and
-    reports in ``stats.cached_tokens``. ``warm(prefix)`` saves a prefix's state ahead
-    of the first question (True if it was saved now).
+    share, and ``boundaries`` the earlier points where a shared part may end (document
+    and section ends); the generator may reuse state up to one of them (in memory or
+    from a saved state) and reports it in ``stats.cached_tokens``. ``reusable`` says how
+    much it would reuse now, without running anything (what a packer weighs candidate
+    prompts by); ``warm(prefix)`` saves a prefix's state ahead of the first question
+    (True if it was saved now). ``namespace`` names the model and settings states belong to.
     """
+
+    @property
+    def namespace(self) -> str: ...
 
     @property
     def n_ctx(self) -> int: ...
@@ -113,7 +121,7 @@ class TextGenerator(Protocol):
     @property
     def bos(self) -> list[int]: ...
 
-    def tokenize(self, text: str) -> list[int]: ...
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]: ...
 
     def count_tokens(self, text: str) -> int: ...
 
@@ -121,9 +129,11 @@ class TextGenerator(Protocol):
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 stats: EngineStats | None = None) -> Generation: ...
+                 boundaries: Sequence[int] = (), stats: EngineStats | None = None) -> Generation: ...
 
-    def warm(self, prefix: Sequence[int]) -> bool: ...
+    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int: ...
+
+    def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool: ...
 
     def close(self) -> None: ...
 

@@ -26,6 +26,7 @@ from ..store.store import Store
 from .chunking import Chunk, Chunker, for_embedder
 from .loaders import NotADocument, detect_format, load, may_be_text, sniff_text
 from .scan import Scan, file_hash
+from .sections import cut as cut_sections
 
 # Chunks embedded between two progress events inside one large document.
 _SLICE = 32
@@ -138,8 +139,8 @@ class _Todo:
 
 
 def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: int,
-           chunk_overlap: int, embedder_ref: str = "", prune: bool = False, max_bytes: int = 0,
-           contextual: bool = False,
+           chunk_overlap: int, section_tokens: int, embedder_ref: str = "", prune: bool = False,
+           max_bytes: int = 0, contextual: bool = False,
            progress: Progress | None = None) -> IngestReport:
     """Bring the store's collection in line with ``scanned`` (from :func:`.scan.scan`).
 
@@ -147,7 +148,9 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
     before the store is opened or created. Files over ``max_bytes`` (0 = no limit) are
     skipped and reported. Documents under paths the scan could not read, or did not
     select, are never pruned. With ``contextual``, chunks are embedded and indexed with
-    their title and heading path (see :mod:`.chunking`).
+    their title and heading path (see :mod:`.chunking`). Each new or changed document is
+    cut into sections of about ``section_tokens`` embedder tokens (see
+    :mod:`pipeline.store.sections`), committed with its chunks; unchanged documents keep theirs.
 
     Nothing is loaded (no model, no splitter) unless some file needs embedding, so a run
     over an unchanged corpus costs a directory scan and one catalog read.
@@ -214,7 +217,7 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
         for item, loaded in _prepared(todo, chunker, embedder, max_bytes=max_bytes):
             try:
                 outcome = _commit(item, loaded, store=store, embedder=embedder, report=report, emit=emit,
-                                  tally=tally)
+                                  tally=tally, section_tokens=section_tokens)
             except StoreError as exc:
                 raise StoreError(f"{exc} ({committed} of {len(todo)} files to embed were committed "
                                  "before this)") from None
@@ -282,7 +285,7 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: TextEmbedder, *,
 
 
 def _commit(item: _Todo, loaded: object, *, store: Store, embedder: TextEmbedder,
-            report: IngestReport, emit: Progress, tally: _Tally) -> FileOutcome:
+            report: IngestReport, emit: Progress, tally: _Tally, section_tokens: int) -> FileOutcome:
     if isinstance(loaded, NotADocument):
         return FileOutcome(item.source, "skipped", str(loaded))
     if isinstance(loaded, LoadError):
@@ -303,5 +306,6 @@ def _commit(item: _Todo, loaded: object, *, store: Store, embedder: TextEmbedder
     pages = max((u.page or 0 for u in doc.units), default=0) or None
     record = DocumentRecord(source=item.source, content_hash=item.content_hash, size=item.size,
                             mtime_ns=item.mtime_ns, format=doc.format, title=doc.title, pages=pages)
-    store.write_document(record, chunks, matrix)
+    sections = cut_sections(item.source, item.content_hash, chunks, target=section_tokens)
+    store.write_document(record, chunks, matrix, sections)
     return FileOutcome(item.source, item.status, chunks=len(chunks), tokens=sum(c.tokens for c in chunks))

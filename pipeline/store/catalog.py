@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from .._sqlite import transaction
 from ..errors import StoreError
+from . import sections as _sections
 from .failures import storage_error
 from .schema import upgrade
 
@@ -123,6 +124,7 @@ class Catalog:
             self.db.execute("DELETE FROM chunks WHERE collection = ?", (name,))
             self.db.execute("DELETE FROM documents WHERE collection = ?", (name,))
             self.db.execute("DELETE FROM pending WHERE collection = ?", (name,))
+            _sections.remove(self.db, name)
             self.db.execute("DELETE FROM collections WHERE name = ?", (name,))
 
     # -- documents --------------------------------------------------------------------------
@@ -144,9 +146,10 @@ class Catalog:
             "SELECT source, content_hash FROM documents WHERE collection = ?", (collection,)))
 
     def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence["Chunk"],
-                        chunk_ids: Sequence[str]) -> None:
-        """Replace ``doc.source``'s record and chunks in one transaction: the commit point."""
+                        chunk_ids: Sequence[str], sections: Sequence["_sections.Section"] = ()) -> None:
+        """Replace ``doc.source``'s record, chunks and sections in one transaction: the commit point."""
         with self._tx():
+            _sections.replace(self.db, collection, doc.source, sections)
             self.db.execute("DELETE FROM chunks WHERE collection = ? AND source = ?",
                             (collection, doc.source))
             self.db.executemany(
@@ -168,6 +171,7 @@ class Catalog:
         with self._tx():
             self.db.execute("DELETE FROM chunks WHERE collection = ? AND source = ?", (collection, source))
             self.db.execute("DELETE FROM documents WHERE collection = ? AND source = ?", (collection, source))
+            _sections.remove(self.db, collection, source)
 
     # -- the reconcile journal ----------------------------------------------------------------
 
@@ -183,18 +187,20 @@ class Catalog:
 
     # -- reading chunks -----------------------------------------------------------------------
 
-    def search(self, collection: str, query: str, *, limit: int, source: str | None = None
+    def search(self, collection: str, query: str, *, limit: int, source: str | Sequence[str] | None = None
                ) -> list[tuple[StoredChunk, float]]:
-        """BM25 hits, best first, with the BM25 score as a positive number (higher is better)."""
+        """BM25 hits (of ``source``: one document or several), best first, with the BM25 score as a
+        positive number (higher is better)."""
         match = fts_query(query)
         if match is None:
             return []
+        sources = [] if not source else [source] if isinstance(source, str) else list(source)
+        where = f" AND c.source IN ({','.join('?' * len(sources))})" if sources else ""
         rows = self.db.execute(
             "SELECT c.chunk_id, c.source, c.content_hash, c.idx, c.page, c.start, c.\"end\", c.tokens,"
             " c.text, bm25(chunks_fts) AS score FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
-            " WHERE chunks_fts MATCH ? AND c.collection = ? AND (? IS NULL OR c.source = ?)"
-            " ORDER BY score LIMIT ?",
-            (match, collection, source, source, limit))
+            " WHERE chunks_fts MATCH ? AND c.collection = ?" + where + " ORDER BY score LIMIT ?",
+            (match, collection, *sources, limit))
         return [(StoredChunk(*r[:9]), -float(r[9])) for r in rows]
 
     def bm25(self, collection: str, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:

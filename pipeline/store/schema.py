@@ -13,7 +13,10 @@ History:
    could never hold a document) are removed;
 3. ``chunks.context``: each chunk's header (document title and heading path), indexed
    by the full-text index beside the text and embedded with it, never shown. Old rows
-   keep a NULL header, which indexes exactly as before.
+   keep a NULL header, which indexes exactly as before;
+4. sections (:mod:`.sections`): each document version's fixed runs of chunks. Derived
+   from the chunks, so the migration only creates the table; documents committed
+   before get their sections the first time a question needs them.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from typing import Callable
 
 from ..errors import StoreError
 from .names import name_problem
+from .sections import SCHEMA as SECTIONS
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _CHUNKS_V2 = """
 CREATE TABLE {name} (
@@ -75,7 +79,7 @@ CREATE TABLE documents (
     PRIMARY KEY (collection, source));
 """ + _CHUNKS.format(name="chunks") + _FTS + _CHUNK_INDEXES + """
 CREATE TABLE pending (collection TEXT, source TEXT, PRIMARY KEY (collection, source));
-"""
+""" + SECTIONS
 
 
 def _v1_to_v2(db: sqlite3.Connection) -> None:
@@ -109,8 +113,12 @@ def _v2_to_v3(db: sqlite3.Connection) -> None:
     db.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('rebuild')")
 
 
+def _v3_to_v4(db: sqlite3.Connection) -> None:
+    db.execute(SECTIONS)
+
+
 # MIGRATIONS[v] turns a catalog of version v into version v + 1.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 def _statements(script: str) -> list[str]:

@@ -35,8 +35,16 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..ingest.chunking import Chunk
+    from .sections import Section
 
 __all__ = ["Store", "check_collection_name", "chunk_id"]
+
+
+def _where_source(source: str | Sequence[str] | None) -> dict | None:
+    """Chroma's filter for chunks of one document or of several."""
+    if not source:
+        return None
+    return {"source": source} if isinstance(source, str) else {"source": {"$in": list(source)}}
 
 
 def chunk_id(source: str, content_hash: str, index: int) -> str:
@@ -200,8 +208,9 @@ class Store:
     def documents(self) -> dict[str, DocumentRecord]:
         return self.catalog.documents(self.name)
 
-    def write_document(self, doc: DocumentRecord, chunks: Sequence["Chunk"], vectors: "np.ndarray") -> None:
-        """Make ``doc`` with these chunks and vectors the committed version of its source."""
+    def write_document(self, doc: DocumentRecord, chunks: Sequence["Chunk"], vectors: "np.ndarray",
+                       sections: Sequence["Section"] = ()) -> None:
+        """Make ``doc`` with these chunks, vectors and sections the committed version of its source."""
         import numpy as np
 
         if len(chunks) != len(vectors):
@@ -221,7 +230,7 @@ class Store:
                                 "page": c.page if c.page is not None else -1, "start": c.start,
                                 "end": c.end, "tokens": c.tokens} for c in part],
                 )
-            self.catalog.commit_document(self.name, doc, chunks, ids)
+            self.catalog.commit_document(self.name, doc, chunks, ids, sections)
             self._reconcile(doc.source, keep=doc.content_hash)
 
     def touch_document(self, source: str, *, size: int, mtime_ns: int) -> None:
@@ -247,9 +256,9 @@ class Store:
 
     # -- queries ----------------------------------------------------------------------------
 
-    def dense(self, vector: "np.ndarray", *, limit: int, source: str | None = None
+    def dense(self, vector: "np.ndarray", *, limit: int, source: str | Sequence[str] | None = None
               ) -> list[tuple[StoredChunk, float]]:
-        """Nearest committed chunks with their cosine similarity, best first."""
+        """Nearest committed chunks (of ``source``: one document or several) with their cosine similarity."""
         import numpy as np
 
         col = self._col()
@@ -258,7 +267,7 @@ class Store:
             return []
         res = col.query(query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
                         n_results=n, include=["metadatas", "documents", "distances"],
-                        where={"source": source} if source else None)
+                        where=_where_source(source))
         committed = self.catalog.committed_hashes(self.name)
         hits = []
         for cid, meta, text, dist in zip(res["ids"][0], res["metadatas"][0], res["documents"][0],
@@ -271,7 +280,7 @@ class Store:
                                      int(meta["tokens"]), text), 1.0 - float(dist)))
         return hits
 
-    def lexical(self, query: str, *, limit: int, source: str | None = None
+    def lexical(self, query: str, *, limit: int, source: str | Sequence[str] | None = None
                 ) -> list[tuple[StoredChunk, float]]:
         return self.catalog.search(self.name, query, limit=limit, source=source)
 

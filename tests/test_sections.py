@@ -1,0 +1,150 @@
+"""Sections and the section choice, without models: cutting, save points, cache preference, reasons."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from pipeline.context import Layout
+from pipeline.engine.generator import Engine
+from pipeline.ingest.sections import cut, target_tokens
+from pipeline.packing import PackHistory, SectionTokens, Shelf, plan, reuse_note
+from pipeline.retrieve import Hit
+from pipeline.store.catalog import DocumentRecord
+
+
+def words(text: str, *, special: bool = False) -> list[int]:
+    return [hash(w) % 50000 for w in text.split()]
+
+
+def chunks(n, tokens=100, per_page=None):
+    return [SimpleNamespace(index=i, tokens=tokens, page=(1 + i // per_page) if per_page else None)
+            for i in range(n)]
+
+
+def test_sections_are_balanced_cut_at_chunk_boundaries_and_prefer_page_starts():
+    secs = cut("a", "h", chunks(30, per_page=3), target=1000)
+    assert [s.index for s in secs] == list(range(len(secs))) and len(secs) == 3
+    assert [(s.first, s.last) for s in secs] == [(0, 8), (9, 20), (21, 29)]  # page starts near 1000 and 2000
+    assert all(s.first_page is not None and s.target == 1000 for s in secs)
+    assert secs[0].first == 0 and secs[-1].last == 29
+    assert [(s.first, s.last) for s in cut("a", "h", chunks(3), target=1000)] == [(0, 2)]
+    assert cut("a", "h", [], target=100) == []
+    assert target_tokens(8192, chunk_size=256) == 2048
+    assert target_tokens(65536, chunk_size=256) == 4096 and target_tokens(512, chunk_size=256) == 256
+
+
+def test_states_are_saved_at_the_prefix_and_a_bounded_spread_of_boundaries():
+    eng = Engine.__new__(Engine)
+    eng.cache_min_tokens, eng.boundary_states = 100, 4
+    cuts = [50, 200, 300, 400, 500, 600, 700, 800, 900]
+    points = eng._save_points(cuts, start=0)
+    assert 900 in points and 50 not in points and len(points) == 5  # the prefix + 4 spread from the first
+    assert 200 in points and 800 in points
+    assert eng._save_points(cuts, start=800) == {900}
+    eng.boundary_states = 0
+    assert eng._save_points(cuts, start=0) == {900}
+
+
+def _shelf(n_docs=4, per_doc=3, words_per=60):
+    from pipeline.store.sections import Section
+
+    sections, segments, docs = [], {}, {}
+    for d in range(n_docs):
+        src = f"/d/{chr(97 + d)}.md"
+        docs[src] = DocumentRecord(src, f"h{d}", 0, 0, "markdown")
+        for i in range(per_doc):
+            s = Section(src, f"h{d}", i, i, i, None, None, words_per, 100)
+            sections.append(s)
+            segments[s.key] = [(None, " ".join(f"{src}-{i}-w{j}" for j in range(words_per)))]
+    return Shelf("c", docs, sections, segments)
+
+
+def _hits(shelf, *order):
+    """Hits on the given sections' single chunks, best first."""
+    out = []
+    for key in order:
+        s = next(x for x in shelf.sections if x.key == key)
+        out.append(Hit(s.source, None, 0.01, "", ("lexical",), f"{key}", s.first, s.content_hash))
+    return out
+
+
+def _plan(shelf, history=(), reusable=None, tolerance=0.2):
+    layout = Layout("<head>", "<tail>", (1, 2, 3), (4, 5))
+    return plan(shelf, "q?", layout=layout, tokenize=words, memo=SectionTokens(words), n_ctx=300, reserve=10,
+                tolerance=tolerance, history=history, reusable=reusable, top_k=4)
+
+
+def test_sections_are_chosen_by_score_and_laid_out_in_canonical_order():
+    shelf = _shelf()
+    shelf.hits = _hits(shelf, ("/d/c.md", "h2", 1), ("/d/a.md", "h0", 2), ("/d/d.md", "h3", 0))
+    prompt = _plan(shelf)
+    assert prompt.mode == "sections"
+    keys = [p.section.key for p in prompt.sections]
+    assert keys == sorted(keys) and ("/d/c.md", "h2", 1) in keys  # never by score
+    assert [p.n for p in prompt.sections] == sorted(p.n for p in prompt.sections)
+    assert len(prompt.tokens) + 10 <= 300 and prompt.boundaries[-1] == len(prompt.prefix_tokens)
+
+
+def test_a_cached_pack_wins_when_it_holds_the_best_section_and_scores_close():
+    shelf = _shelf()
+    best, second, third = ("/d/b.md", "h1", 0), ("/d/c.md", "h2", 2), ("/d/a.md", "h0", 1)
+    shelf.hits = _hits(shelf, best, second, third)
+    greedy = [p.section.key for p in _plan(shelf).sections]
+    cached = (("/d/b.md", "h1", 0), ("/d/b.md", "h1", 1))  # an earlier question's pack, holding the best
+
+    def reuse(prompt):
+        keys = [p.section.key for p in prompt.sections]
+        return prompt.boundaries[1] if tuple(keys[:2]) == cached else 0
+
+    chosen = [p.section.key for p in _plan(shelf, history=[cached], reusable=reuse, tolerance=0.9).sections]
+    assert tuple(chosen[:2]) == cached and best in chosen and chosen != greedy
+    # With no tolerance the best-scoring pack stays, cached or not.
+    strict = [p.section.key for p in _plan(shelf, history=[cached], reusable=reuse, tolerance=0.0).sections]
+    assert strict == greedy
+    # A cached pack that cannot hold the best section (it sorts before the pack's end) is not taken.
+    late = (("/d/a.md", "h0", 0), ("/d/d.md", "h3", 2))
+    never = [p.section.key for p in _plan(shelf, history=[late], reusable=lambda p: 10**6, tolerance=1.0).sections]
+    assert tuple(never[:2]) != late and best in never
+
+
+def test_the_whole_selection_is_packed_when_it_fits():
+    shelf = _shelf(n_docs=2, per_doc=1, words_per=30)
+    shelf.hits = _hits(shelf, ("/d/b.md", "h1", 0))
+    prompt = _plan(shelf)
+    assert prompt.mode == "whole" and [p.n for p in prompt.sections] == [1, 2]
+    assert prompt.sources == [{"n": 2, "source": "/d/b.md", "pages": [], "sections": [0]}]
+
+
+def test_reasons_for_lost_reuse():
+    shelf = _shelf(n_docs=2, per_doc=1, words_per=30)
+    prompt = _plan(shelf)
+    docs = shelf.documents
+    full = len(prompt.prefix_tokens)
+    keys = [p.section.key for p in prompt.sections]
+    assert reuse_note(prompt, cached_tokens=full, previous=keys, documents=docs, cache_on=True, min_tokens=1) == ""
+    assert "nothing was cached" in reuse_note(prompt, cached_tokens=0, previous=None, documents=docs,
+                                              cache_on=True, min_tokens=1)
+    changed = [keys[0], ("/d/b.md", "old", 0)]
+    assert "b.md changed" in reuse_note(prompt, cached_tokens=prompt.boundaries[0], previous=changed,
+                                        documents=docs, cache_on=True, min_tokens=1)
+    gone = [keys[0], ("/d/z.md", "h9", 0)]
+    assert "z.md is no longer" in reuse_note(prompt, cached_tokens=prompt.boundaries[0], previous=gone,
+                                             documents=docs, cache_on=True, min_tokens=1)
+    assert "evicted" in reuse_note(prompt, cached_tokens=0, previous=keys, documents=docs, cache_on=True,
+                                   min_tokens=1)
+    assert "cache is off" in reuse_note(prompt, cached_tokens=0, previous=keys, documents=docs, cache_on=False,
+                                        min_tokens=1)
+
+
+def test_pack_history_persists_and_survives_a_damaged_file(tmp_path):
+    path = tmp_path / "packs.sqlite"
+    h = PackHistory(path)
+    h.record("ns", "c", [("a", "h", 0), ("a", "h", 1)])
+    h.record("ns", "c", [("b", "h", 0)])
+    h.close()
+    assert PackHistory(path).recent("ns", "c") == [(("b", "h", 0),), (("a", "h", 0), ("a", "h", 1))]
+    assert PackHistory(path).recent("ns", "other") == []
+    path.write_bytes(b"not a database" * 100)
+    broken = PackHistory(path)
+    broken.record("ns", "c", [("x", "h", 0)])  # no error: kept in memory
+    assert broken.recent("ns", "c") == [(("x", "h", 0),)]
