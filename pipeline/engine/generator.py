@@ -21,7 +21,9 @@ answer without one.
 from __future__ import annotations
 
 import codecs
+import threading
 import time
+from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -47,7 +49,13 @@ def resolve_overrides(settings: EngineConfig, n_layers: int) -> list[offload.Ove
 
 
 class Engine:
-    """One generator model in llama.cpp. The model loads on first use."""
+    """One generator model in llama.cpp. The model loads on first use.
+
+    Safe to share between threads: prompts take turns on the one llama.cpp context (a
+    stream holds it from its first piece until it ends, is closed or is garbage-collected),
+    and a thread that starts a second prompt while it still reads the first gets an
+    :class:`~pipeline.errors.EngineError` instead of a deadlock.
+    """
 
     def __init__(self, model_path: Path, settings: EngineConfig, *, log: Callable[[str], None] | None = None,
                  cache=None, cache_min_tokens: int = 256, boundary_states: int = 4):
@@ -61,6 +69,10 @@ class Engine:
         self.load_seconds = 0.0
         self.notes: list[str] = []  # about the model and settings: reported with every prompt
         self._prompt_notes: list[str] = []  # about the prompt being run: reported with it only
+        # One llama.cpp context must never be used by two threads at once (llama.cpp aborts the
+        # process): prompts take turns, each from its first token until its stream ends or closes.
+        self._turns = threading.Lock()
+        self._holder: int | None = None
 
     # -- model facts and settings ---------------------------------------------------------------
 
@@ -348,6 +360,20 @@ class Engine:
                                   min_tokens=max(memory + 1, self.cache_min_tokens), count=False)
         return entry.n_tokens if entry is not None else memory
 
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """Hold the llama.cpp context: other threads wait; the holding thread may not start a second prompt."""
+        me = threading.get_ident()
+        if self._holder == me:
+            raise EngineError("this thread is still reading an earlier answer from this engine: finish it "
+                              "(or close its stream) before starting another")
+        with self._turns:
+            self._holder = me
+            try:
+                yield
+            finally:
+                self._holder = None
+
     def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool:
         """Prefill ``prefix`` and save its state (and states at ``boundaries``, as :meth:`generate`
         does), unless it is already saved. True if the whole prefix was saved now."""
@@ -358,13 +384,19 @@ class Engine:
         if self.cache.lookup(self.namespace, prefix, max_tokens=len(prefix), min_tokens=len(prefix), count=False):
             return False
         cuts = sorted({int(b) for b in boundaries if 0 < b < len(prefix)} | {len(prefix)})
-        reused = self._keep_prefix(prefix, limit=len(prefix), cuts=cuts)
-        if reused < len(prefix):
-            self._restore(prefix, cuts, reused, stats)
-        return len(prefix) in self._advance(prefix, cuts, stats, save=True)
+        with self._turn():
+            reused = self._keep_prefix(prefix, limit=len(prefix), cuts=cuts)
+            if reused < len(prefix):
+                self._restore(prefix, cuts, reused, stats)
+            return len(prefix) in self._advance(prefix, cuts, stats, save=True)
 
     def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
              cuts: list[int]) -> Iterator[str]:
+        with self._turn():  # from the first piece until the stream ends, is closed or is collected
+            yield from self._run_turn(tokens, max_tokens, sampling, stats, cuts)
+
+    def _run_turn(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
+                  cuts: list[int]) -> Iterator[str]:
         llm = self.llm
         stats.load_seconds = self.load_seconds
         t0 = time.perf_counter()
@@ -429,6 +461,17 @@ class Engine:
                 stats.decode_tokens_per_second = perf.eval_tokens / (perf.eval_ms / 1000)
 
     def close(self) -> None:
+        if self._holder == threading.get_ident():  # an unfinished stream of this thread: it cannot run on
+            self._close()
+            return
+        if not self._turns.acquire(timeout=30):  # another thread's answer is still running: leave it the model
+            return
+        try:
+            self._close()
+        finally:
+            self._turns.release()
+
+    def _close(self) -> None:
         llm = self.__dict__.pop("llm", None)
         self._tokens = []
         if llm is not None:
