@@ -30,7 +30,7 @@ HOLDS = [
     "config.args.cache-off", "config.args.plan-vram-nan", "config.args.tune-seconds-nan",
     # fixed by the ingest and engine work
     "files.fifo", "files.symlink-loop", "files.outside-link", "files.gzip", "files.utf16-no-bom",
-    "cache.corrupt-index", "cache.path-is-file",
+    "files.control-tokens", "cache.corrupt-index", "cache.path-is-file",
     "config.args.collection-space", "config.args.collection-short", "config.args.collection-newline",
 ]
 
