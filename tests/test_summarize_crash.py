@@ -76,7 +76,7 @@ def test_kill_9_mid_map_mid_reduce_and_between_documents_then_resume_identically
     assert len(sequence) == report["units_computed"] + 4  # every unit, then 2 documents x 2 prompts
 
     # The long document, several times the context, went map-reduce; every section was summarised
-    # for each prompt, and one reduce step per prompt combined all of those partials.
+    # for each prompt, and reduce steps (one level or more, as the partials' lengths need) combined them.
     from pipeline import Pipeline
 
     with Pipeline.from_config() as rag:
@@ -85,9 +85,9 @@ def test_kill_9_mid_map_mid_reduce_and_between_documents_then_resume_identically
     assert [s["method"] for s in long] == ["map-reduce"] * 2
     n_sections = long[0]["sections"]
     assert n_sections >= 4 and all(s["sections"] == n_sections for s in long)
-    assert all(s["reduce_steps"] == 1 and s["levels"] == 1 for s in long)
+    assert all(s["reduce_steps"] >= 1 and s["levels"] >= 1 for s in long)
     n_maps = kinds.count("map")
-    assert n_maps == 2 * n_sections and kinds.count("reduce") == 2
+    assert n_maps == 2 * n_sections and kinds.count("reduce") == sum(s["reduce_steps"] for s in long)
     long_doc_key = sequence[0][1]
     mid_map = 3
     mid_reduce = kinds.index("reduce") + 1  # the first reduce step done, its result and the others not

@@ -386,6 +386,10 @@ class Model:
 
     # -- text -----------------------------------------------------------------------------------
 
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        """The bytes ``tokens`` stand for (control tokens as their text)."""
+        return b"".join(self.piece(t, special=True) for t in tokens)
+
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
         """Tokens of ``text``; ``special``: markup such as ``<|im_start|>`` becomes its control token."""
         data = text.encode("utf-8")
@@ -400,13 +404,13 @@ class Model:
                 raise EngineError(f"llama.cpp could not tokenize a text of {len(data):,} bytes")
         return out[:n]
 
-    def piece(self, token: int) -> bytes:
-        """The bytes ``token`` stands for (control tokens: nothing)."""
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        """The bytes ``token`` stands for (control tokens: nothing, or their text with ``special``)."""
         buf = ctypes.create_string_buffer(64)
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
     def is_eog(self, token: int) -> bool:
