@@ -505,7 +505,8 @@ def probe_orphans_cleared(d: Drill) -> None:
     _ask(d, cache)
     _lose_index(cache)
     _cache_cmds(d, cache)
-    left = [p for p in cache.rglob("*") if p.is_file() and not p.name.startswith("index.sqlite")]
+    # state files and temporaries (the index and the pack history, packs.sqlite, are not states)
+    left = [p for p in cache.rglob("*") if p.is_file() and p.name.endswith((".state", ".tmp"))]
     if left:
         raise Defect(f"{len(left)} orphaned state file(s) ({sum(p.stat().st_size for p in left):,} bytes) "
                      "survived `rag cache clear`")
