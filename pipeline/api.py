@@ -1,23 +1,30 @@
 """``Pipeline``: the public Python API. The CLI is a thin layer over it.
 
 A pipeline holds settings and lazily loaded models; it opens the store (and so
-takes the store's process lock) only for the duration of each call, so a
-long-lived application does not block ``rag`` commands between calls.
+takes the store's process lock) only while calls use it, so a long-lived
+application does not block ``rag`` commands between calls.
+
+A pipeline is safe to share between threads: see :mod:`.concurrency` for what runs
+at the same time (retrieval beside generation, generation one at a time per engine,
+first come first served) and how calls are cancelled.
 """
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from . import models
 from .config import Config, load_config
 from .ingest.run import IngestReport, Progress, ingest
 from .ingest.scan import scan
+from .concurrency import CancelToken, EngineGate
 from .retrieve import Hit, search
+from .stops import Stops, template_stops, until_stop
+from .store.shared import SharedStore
 from .store.store import Store
 
 if TYPE_CHECKING:
@@ -71,31 +78,93 @@ class Answer:
                 "truncated": self.truncated, "notes": list(self.notes or [])}
 
 
-class AnswerStream:
-    """Text pieces as the model writes them; ``answer`` is complete once iteration ends."""
+@dataclass(frozen=True)
+class AskOptions:
+    """One call's answer settings: the ``[ask]`` configuration with the call's overrides."""
 
-    def __init__(self, question: str, prompt: "Prompt", generation: "Generation", notes: list[str]):
+    temperature: float
+    max_tokens: int
+    system_prompt: str
+    stop: tuple[str, ...] = ()
+    top_k: int = 8
+    mode: str | None = None
+
+
+class AnswerStream:
+    """Text pieces as the model writes them; ``answer`` is complete once iteration ends.
+
+    Iterating holds the pipeline's engine (other calls' generation waits, first come
+    first served) from the first piece until the stream is exhausted or closed; a
+    stream dropped half-way gives the engine back when it is garbage-collected. Use
+    it in a ``with`` block (or call :meth:`close`) to give it back at a known moment.
+    """
+
+    def __init__(self, question: str, prompt: "Prompt", generation: "Generation", notes: list[str], *,
+                 gate: EngineGate, stops: Sequence[str] = (), cancel: CancelToken | None = None):
         self.question = question
         self.prompt = prompt
-        self._generation = generation
-        self._notes = notes
-        self.answer: Answer | None = None
+        self.cancel_token = cancel or CancelToken()
+        self._result: dict = {}  # filled by the iterator; no reference back to self (no cycle)
+        self._iter = _stream(question, prompt, generation, notes, gate, tuple(stops), self.cancel_token,
+                             self._result)
 
     @property
     def sources(self) -> list[dict]:
         return self.prompt.sources
 
+    @property
+    def answer(self) -> "Answer | None":
+        return self._result.get("answer")
+
     def __iter__(self) -> Iterator[str]:
-        yield from self._generation
-        stats = self._generation.stats
-        self.answer = Answer(self.question, self._generation.text.strip(), self.prompt.sources, stats,
-                             self.prompt.dropped, self.prompt.truncated, self._notes + stats.notes)
+        return self._iter
 
     def result(self) -> Answer:
         for _ in self:
             pass
-        assert self.answer is not None
+        if self.answer is None:
+            from .errors import Cancelled
+
+            raise Cancelled("the stream was closed before the answer was complete")
         return self.answer
+
+    def cancel(self) -> None:
+        """Stop generating: a running prefill or decode stops within one micro-batch."""
+        self.cancel_token.cancel()
+
+    def close(self) -> None:
+        """Stop (if running) and give the engine back."""
+        self._iter.close()
+
+    def __enter__(self) -> "AnswerStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _stream(question, prompt, generation, notes, gate: EngineGate, stops, cancel: CancelToken,
+            result: dict) -> Iterator[str]:
+    from .errors import Cancelled, EngineError
+
+    parts: list[str] = []
+    with gate.turn(cancel):
+        try:
+            for piece in until_stop(generation, stops):
+                cancel.raise_if_cancelled()
+                parts.append(piece)
+                yield piece
+        except (EngineError, RuntimeError) as exc:
+            if cancel.cancelled:
+                raise Cancelled("generation was cancelled") from None
+            if isinstance(exc, EngineError):
+                raise
+            raise EngineError(f"llama.cpp failed while generating: {exc}") from None
+        finally:
+            generation.close()  # sampler and counters settle while the engine is still ours
+    stats = generation.stats
+    result["answer"] = Answer(question, "".join(parts).strip(), prompt.sources, stats, prompt.dropped,
+                              prompt.truncated, notes + stats.notes)
 
 
 class Pipeline:
@@ -104,6 +173,10 @@ class Pipeline:
     def __init__(self, config: Config, *, log: Callable[[str], None] | None = None):
         self.config = config.validate()
         self._log = log
+        self._made: dict[str, Any] = {}  # models and caches, created once (see _resource)
+        self._making = threading.RLock()
+        self._gate = EngineGate(lambda: self.engine.abort)
+        self._stores = SharedStore(self.config.store_path, wait=self.config.store.wait)
 
     @classmethod
     def from_config(cls, path: str | Path | None = None, *, overrides: Mapping[str, Any] | None = None,
@@ -114,31 +187,59 @@ class Pipeline:
 
     # -- resources ----------------------------------------------------------------------------
 
-    @cached_property
+    def _resource(self, name: str, make: Callable[[], Any]) -> Any:
+        """``make()`` once, however many threads ask at the same time."""
+        made = self._made.get(name)
+        if made is None:
+            with self._making:
+                made = self._made.get(name)
+                if made is None:
+                    made = self._made[name] = make()
+        return made
+
+    @property
     def embedder(self):
-        from .engine.embed import Embedder
+        def make():
+            from .engine.embed import Embedder
 
-        path = models.resolve(self.config.models.embedder, home=self.config.home_path,
-                              what="embedder", log=self._log)
-        e = self.config.embed
-        return Embedder(path, threads=e.threads, flash_attn=e.flash_attn, gpu_layers=e.gpu_layers,
-                        batch_tokens=e.batch_tokens)
+            path = models.resolve(self.config.models.embedder, home=self.config.home_path,
+                                  what="embedder", log=self._log)
+            e = self.config.embed
+            embedder = Embedder(path, threads=e.threads, flash_attn=e.flash_attn, gpu_layers=e.gpu_layers,
+                                batch_tokens=e.batch_tokens)
+            embedder.llm  # loaded here, once: two threads must not both load it
+            return embedder
 
-    @cached_property
+        return self._resource("embedder", make)
+
+    @property
     def chunker(self):
-        from .ingest.chunking import for_embedder
+        def make():
+            from .ingest.chunking import for_embedder
 
-        c = self.config.chunking
-        return for_embedder(self.embedder, size=c.size, overlap=c.overlap)
+            c = self.config.chunking
+            return for_embedder(self.embedder, size=c.size, overlap=c.overlap)
 
-    @cached_property
+        return self._resource("chunker", make)
+
+    @property
     def engine(self):
-        from .engine.generator import Engine
+        def make():
+            from .engine.generator import Engine
 
-        path = models.resolve(self.config.models.generator, home=self.config.home_path,
-                              what="generator", log=self._log)
-        return Engine(path, self.engine_settings(path), log=self._log, cache=self.prefix_cache,
-                      cache_min_tokens=self.config.cache.min_tokens)
+            path = models.resolve(self.config.models.generator, home=self.config.home_path,
+                                  what="generator", log=self._log)
+            engine = Engine(path, self.engine_settings(path), log=self._log, cache=self.prefix_cache,
+                            cache_min_tokens=self.config.cache.min_tokens)
+            engine.llm  # loaded here, once
+            return engine
+
+        return self._resource("engine", make)
+
+    @property
+    def stops(self) -> Stops:
+        """The default stops: the chat template's turn markers and the new-turn guard."""
+        return self._resource("stops", lambda: template_stops(self.engine))
 
     def engine_settings(self, model_path: Path):
         """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""
@@ -233,19 +334,27 @@ class Pipeline:
             return hw_mod.load_profile(profile)
         return hw_mod.get_profile(str(profile))
 
-    @cached_property
+    @property
     def prefix_cache(self):
         """The on-disk prefix KV cache, or None when ``cache.enabled`` is off."""
         if not self.config.cache.enabled:
             return None
-        from .engine.cache import PrefixCache
 
-        return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
+        def make():
+            from .engine.cache import PrefixCache
+
+            return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
+
+        return self._resource("prefix_cache", make)
 
     @contextmanager
     def store(self) -> Iterator[Store]:
-        """The collection's store, open and locked for the duration of the ``with`` block."""
-        with Store(self.config.store_path, self.config.store.collection, wait=self.config.store.wait) as s:
+        """The collection's store, open for the ``with`` block.
+
+        The threads of this pipeline share one open store (and one process lock), so
+        searches go on while this pipeline ingests; another process waits ``store.wait``.
+        """
+        with self._stores.open(self.config.store.collection) as s:
             yield s
 
     def pull_models(self) -> dict[str, str]:
@@ -281,35 +390,88 @@ class Pipeline:
                           top_k=top_k or r.top_k, dense=r.dense, lexical=r.lexical,
                           candidates=max(r.candidates, top_k or 0), rrf_k=r.rrf_k)
 
-    def ask(self, question: str, *, doc: str | Path | None = None, top_k: int | None = None) -> Answer:
-        """Answer ``question`` from retrieved passages (or from one whole document with ``doc``)."""
-        return self.ask_stream(question, doc=doc, top_k=top_k).result()
+    # -- asking (per-call options, streams, cancellation) --------------------------------------
 
-    def ask_stream(self, question: str, *, doc: str | Path | None = None,
-                   top_k: int | None = None) -> AnswerStream:
-        """Like :meth:`ask`, streaming: iterate the result for text pieces as they are generated."""
+    def ask(self, question: str, *, doc: str | Path | None = None, top_k: int | None = None,
+            temperature: float | None = None, max_tokens: int | None = None,
+            system_prompt: str | None = None, stop: Sequence[str] | None = None, mode: str | None = None,
+            cancel: CancelToken | None = None) -> Answer:
+        """Answer ``question`` from retrieved passages (or from one whole document with ``doc``).
+
+        Options left at None come from the ``[ask]`` settings. ``stop`` strings end the
+        answer (added to the defaults: the chat template's turn markers and a guard
+        against invented "Question:" turns). ``cancel`` stops the call from another
+        thread (:class:`~pipeline.errors.Cancelled` is raised). Safe to call from many
+        threads: generation runs one call at a time, in arrival order.
+        """
+        return self.ask_stream(question, doc=doc, top_k=top_k, temperature=temperature,
+                               max_tokens=max_tokens, system_prompt=system_prompt, stop=stop, mode=mode,
+                               cancel=cancel).result()
+
+    def ask_stream(self, question: str, *, doc: str | Path | None = None, top_k: int | None = None,
+                   temperature: float | None = None, max_tokens: int | None = None,
+                   system_prompt: str | None = None, stop: Sequence[str] | None = None,
+                   mode: str | None = None, cancel: CancelToken | None = None) -> AnswerStream:
+        """Like :meth:`ask`, streaming: iterate the result for text pieces as they are generated.
+
+        Retrieval and packing happen here (beside any running generation); the engine
+        is taken when iteration starts (see :class:`AnswerStream`).
+        """
         from .errors import InputError
 
         if not question.strip():
             raise InputError("the question is empty")
-        prompt, notes = self._prompt(question, doc=doc, top_k=top_k)
-        a = self.config.ask
-        generation = self.engine.generate(prompt.tokens, max_tokens=a.max_tokens, temperature=a.temperature,
-                                          repeat_penalty=a.repeat_penalty, prefix_len=len(prompt.prefix_tokens))
-        return AnswerStream(question, prompt, generation, notes)
+        options = self._options(temperature=temperature, max_tokens=max_tokens, system_prompt=system_prompt,
+                                stop=stop, mode=mode, top_k=top_k)
+        prompt, notes = self._prompt(question, doc=doc, top_k=options.top_k, options=options)
+        return self._stream_prompt(question, prompt, notes, options, cancel=cancel)
 
-    def _prompt(self, question: str, *, doc, top_k: int | None) -> "tuple[Prompt, list[str]]":
+    def _stream_prompt(self, question: str, prompt: "Prompt", notes: list[str], options: "AskOptions", *,
+                       cancel: CancelToken | None) -> AnswerStream:
+        stops = self.stops.with_strings(options.stop)
+        generation = self.engine.generate(prompt.tokens, max_tokens=options.max_tokens,
+                                          temperature=options.temperature,
+                                          repeat_penalty=self.config.ask.repeat_penalty,
+                                          prefix_len=len(prompt.prefix_tokens), stop_tokens=stops.tokens)
+        return AnswerStream(question, prompt, generation, notes, gate=self._gate, stops=stops.strings,
+                            cancel=cancel)
+
+    def _options(self, *, temperature, max_tokens, system_prompt, stop, mode, top_k) -> "AskOptions":
+        from .errors import InputError
+
+        a = self.config.ask
+        if temperature is not None and not (0.0 <= float(temperature) <= 5.0):
+            raise InputError(f"temperature must be between 0 and 5 (got {temperature})")
+        if max_tokens is not None and not (1 <= int(max_tokens) <= 1_000_000):
+            raise InputError(f"max_tokens must be a positive number of tokens (got {max_tokens})")
+        if top_k is not None and not (1 <= int(top_k) <= 1000):
+            raise InputError(f"top_k must be between 1 and 1000 (got {top_k})")
+        if isinstance(stop, str):
+            stop = [stop]
+        if mode is not None:
+            # The packing mode (issue 10) plugs in here: pass it to _prompt once packing has modes.
+            raise InputError(f"mode {mode!r} is not available in this version (packing has one layout)")
+        return AskOptions(
+            temperature=a.temperature if temperature is None else float(temperature),
+            max_tokens=a.max_tokens if max_tokens is None else int(max_tokens),
+            system_prompt=a.system_prompt if system_prompt is None else str(system_prompt),
+            stop=tuple(str(s) for s in (stop or ()) if s), top_k=top_k or a.top_k, mode=mode)
+
+    def _prompt(self, question: str, *, doc, top_k: int | None, options: "AskOptions | None" = None
+                ) -> "tuple[Prompt, list[str]]":
         from .context import pack
         from .errors import InputError, StoreError
         from .retrieve import expand, whole_document
 
         a, r = self.config.ask, self.config.retrieval
+        reserve = options.max_tokens if options else a.max_tokens
+        system = options.system_prompt if options else a.system_prompt
         engine = self.engine
         notes: list[str] = []
 
         def packed(passages):
             return pack(passages, question, chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
-                        n_ctx=engine.n_ctx, reserve=a.max_tokens, system=a.system_prompt)
+                        n_ctx=engine.n_ctx, reserve=reserve, system=system)
 
         def retrieve(store, *, k, source=None):
             hits = search(question, store=store, embedder=self.embedder if r.dense else None, top_k=k,
@@ -365,7 +527,8 @@ class Pipeline:
             if prompt.dropped or prompt.truncated:
                 outcome = "too long"
             else:
-                outcome = "saved" if engine.warm(prompt.prefix_tokens) else "cached"
+                with self._gate.turn():
+                    outcome = "saved" if engine.warm(prompt.prefix_tokens) else "cached"
             outcomes[source] = outcome
             if progress:
                 progress(source, outcome)
@@ -405,10 +568,13 @@ class Pipeline:
             return True
 
     def close(self) -> None:
-        for name in ("embedder", "engine", "prefix_cache"):
-            resource = self.__dict__.pop(name, None)
-            if resource is not None:
-                resource.close()
+        """Free the models. Call it when no other thread is using the pipeline."""
+        with self._making:
+            for name in ("embedder", "engine", "prefix_cache"):
+                resource = self._made.pop(name, None)
+                if resource is not None:
+                    resource.close()
+            self._made.clear()
 
     def __enter__(self) -> "Pipeline":
         return self

@@ -318,3 +318,37 @@ class LlamaLog:
     def overridden(self) -> dict[str, str]:
         """Tensor name -> buffer type, from the loader's ``buffer type overridden`` lines (debug level)."""
         return {m.group(1): m.group(3) for m in self.iter_matches(_OVERRIDE_LINE.pattern)}
+
+
+# --------------------------------------------------------------------------- abort
+
+
+class AbortFlag:
+    """llama.cpp's abort callback on one context, driven by a flag that is read without the GIL.
+
+    ``llama_set_abort_callback`` makes the CPU backend call ``cb(data)`` after every
+    graph operation (hundreds per micro-batch), on a ggml worker thread. A Python
+    callback would take the GIL each time, so a busy Python thread elsewhere in the
+    process (a web server, retrieval) would stall every ggml barrier. The callback is
+    therefore libc's ``strlen`` over a two-byte buffer: ``"\\0\\0"`` reads as length 0
+    (false: go on), ``"\\1\\0"`` as 1 (true: abort). The signatures differ only in the
+    return width, which the x86-64 and AArch64 ABIs pass in the same register, low
+    byte first. An aborted ``llama_decode`` returns 2 and llama.cpp drops the cells of
+    the unfinished micro-batch; the engine then clears its memory (see ``prefill``).
+    """
+
+    def __init__(self, ctx) -> None:
+        libc = ctypes.CDLL(None)
+        self._buf = ctypes.create_string_buffer(2)  # kept alive as long as the context uses it
+        self._callback = ctypes.cast(libc.strlen, llama_cpp.ggml_abort_callback)
+        llama_cpp.llama_set_abort_callback(ctx, self._callback, ctypes.cast(self._buf, ctypes.c_void_p))
+
+    def set(self) -> None:
+        self._buf[0] = 1
+
+    def clear(self) -> None:
+        self._buf[0] = 0
+
+    @property
+    def is_set(self) -> bool:
+        return self._buf.raw[0] == 1

@@ -150,6 +150,12 @@ class Generation:
             pass
         return self.text
 
+    def close(self) -> None:
+        """Stop generating now (the engine's sampler and counters are settled before this returns)."""
+        close = getattr(self._pieces, "close", None)
+        if close is not None:
+            close()
+
 
 class Engine:
     """One generator model in llama.cpp. The model loads on first use."""
@@ -252,6 +258,13 @@ class Engine:
         return llm
 
     @cached_property
+    def abort(self):
+        """This context's abort flag: set, it stops the running decode (see ``_llama.AbortFlag``)."""
+        from ._llama import AbortFlag
+
+        return AbortFlag(self.llm._ctx.ctx)
+
+    @cached_property
     def _vocab(self):
         import llama_cpp
 
@@ -292,16 +305,19 @@ class Engine:
 
     def chat(self, system: str, user: str) -> str:
         """``system`` and ``user`` rendered with the model's chat template, ready for the answer."""
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        if not self.info.chat_template:
+            return f"{system}\n\n{user}\n\nAnswer:"
+        return self.render(messages)
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        """``messages`` rendered with the model's chat template (which must exist)."""
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        template = self.info.chat_template
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        if not template:
-            return f"{system}\n\n{user}\n\nAnswer:"
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         m = self.llm._model
-        return env.from_string(template).render(
-            messages=messages, add_generation_prompt=True,
+        return env.from_string(self.info.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=m.token_get_text(m.token_bos()) if m.token_bos() >= 0 else "",
             eos_token=m.token_get_text(m.token_eos()) if m.token_eos() >= 0 else "",
         )
@@ -375,7 +391,7 @@ class Engine:
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 stats: EngineStats | None = None) -> Generation:
+                 stats: EngineStats | None = None, stop_tokens: Sequence[int] = ()) -> Generation:
         """Stream the completion of ``tokens``.
 
         The KV cache's common prefix with the previous prompt is reused; with a prefix
@@ -387,7 +403,8 @@ class Engine:
         stats = stats or EngineStats()
         stats.prompt_tokens = len(tokens)
         sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
-        return Generation(self._run(list(tokens), max_tokens, sampling, stats, prefix_len), stats)
+        return Generation(self._run(list(tokens), max_tokens, sampling, stats, prefix_len,
+                                    frozenset(stop_tokens)), stats)
 
     def _use_disk_cache(self, prefix_len: int, stats: EngineStats) -> bool:
         # Recurrent and hybrid models qualify too: states are saved and restored exactly at the
@@ -427,7 +444,7 @@ class Engine:
         return self.cache.save(self.namespace, prefix, self.llm._ctx.ctx) is not None
 
     def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
-             prefix_len: int = 0) -> Iterator[str]:
+             prefix_len: int = 0, stop_tokens: frozenset[int] = frozenset()) -> Iterator[str]:
         import llama_cpp
 
         llm = self.llm
@@ -474,7 +491,7 @@ class Engine:
                                              else t_first - t_prefill)
                     if stats.prefill_seconds > 0:
                         stats.prefill_tokens_per_second = stats.prefill_tokens / stats.prefill_seconds
-                if llama_cpp.llama_vocab_is_eog(self._vocab, token):
+                if llama_cpp.llama_vocab_is_eog(self._vocab, token) or token in stop_tokens:
                     break
                 n_out += 1
                 text = decoder.decode(self._piece(token))
