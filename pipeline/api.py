@@ -28,6 +28,7 @@ from .store.shared import SharedStore
 from .store.store import Store
 
 if TYPE_CHECKING:
+    from .aio import AsyncAnswerStream
     from .context import Prompt
     from .engine.generator import EngineStats, Generation
 
@@ -90,6 +91,18 @@ class AskOptions:
     mode: str | None = None
 
 
+def _merge_passages(lists):
+    """Passages of several retrievals: all of the first, then those of the others that add chunks."""
+    import dataclasses
+
+    out = []
+    for passages in lists:
+        for p in sorted(passages, key=lambda p: p.rank):
+            if not any(q.source == p.source and q.first <= p.last and p.first <= q.last for q in out):
+                out.append(dataclasses.replace(p, rank=len(out)))
+    return out
+
+
 class AnswerStream:
     """Text pieces as the model writes them; ``answer`` is complete once iteration ends.
 
@@ -128,6 +141,10 @@ class AnswerStream:
             raise Cancelled("the stream was closed before the answer was complete")
         return self.answer
 
+    def on_complete(self, callback: Callable[["Answer"], None]) -> None:
+        """Call ``callback(answer)`` when the answer is complete (not if cancelled or failed)."""
+        self._result.setdefault("callbacks", []).append(callback)
+
     def cancel(self) -> None:
         """Stop generating: a running prefill or decode stops within one micro-batch."""
         self.cancel_token.cancel()
@@ -163,8 +180,10 @@ def _stream(question, prompt, generation, notes, gate: EngineGate, stops, cancel
         finally:
             generation.close()  # sampler and counters settle while the engine is still ours
     stats = generation.stats
-    result["answer"] = Answer(question, "".join(parts).strip(), prompt.sources, stats, prompt.dropped,
-                              prompt.truncated, notes + stats.notes)
+    result["answer"] = answer = Answer(question, "".join(parts).strip(), prompt.sources, stats, prompt.dropped,
+                                       prompt.truncated, notes + stats.notes)
+    for callback in result.get("callbacks", ()):
+        callback(answer)
 
 
 class Pipeline:
@@ -411,11 +430,14 @@ class Pipeline:
     def ask_stream(self, question: str, *, doc: str | Path | None = None, top_k: int | None = None,
                    temperature: float | None = None, max_tokens: int | None = None,
                    system_prompt: str | None = None, stop: Sequence[str] | None = None,
-                   mode: str | None = None, cancel: CancelToken | None = None) -> AnswerStream:
+                   mode: str | None = None, cancel: CancelToken | None = None,
+                   history: Sequence[dict] | None = None) -> AnswerStream:
         """Like :meth:`ask`, streaming: iterate the result for text pieces as they are generated.
 
         Retrieval and packing happen here (beside any running generation); the engine
-        is taken when iteration starts (see :class:`AnswerStream`).
+        is taken when iteration starts (see :class:`AnswerStream`). ``history`` (earlier
+        ``{"role": "user"|"assistant", "content": ...}`` turns) makes it a follow-up:
+        see :meth:`chat`.
         """
         from .errors import InputError
 
@@ -423,8 +445,58 @@ class Pipeline:
             raise InputError("the question is empty")
         options = self._options(temperature=temperature, max_tokens=max_tokens, system_prompt=system_prompt,
                                 stop=stop, mode=mode, top_k=top_k)
-        prompt, notes = self._prompt(question, doc=doc, top_k=options.top_k, options=options)
+        if history:
+            from . import chat
+
+            earlier = chat.user_questions(history)
+            prompt, notes = self._prompt(chat.transcript(history, question), doc=doc, top_k=options.top_k,
+                                         options=options, queries=[*earlier[:1], chat.condense(history, question)])
+        else:
+            prompt, notes = self._prompt(question, doc=doc, top_k=options.top_k, options=options)
         return self._stream_prompt(question, prompt, notes, options, cancel=cancel)
+
+    # -- conversations (see .chat) ------------------------------------------------------------
+
+    def chat(self, question: str, *, chat_id: str | None = None, history: Sequence[dict] | None = None,
+             **options: Any) -> Answer:
+        """Answer a follow-up in a conversation: ``chat_id`` keeps the turns on disk
+        (``$RAG_HOME/chats``), or pass ``history`` yourself. Retrieval uses a condensed
+        standalone query; earlier turns sit after the documents, so the documents'
+        prefix stays cached from turn to turn. Other options as for :meth:`ask`."""
+        return self.chat_stream(question, chat_id=chat_id, history=history, **options).result()
+
+    def chat_stream(self, question: str, *, chat_id: str | None = None, history: Sequence[dict] | None = None,
+                    **options: Any) -> AnswerStream:
+        """:meth:`chat`, streaming. With ``chat_id``, the turn is saved once the answer is complete."""
+        from .chat import ChatStore
+
+        store = ChatStore(self.config.home_path / "chats") if chat_id else None
+        if store is not None and history is None:
+            history = store.history(chat_id)
+        stream = self.ask_stream(question, history=history, **options)
+        if store is not None:
+            stream.on_complete(lambda answer: store.append(chat_id, question, answer.text))
+        return stream
+
+    # -- asyncio (see .aio) -------------------------------------------------------------------
+
+    async def aask(self, question: str, **options: Any) -> Answer:
+        """:meth:`ask` for asyncio: the loop never blocks; cancelling the task cancels the call."""
+        from .aio import aask
+
+        return await aask(self, question, **options)
+
+    def aask_stream(self, question: str, **options: Any) -> "AsyncAnswerStream":
+        """:meth:`ask_stream` for asyncio: ``async for piece in rag.aask_stream(q)``, then ``.answer``."""
+        from .aio import AsyncAnswerStream
+
+        return AsyncAnswerStream(lambda cancel: self.ask_stream(question, cancel=cancel, **options))
+
+    async def asearch(self, query: str, **options: Any) -> list[Hit]:
+        """:meth:`search` in a worker thread (it never waits for the engine)."""
+        from .aio import in_thread
+
+        return await in_thread(self.search, query, **options)
 
     def _stream_prompt(self, question: str, prompt: "Prompt", notes: list[str], options: "AskOptions", *,
                        cancel: CancelToken | None) -> AnswerStream:
@@ -457,8 +529,10 @@ class Pipeline:
             system_prompt=a.system_prompt if system_prompt is None else str(system_prompt),
             stop=tuple(str(s) for s in (stop or ()) if s), top_k=top_k or a.top_k, mode=mode)
 
-    def _prompt(self, question: str, *, doc, top_k: int | None, options: "AskOptions | None" = None
-                ) -> "tuple[Prompt, list[str]]":
+    def _prompt(self, question: str, *, doc, top_k: int | None, options: "AskOptions | None" = None,
+                queries: Sequence[str] | None = None) -> "tuple[Prompt, list[str]]":
+        """The packed prompt for ``question``; retrieval uses ``queries`` (default: the question),
+        the passages of the first one first, then what the others add."""
         from .context import pack
         from .errors import InputError, StoreError
         from .retrieve import expand, whole_document
@@ -474,10 +548,13 @@ class Pipeline:
                         n_ctx=engine.n_ctx, reserve=reserve, system=system)
 
         def retrieve(store, *, k, source=None):
-            hits = search(question, store=store, embedder=self.embedder if r.dense else None, top_k=k,
-                          dense=r.dense, lexical=r.lexical, candidates=max(r.candidates, k), rrf_k=r.rrf_k,
-                          source=source, use_mmr=a.mmr, mmr_lambda=a.mmr_lambda)
-            return expand(hits, store=store, neighbours=a.neighbours)
+            found = []
+            for query in queries or [question]:
+                hits = search(query, store=store, embedder=self.embedder if r.dense else None, top_k=k,
+                              dense=r.dense, lexical=r.lexical, candidates=max(r.candidates, k), rrf_k=r.rrf_k,
+                              source=source, use_mmr=a.mmr, mmr_lambda=a.mmr_lambda)
+                found.append(expand(hits, store=store, neighbours=a.neighbours))
+            return found[0] if len(found) == 1 else _merge_passages(found)
 
         with self.store() as store:
             store.require()

@@ -259,11 +259,16 @@ def _indent(text: str, width: int = 600) -> str:
 @click.option("--stats", "show_stats", is_flag=True, help="Print the engine's figures (prefill, TTFT, decode).")
 @click.option("--ctx", "n_ctx", type=click.IntRange(min=0), help="Context length in tokens (engine.n_ctx).")
 @click.option("--max-tokens", type=click.IntRange(min=1), help="Longest answer in tokens (ask.max_tokens).")
+@click.option("--temperature", type=click.FloatRange(0, 5), help="Sampling temperature; 0 is greedy (ask.temperature).")
+@click.option("--system", "system_prompt", help="System prompt for this question (ask.system_prompt).")
+@click.option("--stop", multiple=True, help="Stop the answer at this text (repeatable).")
+@click.option("--chat", "chat_id", help="Continue (or start) the conversation ID: follow-ups keep the documents.")
 @store_options
 @json_option
 @click.pass_context
 @handles_errors
-def ask(ctx, question, doc, top_k, show_stats, n_ctx, max_tokens, collection, store_path, as_json):
+def ask(ctx, question, doc, top_k, show_stats, n_ctx, max_tokens, temperature, system_prompt, stop, chat_id,
+        collection, store_path, as_json):
     """Answer QUESTION from the collection, streaming the answer, then its sources.
 
     Retrieves passages (hybrid search plus neighbouring chunks), packs as many as fit
@@ -271,14 +276,24 @@ def ask(ctx, question, doc, top_k, show_stats, n_ctx, max_tokens, collection, st
     """
     overrides = _store_overrides(collection, store_path)
     overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
+    from .concurrency import iterate_interruptibly
+    from .errors import Cancelled
+
     with _pipeline(ctx, **overrides) as rag:
-        stream = rag.ask_stream(question, doc=doc, top_k=top_k)
-        if as_json:
-            _echo_json(stream.result().to_dict())
-            return
-        for piece in stream:
-            click.echo(piece, nl=False)
+        options = {"doc": doc, "top_k": top_k, "temperature": temperature, "system_prompt": system_prompt,
+                   "stop": list(stop) or None}
+        stream = (rag.chat_stream(question, chat_id=chat_id, **options) if chat_id
+                  else rag.ask_stream(question, **options))
+        try:  # generated in a worker thread: Ctrl-C stops a prefill within one micro-batch
+            for piece in iterate_interruptibly(stream):
+                if not as_json:
+                    click.echo(piece, nl=False)
+        except KeyboardInterrupt:
+            raise UserError(Cancelled("interrupted")) from None
         answer = stream.answer
+        if as_json:
+            _echo_json(answer.to_dict())
+            return
     click.echo()
     if answer.sources:
         click.echo("\nSources:")
@@ -510,6 +525,34 @@ def bench(names, quick, json_path, plot_path, verbose):
         click.echo(f"plot: {plot_path}")
     if not results.ok:
         raise click.ClickException("some benchmarks failed")
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (keep 127.0.0.1 "
+              "unless a token is set and the network is trusted).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True, help="TCP port.")
+@click.option("--max-body", type=click.IntRange(min=1024), default=1 << 20, show_default=True,
+              help="Largest request body in bytes.")
+@store_options
+@click.pass_context
+@handles_errors
+def serve(ctx, host, port, max_body, collection, store_path):
+    """Serve the collection over HTTP: OpenAI-compatible /v1/chat/completions with sources,
+    /search, /ingest, /status, /health. Set RAG_SERVE_TOKEN to require a bearer token.
+
+    This process owns the store and the models; ingests posted to it run in its own
+    writer while searches and answers go on.
+    """
+    import os
+
+    from .serve import TOKEN_ENV, run
+
+    token = os.environ.get(TOKEN_ENV) or None
+    if host not in ("127.0.0.1", "localhost", "::1") and not token:
+        click.echo(f"warning: listening on {host} without {TOKEN_ENV}: anyone who can reach it can use it",
+                   err=True)
+    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+        run(rag, host=host, port=port, token=token, max_body=max_body, log=lambda m: click.echo(m, err=True))
 
 
 @cli.command("config")

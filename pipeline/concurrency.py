@@ -26,9 +26,12 @@ from __future__ import annotations
 import threading
 from collections import deque
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from .errors import Cancelled
+
+if TYPE_CHECKING:
+    from .api import AnswerStream
 
 
 class CancelToken:
@@ -178,3 +181,44 @@ class EngineGate:
         with self._mu:
             if self._current is token and self._flag is not None:
                 self._flag.set()
+
+
+def iterate_interruptibly(stream: "AnswerStream") -> Iterator[str]:
+    """The stream's pieces, generated in a worker thread, so that Ctrl-C in the main thread is seen
+    at once (a signal reaches Python only between bytecodes, never inside a ``llama_decode``) and
+    cancels it: the decode stops within one micro-batch and :class:`Cancelled` is raised."""
+    import queue as queue_mod
+
+    q: queue_mod.Queue = queue_mod.Queue(maxsize=64)
+    end = object()
+
+    def work() -> None:
+        try:
+            with stream:
+                for piece in stream:
+                    q.put(piece)
+            q.put(end)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            q.put(exc)
+
+    worker = threading.Thread(target=work, name="rag-ask", daemon=True)
+    worker.start()
+    try:
+        while True:
+            try:
+                item = q.get(timeout=0.1)
+            except queue_mod.Empty:
+                continue
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    except (KeyboardInterrupt, GeneratorExit):
+        stream.cancel()
+        while worker.is_alive():  # drain so the worker is never stuck on a full queue
+            try:
+                q.get(timeout=0.05)
+            except queue_mod.Empty:
+                pass
+        raise

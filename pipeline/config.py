@@ -20,7 +20,8 @@ from .planner.spec import KV_TYPE_IDS
 
 ENV_PREFIX = "RAG_"
 # Variables with a meaning of their own, not "section_key" overrides.
-_ENV_RESERVED = {"RAG_HOME", "RAG_CONFIG", "RAG_TEST_MINILM_DIR", "RAG_LLAMA_CMAKE_ARGS"}
+_ENV_RESERVED = {"RAG_HOME", "RAG_CONFIG", "RAG_TEST_MINILM_DIR", "RAG_LLAMA_CMAKE_ARGS",
+                 "RAG_SERVE_TOKEN"}  # the token of `rag serve`: a secret, never a setting
 
 
 @dataclass(frozen=True)
