@@ -74,7 +74,7 @@ class Answer:
     notes: list[str] | None = None
 
     def to_dict(self) -> dict:
-        return {"question": self.question, "answer": self.text, "sources": self.sources,
+        return {"question": self.question, "text": self.text, "sources": self.sources,
                 "stats": self.stats.to_dict(), "dropped_passages": self.dropped_passages,
                 "truncated": self.truncated, "notes": list(self.notes or [])}
 

@@ -33,11 +33,15 @@ def _pipeline(ctx: click.Context, **overrides: Any):
 
 
 def handles_errors(fn: Callable) -> Callable:
+    """A :class:`RagError` becomes its message on stderr and its exit status; with ``--json``, also
+    ``{"schema": 1, "error": {...}, "exit_code": N}`` on stdout (see :mod:`.schemas`)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except RagError as err:
+            if kwargs.get("as_json"):
+                _echo_json({"error": {"message": str(err), "type": type(err).__name__}, "exit_code": err.exit_code})
             raise UserError(err) from None
     return wrapper
 
@@ -59,6 +63,11 @@ def _store_overrides(collection: str | None, store_path: Path | None) -> dict[st
 
 
 def _echo_json(data: Any) -> None:
+    """One JSON output; objects carry the schema version (documented in docs/json.md)."""
+    from .schemas import versioned
+
+    if isinstance(data, dict):
+        data = versioned(data)
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
@@ -224,9 +233,7 @@ def search(ctx, query, top_k, dense, lexical, collection, store_path, as_json):
     with _pipeline(ctx, **overrides) as rag:
         hits = rag.search(query, top_k=top_k)
     if as_json:
-        _echo_json([{"source": h.source, "page": h.page, "score": h.score, "text": h.text,
-                     "found_by": list(h.found_by), "chunk": h.index, "dense_rank": h.dense_rank,
-                     "lexical_rank": h.lexical_rank} for h in hits])
+        _echo_json({"query": query, "hits": [h.to_dict() for h in hits]})
         return
     if not hits:
         click.echo("no matches", err=True)

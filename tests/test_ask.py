@@ -84,7 +84,7 @@ def test_cli_ask_streams_then_lists_sources(store_dir, ingested, monkeypatch):
     assert "Sources:" in result.output and "[1] " in result.output
     assert "prefill" in result.output and "TTFT" in result.output
     data = json.loads(runner.invoke(cli, ["ask", "Where do tomatoes grow best?", "--json"]).output)
-    assert set(data) >= {"answer", "sources", "stats"}
+    assert set(data) >= {"text", "sources", "stats"}
     assert data["stats"]["prompt_tokens"] > 0 and data["sources"][0]["n"] == 1
     bad = runner.invoke(cli, ["ask", "x", "--doc", "/nonexistent.pdf"])
     assert bad.exit_code == 2 and "not in collection" in bad.output
