@@ -56,15 +56,29 @@ def template_stops(engine) -> Stops:
 def until_stop(pieces: Iterable[str], stops: Sequence[str]) -> Iterator[str]:
     """``pieces`` up to (not including) the first stop string; a stop split across pieces is caught.
 
-    Text that could be the start of a stop string is held back until it cannot be.
+    Text that could be the start of a stop string is held back until it cannot be. The
+    new-turn guard applies only once the answer has begun: a model that first repeats
+    the question ("Question: …" on a line of its own) has that line dropped instead.
     """
     if not stops:
         yield from pieces
         return
     hold = max(len(s) for s in stops) - 1
-    buf = ""
+    guard = [s.lstrip("\n") for s in stops if s in TURN_GUARD]
+    buf, started = "", False
     for piece in pieces:
         buf += piece
+        if not started:
+            lead = buf.lstrip()
+            if not lead or any(g.startswith(lead[:len(g)]) for g in guard) and "\n" not in lead:
+                continue  # nothing yet, or maybe an echoed "Question: …" line: wait for its end
+            if any(lead.startswith(g) for g in guard):
+                buf = lead.partition("\n")[2]  # drop the echoed question line
+                if not buf.strip():
+                    buf = ""
+                    continue
+            started = True
+            buf = buf.lstrip()
         hits = [i for i in (buf.find(s) for s in stops) if i >= 0]
         if hits:
             if min(hits):
@@ -74,5 +88,5 @@ def until_stop(pieces: Iterable[str], stops: Sequence[str]) -> Iterator[str]:
             cut = len(buf) - hold
             yield buf[:cut]
             buf = buf[cut:]
-    if buf:
+    if buf and started or buf.strip():
         yield buf

@@ -214,3 +214,7 @@ def test_stop_strings_split_across_pieces_are_caught():
     assert "".join(until_stop(["abc", "def"], ["\nQuestion:"])) == "abcdef"
     assert "".join(until_stop(["x<|im", "_end|>y"], ["<|im_end|>"])) == "x"
     assert "".join(until_stop(["plain"], [])) == "plain"
+    # a model that first repeats the question: that line is dropped, the guard still ends the answer
+    echoed = ["Question: What do tomato", " plants need?\nThey need sun.\n\nQuestion: what else"]
+    assert "".join(until_stop(echoed, ["\nQuestion:"])).strip() == "They need sun."
+    assert "".join(until_stop(["Quest", "ionable, but true."], ["\nQuestion:"])) == "Questionable, but true."
