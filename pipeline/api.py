@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .aio import AsyncAnswerStream
     from .context import Prompt
     from .engine.generator import EngineStats, Generation
+    from .progress import PrefillProgress
 
 
 @dataclass(frozen=True)
@@ -414,24 +415,27 @@ class Pipeline:
     def ask(self, question: str, *, doc: str | Path | None = None, top_k: int | None = None,
             temperature: float | None = None, max_tokens: int | None = None,
             system_prompt: str | None = None, stop: Sequence[str] | None = None, mode: str | None = None,
-            cancel: CancelToken | None = None) -> Answer:
+            cancel: CancelToken | None = None, progress: "Callable[[PrefillProgress], None] | None" = None
+            ) -> Answer:
         """Answer ``question`` from retrieved passages (or from one whole document with ``doc``).
 
         Options left at None come from the ``[ask]`` settings. ``stop`` strings end the
         answer (added to the defaults: the chat template's turn markers and a guard
         against invented "Question:" turns). ``cancel`` stops the call from another
-        thread (:class:`~pipeline.errors.Cancelled` is raised). Safe to call from many
-        threads: generation runs one call at a time, in arrival order.
+        thread (:class:`~pipeline.errors.Cancelled` is raised). ``progress`` receives a
+        :class:`~pipeline.progress.PrefillProgress` after each piece of the prefill. Safe to
+        call from many threads: generation runs one call at a time, in arrival order.
         """
         return self.ask_stream(question, doc=doc, top_k=top_k, temperature=temperature,
                                max_tokens=max_tokens, system_prompt=system_prompt, stop=stop, mode=mode,
-                               cancel=cancel).result()
+                               cancel=cancel, progress=progress).result()
 
     def ask_stream(self, question: str, *, doc: str | Path | None = None, top_k: int | None = None,
                    temperature: float | None = None, max_tokens: int | None = None,
                    system_prompt: str | None = None, stop: Sequence[str] | None = None,
                    mode: str | None = None, cancel: CancelToken | None = None,
-                   history: Sequence[dict] | None = None) -> AnswerStream:
+                   history: Sequence[dict] | None = None,
+                   progress: "Callable[[PrefillProgress], None] | None" = None) -> AnswerStream:
         """Like :meth:`ask`, streaming: iterate the result for text pieces as they are generated.
 
         Retrieval and packing happen here (beside any running generation); the engine
@@ -453,7 +457,7 @@ class Pipeline:
                                          options=options, queries=[*earlier[:1], chat.condense(history, question)])
         else:
             prompt, notes = self._prompt(question, doc=doc, top_k=options.top_k, options=options)
-        return self._stream_prompt(question, prompt, notes, options, cancel=cancel)
+        return self._stream_prompt(question, prompt, notes, options, cancel=cancel, progress=progress)
 
     # -- conversations (see .chat) ------------------------------------------------------------
 
@@ -499,12 +503,15 @@ class Pipeline:
         return await in_thread(self.search, query, **options)
 
     def _stream_prompt(self, question: str, prompt: "Prompt", notes: list[str], options: "AskOptions", *,
-                       cancel: CancelToken | None) -> AnswerStream:
+                       cancel: CancelToken | None, progress=None) -> AnswerStream:
+        from .progress import tracker
+
         stops = self.stops.with_strings(options.stop)
         generation = self.engine.generate(prompt.tokens, max_tokens=options.max_tokens,
                                           temperature=options.temperature,
                                           repeat_penalty=self.config.ask.repeat_penalty,
-                                          prefix_len=len(prompt.prefix_tokens), stop_tokens=stops.tokens)
+                                          prefix_len=len(prompt.prefix_tokens), stop_tokens=stops.tokens,
+                                          progress=tracker(progress) if progress else None)
         return AnswerStream(question, prompt, generation, notes, gate=self._gate, stops=stops.strings,
                             cancel=cancel)
 

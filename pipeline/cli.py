@@ -288,7 +288,8 @@ def ask(ctx, question, doc, top_k, show_stats, n_ctx, max_tokens, temperature, s
 
     with _pipeline(ctx, **overrides) as rag:
         options = {"doc": doc, "top_k": top_k, "temperature": temperature, "system_prompt": system_prompt,
-                   "stop": list(stop) or None}
+                   "stop": list(stop) or None,
+                   "progress": _PrefillLine() if not as_json and sys.stderr.isatty() else None}
         stream = (rag.chat_stream(question, chat_id=chat_id, **options) if chat_id
                   else rag.ask_stream(question, **options))
         try:  # generated in a worker thread: Ctrl-C stops a prefill within one micro-batch
@@ -317,6 +318,20 @@ def ask(ctx, question, doc, top_k, show_stats, n_ctx, max_tokens, temperature, s
             f"prefill {st.prefill_seconds:.2f} s at {st.prefill_tokens_per_second:,.0f} tok/s | "
             f"TTFT {st.ttft_seconds:.2f} s | decode {st.decode_tokens} tokens at "
             f"{st.decode_tokens_per_second:.1f} tok/s | model load {st.load_seconds:.2f} s", err=True)
+
+
+class _PrefillLine:
+    """Prefill progress on one stderr line, shown once a prefill has taken more than a second."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, p) -> None:
+        if p.seconds < 1.0 and not self.shown:
+            return
+        self.shown = True
+        end = "\n" if p.finished else ""
+        click.echo("\r\033[K" + p.describe() + end, err=True, nl=False)
 
 
 @cli.command()

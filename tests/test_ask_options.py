@@ -55,3 +55,14 @@ def test_gemma_base_model_stops_instead_of_inventing_new_turns(make_pipeline, in
     rag._made["stops"] = Stops()  # the same prompt without any stop: the failure the guard prevents
     runaway = rag.ask(Q)
     assert "\nQuestion:" in runaway.text and answer.text in runaway.text
+
+
+def test_prefill_progress_is_reported_to_a_callback(make_pipeline, ingested):
+    rag = make_pipeline(**{**FAST, "engine__n_batch": 64, "engine__n_ubatch": 64, "cache__enabled": False})
+    seen = []
+    answer = rag.ask("Which fruit is rich in potassium?", progress=seen.append)
+    total = answer.stats.prefill_tokens
+    assert len(seen) >= total // 64 and seen[-1].done == seen[-1].total == total and seen[-1].finished
+    assert [p.done for p in seen] == sorted(p.done for p in seen) and seen[0].done == 0
+    assert seen[-1].tokens_per_second > 0 and "tok/s" in seen[-1].describe()
+    assert any(p.eta_seconds is not None for p in seen[1:-1])

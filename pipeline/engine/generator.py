@@ -367,8 +367,12 @@ class Engine:
         views = tuple(np.ctypeslib.as_array(ptr, shape=(n,)) for ptr in (raw.token, raw.pos, raw.logits))
         return (*views, np.arange(n, dtype=np.int32))
 
-    def prefill(self, tokens: Sequence[int], *, start: int = 0) -> None:
-        """Decode ``tokens[start:]`` in ``n_batch`` pieces, logits for the last token only."""
+    def prefill(self, tokens: Sequence[int], *, start: int = 0,
+                progress: Callable[[int], None] | None = None) -> None:
+        """Decode ``tokens[start:]`` in ``n_batch`` pieces, logits for the last token only.
+
+        ``progress(position)`` is called after each piece with the tokens in the KV cache.
+        """
         import numpy as np
 
         llm = self.llm
@@ -388,10 +392,13 @@ class Engine:
                 self._reset()
                 raise EngineError(f"llama.cpp failed during prefill at token {lo}: {exc}") from None
             self._tokens.extend(tokens[lo:lo + n])
+            if progress is not None:
+                progress(lo + n)
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 stats: EngineStats | None = None, stop_tokens: Sequence[int] = ()) -> Generation:
+                 stats: EngineStats | None = None, stop_tokens: Sequence[int] = (),
+                 progress: Callable[[int, int], None] | None = None) -> Generation:
         """Stream the completion of ``tokens``.
 
         The KV cache's common prefix with the previous prompt is reused; with a prefix
@@ -404,7 +411,7 @@ class Engine:
         stats.prompt_tokens = len(tokens)
         sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
         return Generation(self._run(list(tokens), max_tokens, sampling, stats, prefix_len,
-                                    frozenset(stop_tokens)), stats)
+                                    frozenset(stop_tokens), progress), stats)
 
     def _use_disk_cache(self, prefix_len: int, stats: EngineStats) -> bool:
         # Recurrent and hybrid models qualify too: states are saved and restored exactly at the
@@ -444,7 +451,8 @@ class Engine:
         return self.cache.save(self.namespace, prefix, self.llm._ctx.ctx) is not None
 
     def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
-             prefix_len: int = 0, stop_tokens: frozenset[int] = frozenset()) -> Iterator[str]:
+             prefix_len: int = 0, stop_tokens: frozenset[int] = frozenset(),
+             progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
         import llama_cpp
 
         llm = self.llm
@@ -467,11 +475,17 @@ class Engine:
         llama_cpp.llama_synchronize(ctx)  # anything pending is booked before the counters restart
         llama_cpp.llama_perf_context_reset(ctx)
         t_prefill = time.perf_counter()
+
+        def done(position: int) -> None:  # progress as (tokens prefilled, tokens to prefill)
+            if progress is not None:
+                progress(position - reused, len(tokens) - reused)
+
+        done(reused)
         if len(self._tokens) < prefix_len:
-            self.prefill(tokens[:prefix_len], start=len(self._tokens))
+            self.prefill(tokens[:prefix_len], start=len(self._tokens), progress=done)
             if disk and self.cache.save(self.namespace, tokens[:prefix_len], ctx) is None and self.cache.last_error:
                 stats.notes.append(f"prefix state not saved: {self.cache.last_error}")
-        self.prefill(tokens, start=len(self._tokens))
+        self.prefill(tokens, start=len(self._tokens), progress=done)
         stats.prefill_tokens = len(tokens) - reused
 
         sampler = self._sampler(*sampling)
