@@ -195,7 +195,7 @@ class Pipeline:
         self._log = log
         self._made: dict[str, Any] = {}  # models and caches, created once (see _resource)
         self._making = threading.RLock()
-        self._gate = EngineGate(lambda: self.engine.abort)
+        self._pool: list[tuple[Any, EngineGate]] = []  # (engine, its gate); grows to engine.parallel
         self._stores = SharedStore(self.config.store_path, wait=self.config.store.wait)
 
     @classmethod
@@ -244,17 +244,50 @@ class Pipeline:
 
     @property
     def engine(self):
-        def make():
-            from .engine.generator import Engine
+        """The (first) generator engine: tokenising, templates and, with ``engine.parallel = 1``, every answer."""
+        return self._resource("engine", self._new_engine)
 
-            path = models.resolve(self.config.models.generator, home=self.config.home_path,
-                                  what="generator", log=self._log)
-            engine = Engine(path, self.engine_settings(path), log=self._log, cache=self.prefix_cache,
-                            cache_min_tokens=self.config.cache.min_tokens)
-            engine.llm  # loaded here, once
-            return engine
+    def _new_engine(self):
+        import dataclasses
 
-        return self._resource("engine", make)
+        from .engine.embed import usable_cpus
+        from .engine.generator import Engine
+
+        path = models.resolve(self.config.models.generator, home=self.config.home_path,
+                              what="generator", log=self._log)
+        settings = self.engine_settings(path)
+        if settings.parallel > 1 and settings.threads == 0:  # engines share the cores, not oversubscribe them
+            settings = dataclasses.replace(settings, threads=max(1, usable_cpus() // settings.parallel))
+        engine = Engine(path, settings, log=self._log, cache=self.prefix_cache,
+                        cache_min_tokens=self.config.cache.min_tokens)
+        engine.llm  # loaded here, once
+        return engine
+
+    @property
+    def _gate(self) -> EngineGate:
+        """The first engine's gate (warm-ups and single-engine use)."""
+        return self._engines()[0][1]
+
+    def _engines(self) -> list[tuple[Any, EngineGate]]:
+        with self._making:
+            if not self._pool:
+                first = self.engine
+                self._pool.append((first, EngineGate(lambda: first.abort)))
+            return list(self._pool)
+
+    def _pick_engine(self) -> tuple[Any, EngineGate]:
+        """The engine with the shortest queue; another one is loaded while all are busy and
+        fewer than ``engine.parallel`` exist. With one engine, calls queue first come, first served."""
+        pool = self._engines()
+        free = [p for p in pool if not p[1].lock.locked and not p[1].lock.waiting]
+        if free:
+            return free[0]
+        with self._making:
+            if len(self._pool) < self.config.engine.parallel:
+                engine = self._new_engine()
+                self._pool.append((engine, EngineGate(lambda: engine.abort)))
+                return self._pool[-1]
+            return min(self._pool, key=lambda p: p[1].lock.waiting + p[1].lock.locked)
 
     @property
     def stops(self) -> Stops:
@@ -507,12 +540,13 @@ class Pipeline:
         from .progress import tracker
 
         stops = self.stops.with_strings(options.stop)
-        generation = self.engine.generate(prompt.tokens, max_tokens=options.max_tokens,
+        engine, gate = self._pick_engine()
+        generation = engine.generate(prompt.tokens, max_tokens=options.max_tokens,
                                           temperature=options.temperature,
                                           repeat_penalty=self.config.ask.repeat_penalty,
                                           prefix_len=len(prompt.prefix_tokens), stop_tokens=stops.tokens,
                                           progress=tracker(progress) if progress else None)
-        return AnswerStream(question, prompt, generation, notes, gate=self._gate, stops=stops.strings,
+        return AnswerStream(question, prompt, generation, notes, gate=gate, stops=stops.strings,
                             cancel=cancel)
 
     def _options(self, *, temperature, max_tokens, system_prompt, stop, mode, top_k) -> "AskOptions":
@@ -654,6 +688,9 @@ class Pipeline:
     def close(self) -> None:
         """Free the models. Call it when no other thread is using the pipeline."""
         with self._making:
+            for engine, _ in self._pool[1:]:
+                engine.close()
+            self._pool.clear()
             for name in ("embedder", "engine", "prefix_cache"):
                 resource = self._made.pop(name, None)
                 if resource is not None:

@@ -100,6 +100,7 @@ class EngineConfig:
     rope_freq_scale: float = 0.0
     seed: int = 0
     tuned: bool = True
+    parallel: int = 1  # engines (llama.cpp contexts) answering concurrent questions in one process
 
 
 @dataclass(frozen=True)
@@ -192,6 +193,8 @@ class Config:
             raise ConfigError(f"engine.cpu_moe_from must be 'first' or 'last', got {e.cpu_moe_from!r}")
         if e.rope_scaling not in ("", "none", "linear", "yarn"):
             raise ConfigError(f"engine.rope_scaling must be '', 'linear' or 'yarn', got {e.rope_scaling!r}")
+        if not 1 <= e.parallel <= 64:
+            raise ConfigError(f"engine.parallel must be between 1 and 64 (got {e.parallel})")
         if e.n_cpu_moe < 0 or e.threads < 0 or e.threads_batch < 0:
             raise ConfigError("engine.n_cpu_moe, engine.threads and engine.threads_batch must be >= 0")
         a = self.ask

@@ -218,3 +218,22 @@ def test_stop_strings_split_across_pieces_are_caught():
     echoed = ["Question: What do tomato", " plants need?\nThey need sun.\n\nQuestion: what else"]
     assert "".join(until_stop(echoed, ["\nQuestion:"])).strip() == "They need sun."
     assert "".join(until_stop(["Quest", "ionable, but true."], ["\nQuestion:"])) == "Questionable, but true."
+
+
+def test_an_engine_pool_answers_concurrent_questions_identically(make_pipeline, ingested):
+    rag = make_pipeline(**FAST, engine__parallel=2)
+    expected = {q: rag.ask(q).text for q in QUESTIONS[:2]}
+    out: dict = {}
+
+    def asker(t: int) -> None:
+        for i in range(2):
+            q = QUESTIONS[(t + i) % 2]
+            out[t, i] = (q, rag.ask(q).text)
+
+    threads = [threading.Thread(target=asker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(600)
+    assert len(out) == 8 and all(text == expected[q] for q, text in out.values())
+    assert len(rag._pool) == 2  # the second engine was loaded while the first was busy
