@@ -686,11 +686,21 @@ class Pipeline:
             return True
 
     def close(self) -> None:
-        """Free the models. Call it when no other thread is using the pipeline."""
+        """Free the models. Answers still running are stopped first (an engine that stays busy
+        for 10 s, e.g. held by a stream kept alive and never finished, is left loaded)."""
         with self._making:
-            for engine, _ in self._pool[1:]:
-                engine.close()
+            busy = []
+            for engine, gate in self._pool:
+                if gate.stop():
+                    if engine is not self._made.get("engine"):
+                        engine.close()
+                else:
+                    busy.append(engine)
             self._pool.clear()
+            if self._made.get("engine") in busy:
+                self._made.pop("engine")
+                if self._log:
+                    self._log("warning: an engine was still in use at close: left loaded")
             for name in ("embedder", "engine", "prefix_cache"):
                 resource = self._made.pop(name, None)
                 if resource is not None:

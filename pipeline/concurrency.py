@@ -97,26 +97,28 @@ class FairLock:
     def locked(self) -> bool:
         return self._held
 
-    def acquire(self, *, cancel: CancelToken | None = None) -> None:
+    def acquire(self, *, cancel: CancelToken | None = None, timeout: float | None = None) -> bool:
+        """Wait for the lock (in arrival order); False after ``timeout`` seconds without it."""
         with self._mu:
             if not self._held and not self._queue:
                 self._held = True
-                return
+                return True
             turn = threading.Event()
             self._queue.append(turn)
         unregister = cancel.on_cancel(turn.set) if cancel else (lambda: None)
         try:
-            turn.wait()
+            turn.wait(timeout)
         finally:
             unregister()
         with self._mu:
             granted = turn not in self._queue  # release() pops a turn when it hands the lock over
-            if not granted:  # woken by the cancel, still waiting: leave the queue
+            if not granted:  # woken by the cancel or the timeout, still waiting: leave the queue
                 self._queue.remove(turn)
         if cancel is not None and cancel.cancelled:
             if granted:
                 self.release()
             raise Cancelled("cancelled while waiting for the engine")
+        return granted
 
     def release(self) -> None:
         with self._mu:
@@ -176,6 +178,16 @@ class EngineGate:
                 if self._flag is not None:
                     self._flag.clear()
             self.lock.release()
+
+    def stop(self, *, timeout: float = 10.0) -> bool:
+        """Abort what runs, wait (up to ``timeout``) for the engine to be free, and keep it.
+
+        For closing: False if it stayed busy (a stream kept alive and never finished).
+        """
+        with self._mu:
+            if self._flag is not None and self.lock.locked:
+                self._flag.set()
+        return self.lock.acquire(timeout=timeout)
 
     def _abort_if_current(self, token: CancelToken) -> None:
         with self._mu:

@@ -102,6 +102,14 @@ class IngestWriter:
             self._cv.notify()
         return job
 
+    @property
+    def busy(self) -> bool:
+        return any(j.state in ("queued", "running") for j in list(self.jobs.values()))
+
+    def wait_idle(self, poll: float = 0.2) -> None:
+        while self.busy:
+            time.sleep(poll)
+
     def _run(self) -> None:
         while True:
             with self._cv:
@@ -370,7 +378,17 @@ def run(rag: "Pipeline", *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, t
     """Serve ``rag`` until interrupted (uvicorn; one process, one event loop)."""
     import uvicorn
 
+    import os
+
     app = create_app(rag, token=token, max_body=max_body)
     log(f"serving {rag.config.store.collection!r} on http://{host}:{port} "
         f"({'bearer token required' if token else 'no token: local use only'})")
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, timeout_graceful_shutdown=10)
+    writer: IngestWriter = app.state.writer
+    if writer.busy:
+        log("waiting for the running ingest to finish (Ctrl-C again stops now: the store is crash-safe, "
+            "the next ingest finishes the job)")
+        try:
+            writer.wait_idle()
+        except KeyboardInterrupt:
+            os._exit(130)  # the writer thread is mid-document; freeing the models under it would crash

@@ -237,3 +237,26 @@ def test_an_engine_pool_answers_concurrent_questions_identically(make_pipeline, 
         th.join(600)
     assert len(out) == 8 and all(text == expected[q] for q, text in out.values())
     assert len(rag._pool) == 2  # the second engine was loaded while the first was busy
+
+
+def test_close_while_a_stream_runs_stops_it_instead_of_freeing_the_model_under_it(make_pipeline, ingested):
+    from pipeline.errors import EngineError
+
+    rag = make_pipeline(**FAST)
+    stream = rag.ask_stream("What does --n-cpu-moe do?")
+    it = iter(stream)
+    next(it)
+    out = {}
+
+    def rest() -> None:
+        try:
+            out["text"] = "".join(it)
+        except (EngineError, Cancelled) as exc:
+            out["error"] = exc
+
+    th = threading.Thread(target=rest)
+    th.start()
+    rag.close()  # waits for (and aborts) the running decode before freeing anything
+    th.join(30)
+    assert not th.is_alive() and out
+    assert rag.ask("What do tomato plants need?").text  # a closed pipeline loads its models again
