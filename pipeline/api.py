@@ -497,7 +497,7 @@ class Pipeline:
     def chat(self, question: str, *, chat_id: str | None = None, history: Sequence[dict] | None = None,
              **options: Any) -> Answer:
         """Answer a follow-up in a conversation: ``chat_id`` keeps the turns on disk
-        (``$RAG_HOME/chats``), or pass ``history`` yourself. Retrieval uses a condensed
+        (``chats/`` in the store directory), or pass ``history`` yourself. Retrieval uses a condensed
         standalone query; earlier turns sit after the documents, so the documents'
         prefix stays cached from turn to turn. Other options as for :meth:`ask`."""
         return self.chat_stream(question, chat_id=chat_id, history=history, **options).result()
@@ -507,7 +507,7 @@ class Pipeline:
         """:meth:`chat`, streaming. With ``chat_id``, the turn is saved once the answer is complete."""
         from .chat import ChatStore
 
-        store = ChatStore(self.config.home_path / "chats") if chat_id else None
+        store = ChatStore(self.config.store_path / "chats") if chat_id else None
         if store is not None and history is None:
             history = store.history(chat_id)
         stream = self.ask_stream(question, history=history, **options)

@@ -12,7 +12,7 @@ on disk) serves every turn of the conversation:
     system · documents · Question: q1 / Answer: a1 · … · Question: qN · (answer)
 
 ``rag ask --chat ID`` and ``Pipeline.chat(..., chat_id=ID)`` keep the turns in
-``$RAG_HOME/chats/ID.json``; the HTTP server takes them from the request's messages.
+``chats/ID.json`` in the store directory; the HTTP server takes them from the request's messages.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def test_chat_follow_up_keeps_documents_and_reports_cached_tokens(make_pipeline,
     # everything up to the turns (system + documents) came from the KV cache
     assert follow.stats.cached_tokens > 0.6 * first.stats.prompt_tokens, (
         follow.stats.cached_tokens, first.stats.prompt_tokens)
-    saved = json.loads((rag.config.home_path / "chats" / "t1.json").read_text())
+    saved = json.loads((rag.config.store_path / "chats" / "t1.json").read_text())
     assert [t["role"] for t in saved["turns"]] == ["user", "assistant", "user", "assistant"]
     assert saved["turns"][2]["content"] == "And what does flash attention reduce?"
 
