@@ -330,22 +330,14 @@ class Engine:
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.llm._ctx.ctx), True)
         self._tokens = []
 
-    def _keep_prefix(self, tokens: Sequence[int], *, limit: int, boundary: int = 0) -> int:
-        """Keep the longest common prefix (at most ``limit`` tokens) of the KV cache and ``tokens``.
-
-        Only whole ``n_batch`` pieces are kept, or exactly ``boundary`` tokens (the prompt's
-        prefix): what remains is then decoded in the very pieces a fresh prefill uses, so
-        reuse never changes the numbers and greedy answers do not depend on what ran before
-        (llama.cpp's results vary slightly with how a batch is cut).
-        """
+    def _keep_prefix(self, tokens: Sequence[int], *, limit: int) -> int:
+        """Keep the longest common prefix (at most ``limit`` tokens) of the KV cache and ``tokens``."""
         import llama_cpp
 
         n = 0
         limit = min(len(self._tokens), len(tokens), limit)
         while n < limit and self._tokens[n] == tokens[n]:
             n += 1
-        if n != boundary or not boundary:
-            n -= n % self.llm.n_batch
         if n == len(self._tokens):
             return n
         if n and not self.can_trim:
@@ -454,7 +446,7 @@ class Engine:
         prefix = list(prefix)
         if self.cache.lookup(self.namespace, prefix, max_tokens=len(prefix), min_tokens=len(prefix)):
             return False
-        self._keep_prefix(prefix, limit=len(prefix), boundary=len(prefix))
+        self._keep_prefix(prefix, limit=len(prefix))
         self.prefill(prefix, start=len(self._tokens))
         return self.cache.save(self.namespace, prefix, self.llm._ctx.ctx) is not None
 
@@ -471,8 +463,7 @@ class Engine:
         # prefix_len is reused: a restored or reused prefix then leaves the computation
         # exactly as it is without any cache, so greedy answers match token for token.
         # At least one token is always decoded: sampling needs its logits.
-        reused = self._keep_prefix(tokens, limit=min(prefix_len or len(tokens), len(tokens) - 1),
-                                   boundary=prefix_len)
+        reused = self._keep_prefix(tokens, limit=min(prefix_len or len(tokens), len(tokens) - 1))
         if reused:
             stats.cache = "memory"
         disk = self._use_disk_cache(prefix_len, stats)
