@@ -17,7 +17,7 @@ once and only the second instruction after it.
    nothing loaded), against the job's wall time. Target: under 1 %.
 
     .venv/bin/python benchmarks/summarize.py [--docs N] [--repeat 2] [--quick] [--max-tokens 32] [--json OUT]
-    .venv/bin/python benchmarks/summarize.py --decode-batch   # two sequences per decode vs one at a time
+    .venv/bin/python benchmarks/summarize.py --decode-batch   # k prompts decoded together vs one at a time
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -40,10 +41,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import llama_cpp  # noqa: E402
 
-from pipeline import Pipeline  # noqa: E402
-from pipeline.context import pack  # noqa: E402
+from pipeline import Pipeline, packing  # noqa: E402
+from pipeline.context import section_prompt  # noqa: E402
 from pipeline.engine.embed import usable_cpus  # noqa: E402
-from pipeline.retrieve import whole_document  # noqa: E402
+from pipeline.summarize import sections_of  # noqa: E402
 from prefill import BareLoop  # noqa: E402
 
 PROMPTS = ["Summarise the document in three sentences.", "List every command-line flag and setting it names."]
@@ -67,60 +68,71 @@ def bare_extend(bare: BareLoop, tokens: list[int], start: int) -> float:
     return llama_cpp.llama_perf_context(bare.ctx).t_p_eval_ms / 1000
 
 
-def batched_decode(model_path: Path, *, threads: int, prompt_tokens: int = 256, steps: int = 24,
+def batched_decode(rag: Pipeline, *, sequences: Sequence[int] = (2, 4), max_tokens: int = 32,
                    repeat: int = 3) -> dict:
-    """Decode ``steps`` tokens for two sequences sharing one prompt: one token per decode call, one sequence
-    after the other, against both sequences' tokens in one decode call. Medians of ``repeat`` interleaved runs."""
-    mp = llama_cpp.llama_model_default_params()
-    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(), mp)
-    cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch, cp.n_seq_max = 2048, 512, 512, 2
-    cp.n_threads = cp.n_threads_batch = threads
-    ctx = llama_cpp.llama_init_from_model(model, cp)
-    mem = llama_cpp.llama_get_memory(ctx)
-    batch = llama_cpp.llama_batch_init(512, 0, 2)
-    vocab = llama_cpp.llama_model_get_vocab(model)
-    n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+    """Several prompts over one document: ``Engine.generate_many`` with ``n_seq_max`` = k (one decode call
+    per step for all k) against the same prompts one at a time (``n_seq_max`` 1), interleaved ``repeat``
+    times in one run. The document's prefix is in memory for both (a first call prefilled it), so the
+    wall time is the suffixes' prefill and the answers' decode. Outputs must be equal (greedy).
+    Each k runs in its own engine (``n_seq_max`` is a context setting); the engines share the
+    prefix through the prefix cache, so it is prefilled once."""
+    from pipeline.engine.generator import Engine
 
-    def decode(items):  # (token, position, sequence) per slot, logits for each
-        for i, (tok, pos, seq) in enumerate(items):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = tok, pos, 1, seq, 1
-        batch.n_tokens = len(items)
-        assert llama_cpp.llama_decode(ctx, batch) == 0
+    engine = rag.engine
+    with rag.store() as store:
+        source = sorted(store.documents(), key=lambda s: store.documents()[s].n_tokens)[0]
+        shelf = sections_of(store, source, target=rag.section_tokens)
+    layout = rag._layout
+    memo = packing.SectionTokens(engine.tokenize)
+    questions = ["Summarise the document in three sentences.", "List every command-line flag it names.",
+                 "Which numbers does it give, and for what?", "Who should read it, and why?"]
+    k_max = max(sequences)
+    packed = packing.number(shelf, shelf.sections, memo)
+    prompts = [section_prompt(layout, packed, q, tokenize=engine.tokenize, mode="whole")
+               for q in (questions * k_max)[:k_max]]
+    prefix_len, boundaries = len(prompts[0].prefix_tokens), prompts[0].boundaries
+    kw = dict(max_tokens=max_tokens, temperature=0.0, repeat_penalty=rag.config.summarize.repeat_penalty,
+              prefix_len=prefix_len, boundaries=boundaries)
+    def make(k: int) -> Engine:  # the prefix is prefilled once, by the first; the others restore it from disk
+        return Engine(engine.model_path, dataclasses.replace(engine.settings, n_seq_max=k), cache=rag.prefix_cache,
+                      cache_min_tokens=16)
 
-    def prefill():
-        llama_cpp.llama_memory_clear(mem, True)
-        for lo in range(0, prompt_tokens, 512):
-            m = min(512, prompt_tokens - lo)
-            for i in range(m):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0] = (lo + i) % n_vocab, lo + i, 1, 0
-                batch.logits[i] = 0
-            batch.logits[m - 1] = 1
-            batch.n_tokens = m
-            assert llama_cpp.llama_decode(ctx, batch) == 0
-        llama_cpp.llama_memory_seq_cp(mem, 0, 1, -1, -1)
-
-    times = {"one sequence at a time": [], "two sequences per decode": []}
+    engines = {k: make(k) for k in (1, *sequences)}
+    walls: dict[tuple[str, int], list[float]] = {}
+    tokens: dict[tuple[str, int], int] = {}
+    identical: dict[int, int] = {}
+    prompts_run: dict[int, int] = {}
     try:
+        for e in engines.values():  # the prefix into memory; not timed
+            e.generate(prompts[0].tokens, **{**kw, "max_tokens": 1}).read()
         for _ in range(repeat):
-            prefill()
-            t0 = time.perf_counter()
-            for seq in (0, 1):
-                for k in range(steps):
-                    decode([(100 + k, prompt_tokens + k, seq)])
-            llama_cpp.llama_synchronize(ctx)
-            times["one sequence at a time"].append(time.perf_counter() - t0)
-            prefill()
-            t0 = time.perf_counter()
-            for k in range(steps):
-                decode([(100 + k, prompt_tokens + k, 0), (100 + k, prompt_tokens + k, 1)])
-            llama_cpp.llama_synchronize(ctx)
-            times["two sequences per decode"].append(time.perf_counter() - t0)
+            for k in sequences:
+                run = [p.tokens for p in prompts[:k]]
+                t0 = time.perf_counter()
+                alone = [engines[1].generate(p, **kw) for p in run]
+                alone_texts = [g.read() for g in alone]
+                walls.setdefault(("alone", k), []).append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                together = engines[k].generate_many(run, **kw)
+                walls.setdefault(("together", k), []).append(time.perf_counter() - t0)
+                same = [c.text == t for c, t in zip(together, alone_texts)]
+                identical[k] = identical.get(k, 0) + sum(same)
+                prompts_run[k] = prompts_run.get(k, 0) + len(same)
+                tokens[("alone", k)] = sum(g.stats.decode_tokens for g in alone)
+                tokens[("together", k)] = sum(c.stats.decode_tokens for c in together)
     finally:
-        llama_cpp.llama_batch_free(batch)
-        llama_cpp.llama_free(ctx)
-        llama_cpp.llama_model_free(model)
-    return {k: 2 * steps / statistics.median(v) for k, v in times.items()}
+        for e in engines.values():
+            e.close()
+    out = {"prefix_tokens": prefix_len, "max_tokens": max_tokens, "repeat": repeat, "rows": [],
+           "threads": engine.settings.threads or usable_cpus()}
+    for k in sequences:
+        a, t = walls[("alone", k)], walls[("together", k)]
+        ratios = sorted(x / y for x, y in zip(a, t))
+        out["rows"].append({"sequences": k, "output_tokens": tokens[("alone", k)],
+                            "alone_seconds": statistics.median(a), "together_seconds": statistics.median(t),
+                            "ratio": statistics.median(ratios), "ratio_min": ratios[0], "ratio_max": ratios[-1],
+                            "identical": identical[k], "answers": prompts_run[k]})
+    return out
 
 
 def main(argv=None) -> int:
@@ -131,21 +143,13 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="the smallest sample, one run")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--decode-batch", action="store_true",
-                    help="only measure decoding two sequences per batch against one at a time, then stop")
+                    help="only measure k prompts over one document decoded together (engine.n_seq_max = k) "
+                         "against one at a time, then stop")
     args = ap.parse_args(argv)
     if args.quick:
         args.docs, args.repeat = 1, 1
     if args.decode_batch:
-        from pipeline.models import resolve
-
-        rag = Pipeline.from_config()
-        path = resolve(rag.config.models.generator, home=rag.config.home_path)
-        threads = rag.config.engine.threads or usable_cpus()
-        rates = batched_decode(path, threads=threads)
-        for name, rate in rates.items():
-            print(f"{name:28} {rate:7.1f} tokens/s (both sequences together)")
-        print(f"ratio: {rates['two sequences per decode'] / rates['one sequence at a time']:.2f}x")
-        return 0
+        return decode_batch_main(args)
 
     work = Path(tempfile.mkdtemp(prefix="rag-bench-summarize-"))
     docs = work / "docs"
@@ -233,17 +237,45 @@ def main(argv=None) -> int:
     return 0
 
 
+def decode_batch_main(args) -> int:
+    work = Path(tempfile.mkdtemp(prefix="rag-bench-decode-"))
+    try:
+        docs = work / "docs"
+        docs.mkdir()
+        shutil.copy(sorted((ROOT / "samples").iterdir(), key=lambda p: p.stat().st_size)[0], docs)
+        rag = Pipeline.from_config(overrides={"store.path": str(work / "store"), "store.collection": "bench",
+                                              "cache.path": str(work / "cache"), "engine.n_ctx": 8192})
+        rag.ingest([docs])
+        r = batched_decode(rag, max_tokens=args.max_tokens, repeat=args.repeat)
+        rag.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"k prompts over one {r['prefix_tokens']:,}-token document (in memory), answers of at most "
+          f"{r['max_tokens']} tokens, greedy; medians of {r['repeat']} interleaved runs")
+    print(f"{r['threads']} threads")
+    print(f"{'k':>3}{'tokens':>8}{'one at a time s':>17}{'together s':>12}{'ratio':>8}   spread (min-max)"
+          "   answers identical to one at a time")
+    for row in r["rows"]:
+        print(f"{row['sequences']:>3}{row['output_tokens']:>8}{row['alone_seconds']:>17.2f}"
+              f"{row['together_seconds']:>12.2f}{row['ratio']:>7.2f}x   {row['ratio_min']:.2f}-{row['ratio_max']:.2f}"
+              f"{'':12}{row['identical']} of {row['answers']}")
+    if args.json:
+        args.json.write_text(json.dumps(r, indent=2))
+    return 0
+
+
 def bare_pass(rag: Pipeline, max_tokens: int) -> tuple[float, int]:
     """The job's unique tokens through :class:`BareLoop`: each document's prompt once, then the second
     instruction after the document. Returns (prefill seconds from llama.cpp's counters, tokens)."""
     engine = rag.engine
+    memo = packing.SectionTokens(engine.tokenize)
     with rag.store() as store:
-        prompts = []
-        for source in sorted(store.documents()):
-            passages = whole_document(source, store=store)
-            prompts.append([pack(passages, q, chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
-                                 n_ctx=engine.n_ctx, reserve=max_tokens, system=rag.config.ask.system_prompt)
-                            for q in PROMPTS])
+        shelves = [sections_of(store, source, target=rag.section_tokens) for source in sorted(store.documents())]
+    prompts = []
+    for shelf in shelves:  # the prompts summarize builds: ask's layout, the instruction last
+        packed = packing.number(shelf, shelf.sections, memo)
+        prompts.append([section_prompt(rag._layout, packed, q, tokenize=engine.tokenize, mode="whole")
+                        for q in PROMPTS])
     cfg = dataclasses.replace(engine.settings, threads=engine.settings.threads or usable_cpus())
     bare = BareLoop(engine.model_path, cfg, n_ctx=engine.n_ctx, use_mmap=engine.use_mmap, expert_layers=[])
     seconds, tokens = 0.0, 0

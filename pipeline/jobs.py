@@ -31,7 +31,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from .errors import StoreError
 
@@ -146,6 +146,21 @@ class JobStore:
         self.db.execute("INSERT OR REPLACE INTO units VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (unit.key, doc_key, prompt_key, unit.kind, idx, unit.text, unit.prompt_tokens,
                          unit.prefill_tokens, unit.decode_tokens, unit.seconds, time.time()))
+        self._committed()
+
+    def commit_units(self, units: Sequence[tuple[Unit, str, str, str]]) -> None:
+        """Commit ``(unit, doc_key, prompt_key, idx)`` rows in one transaction (one commit): units decoded
+        together are finished together, so a resumed job decodes the same group again, never part of it."""
+        now = time.time()
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self.db.executemany("INSERT OR REPLACE INTO units VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                [(u.key, dk, pk, u.kind, idx, u.text, u.prompt_tokens, u.prefill_tokens,
+                                  u.decode_tokens, u.seconds, now) for u, dk, pk, idx in units])
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
         self._committed()
 
     def result(self, key: str) -> StoredResult | None:

@@ -390,8 +390,9 @@ class Job:
         if not pending:
             return texts
         t0 = time.perf_counter()
-        results = self._generate([p for *_, p in pending])
+        results, together = self._generate([p for *_, p in pending])
         seconds = (time.perf_counter() - t0) / len(pending)
+        rows = []
         for (i, s, key, p), (text, st) in zip(pending, results):
             if p.truncated:
                 s.notes.append(f"a {kind} prompt's only passage was cut to fit the context")
@@ -403,16 +404,20 @@ class Job:
             for note in st.notes:
                 if note not in s.notes:
                     s.notes.append(note)
-            self.jobs.commit_unit(Unit(key, kind, text, st.prompt_tokens, st.prefill_tokens, st.decode_tokens,
-                                       seconds), doc_key=dk, prompt_key=self.prompt_key(s.prompt),
-                                  idx=json.dumps(where[:2]))
+            rows.append((Unit(key, kind, text, st.prompt_tokens, st.prefill_tokens, st.decode_tokens, seconds),
+                         dk, self.prompt_key(s.prompt), json.dumps(where[:2])))
             texts[i] = text
+        if together:  # decoded as one group: committed as one, so that a resume decodes the same group
+            self.jobs.commit_units(rows)
+        else:
+            for unit, unit_dk, pk, idx in rows:
+                self.jobs.commit_unit(unit, doc_key=unit_dk, prompt_key=pk, idx=idx)
         return texts
 
-    def _generate(self, prompts: Sequence[Prompt]) -> list[tuple[str, "EngineStats"]]:
-        """Each prompt's text and figures. Prompts with one prefix are decoded together where the
-        engine runs several sequences (``engine.n_seq_max`` > 1), else one after the other; greedy
-        texts are the same either way."""
+    def _generate(self, prompts: Sequence[Prompt]) -> tuple[list[tuple[str, "EngineStats"]], bool]:
+        """Each prompt's text and figures, and whether they were decoded together. Prompts with one
+        prefix are decoded together where the engine runs several sequences (``engine.n_seq_max`` > 1),
+        else one after the other (see :mod:`.engine.multiseq` for when greedy texts match)."""
         g = self.settings
         kw = dict(max_tokens=g.max_tokens, temperature=g.temperature, repeat_penalty=g.repeat_penalty, seed=g.seed)
         first = prompts[0]
@@ -420,13 +425,13 @@ class Job:
                 all(p.prefix_tokens == first.prefix_tokens for p in prompts):
             done = self.engine.generate_many([p.tokens for p in prompts], prefix_len=len(first.prefix_tokens),
                                              boundaries=first.boundaries, **kw)
-            return [(c.text.strip(), c.stats) for c in done]
+            return [(c.text.strip(), c.stats) for c in done], True
         out = []
         for p in prompts:
             generation = self.engine.generate(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries,
                                               **kw)
             out.append((generation.read().strip(), generation.stats))
-        return out
+        return out, False
 
     def _commit(self, doc: "DocumentRecord", s: Summary) -> None:
         self.jobs.commit_result(

@@ -14,6 +14,8 @@ from pipeline.engine.multiseq import groups
 
 
 def settings(**kw) -> EngineConfig:
+    # One thread: with several, llama.cpp's CPU flash attention splits a one-token batch's KV across the
+    # threads but not a k-token batch's, so outputs may differ by rounding (see pipeline/engine/multiseq.py).
     return dataclasses.replace(EngineConfig(n_ctx=1024, n_batch=512, n_ubatch=256, threads=1), **kw)
 
 

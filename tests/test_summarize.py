@@ -187,6 +187,19 @@ def test_prompts_over_one_prefix_are_decoded_together_where_the_engine_can(tmp_p
     assert multi.prompts == alone.prompts
 
 
+def test_units_decoded_together_are_committed_together(tmp_path, monkeypatch):
+    # A kill between two units of one group must not leave half a group done: a resumed job would
+    # then decode fewer sequences together, and on several threads that may change greedy output.
+    commits: list[int] = []
+    real = JobStore.commit_units
+    monkeypatch.setattr(JobStore, "commit_units", lambda self, rows: (commits.append(len(rows)), real(self, rows)))
+    job, jobs, multi = fake_job(tmp_path, {"/d/short.txt": doc_chunks(2)}, n_ctx=200, prompts=("One.", "Two."),
+                                engine=FakeMultiEngine(200))
+    with jobs:
+        list(job.run())
+        assert commits == [2] and jobs.db.execute("SELECT COUNT(DISTINCT finished_at) FROM units").fetchone()[0] == 1
+
+
 def test_rerun_does_nothing_and_a_changed_document_redoes_only_its_own_units(tmp_path):
     docs = {"/d/a.txt": doc_chunks(12), "/d/b.txt": doc_chunks(12)}
     job, jobs, engine = fake_job(tmp_path, docs, n_ctx=160, prompts=("One.", "Two."))

@@ -269,7 +269,8 @@ class Engine:
         """Answer several ``prompts`` that share their first ``prefix_len`` tokens: the prefix is
         reused or prefilled once (as :meth:`generate` does, states saved at ``boundaries``), and with
         ``n_seq_max`` > 1 the answers are decoded together, one decode call per step for all of
-        them (:mod:`.multiseq`); else one after the other. Greedy answers are the same either way.
+        them (:mod:`.multiseq`); else one after the other. Greedy answers are the same either way
+        with one thread; with several, llama.cpp's CPU kernels may round differently (see :mod:`.multiseq`).
         """
         from .multiseq import Completion, decode_together, groups
 

@@ -10,9 +10,20 @@ logits.
 
 Why it helps: a decode step of one token is bound by reading the weights (and on a
 GPU by per-kernel launch costs), not by arithmetic, so ``k`` tokens in one step cost
-little more than one. Greedy outputs are token for token those of one prompt at a
-time (``tests/test_multiseq.py``): the shared cells are the very cells a lone prompt
-would have, and each row of a batch is computed independently.
+little more than one.
+
+When the answers are the same as one prompt at a time: the shared cells are the very
+cells a lone prompt would have, and each row of a batch is computed on its own, so
+with one CPU thread greedy outputs are token for token equal (``tests/test_multiseq.py``,
+SmolLM2; ``benchmarks/summarize.py --decode-batch`` checks it on a 3K-token document).
+With several threads they may not be: llama.cpp's CPU flash-attention kernel splits a
+one-token batch's KV cells across the threads (its split-KV path, for 512 cells or
+more) and sums the partial results, but gives each thread whole rows of a k-token
+batch, so the float sums are taken in another order and a near tie can go the other
+way after some tokens (seen: one of two answers diverged at 2 threads). A job that
+needs byte-identical output therefore commits a group's answers together
+(:meth:`pipeline.jobs.JobStore.commit_units`), so that a resumed run decodes the same
+group again.
 
 Sequences that do not fit together (the prefix, every suffix and every answer must
 fit ``n_ctx`` cells at once) run in several groups, one after the other.
