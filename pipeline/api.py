@@ -167,7 +167,10 @@ class Pipeline:
     @cached_property
     def embedder(self):
         from .engine.embed import Embedder
+        from .engine.remote import is_remote, remote_embedder
 
+        if is_remote(self.config.models.embedder):
+            return remote_embedder(self.config.models.embedder, self.config.remote)
         path = models.resolve(self.config.models.embedder, home=self.config.home_path,
                               what="embedder", log=self._log)
         e = self.config.embed
@@ -184,7 +187,11 @@ class Pipeline:
     @cached_property
     def engine(self):
         from .engine.generator import Engine
+        from .engine.remote import is_remote, remote_generator
 
+        if is_remote(self.config.models.generator):
+            return remote_generator(self.config.models.generator, self.config.engine, self.config.remote,
+                                    log=self._log)
         path = models.resolve(self.config.models.generator, home=self.config.home_path,
                               what="generator", log=self._log)
         return Engine(path, self.engine_settings(path), log=self._log, cache=self.prefix_cache,
@@ -358,6 +365,9 @@ class Pipeline:
         out = {}
         for role in ("embedder", "generator"):
             ref = getattr(self.config.models, role)
+            if ref.startswith("openai:"):
+                out[role] = models.redact(ref) + "  (a server: nothing to pull)"
+                continue
             out[role] = str(models.resolve(ref, home=self.config.home_path, what=role, log=self._log))
         return out
 

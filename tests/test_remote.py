@@ -1,0 +1,212 @@
+"""Generation and embeddings on OpenAI-compatible servers (``openai:`` references).
+
+The fast tests need no model: references, the hash ring, the token-text memory, and
+the bounded wait against a port nobody listens on. The slow ones start real
+``python -m llama_cpp.server`` processes on 127.0.0.1 with the default models
+(tests/servers.py), kill them mid-answer, restart them and route between two of them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.config import RemoteConfig, load_config
+from pipeline.engine.remote import RemoteRef, TokenText
+from pipeline.engine.remote_generator import RemoteGenerator
+from pipeline.engine.routing import HashRing, route_key
+from pipeline.errors import ConfigError, EngineError, ModelError
+
+from servers import LlamaServer, free_port
+
+GEN = "builtin:SmolLM2-135M-Instruct"
+EMB = "builtin:all-MiniLM-L6-v2"
+
+
+# -- fast: no server ------------------------------------------------------------------------------
+
+
+def test_references_parse_and_bad_ones_are_config_errors():
+    ref = RemoteRef.parse("openai:http://127.0.0.1:8080/v1, http://10.0.0.2:8080/v1/#qwen")
+    assert ref.urls == ("http://127.0.0.1:8080/v1", "http://10.0.0.2:8080/v1") and ref.model == "qwen"
+    assert RemoteRef.parse("openai:https://h/v1").model == ""
+    for bad in ("openai:", "openai:#m", "openai:ftp://h/v1", "openai:http:///v1", "openai:http://a/v1,http://a/v1"):
+        with pytest.raises(ConfigError):
+            RemoteRef.parse(bad)
+
+
+def test_a_server_reference_is_not_a_model_file(tmp_path):
+    from pipeline.models import describe, resolve
+
+    with pytest.raises(ModelError, match="is a server"):
+        resolve("openai:http://user:secret@h:1/v1", home=tmp_path)
+    assert "secret" not in str(describe("openai:http://user:secret@h:1/v1", home=tmp_path))
+
+
+def test_remote_settings_are_typed_and_checked():
+    assert load_config(environ={}).remote == RemoteConfig()
+    cfg = load_config(environ={"RAG_REMOTE_MAX_WAIT": "3"})
+    assert cfg.remote.max_wait == 3.0
+    with pytest.raises(ConfigError):
+        load_config(environ={}, overrides={"remote.read_timeout": 0}).validate()
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load_config(environ={}, overrides={"remote.retries": 3})
+
+
+def test_routing_is_consistent_and_adding_a_server_moves_few_prefixes():
+    keys = [route_key(list(range(i, i + 50)), boundaries=[20, 50]) for i in range(2000)]
+    two = HashRing(["http://a/v1", "http://b/v1"])
+    three = HashRing(["http://a/v1", "http://b/v1", "http://c/v1"])
+    owners2 = [two.owner(k) for k in keys]
+    owners3 = [three.owner(k) for k in keys]
+    assert owners2 == [two.owner(k) for k in keys]  # stable
+    shares = {n: owners2.count(n) / len(keys) for n in two.names}
+    assert all(0.35 < s < 0.65 for s in shares.values()), shares
+    moved = [(a, b) for a, b in zip(owners2, owners3) if a != b]
+    assert all(b == "http://c/v1" for _, b in moved)  # only to the new server
+    assert 0.2 < len(moved) / len(keys) < 0.47  # about a third, not a reshuffle
+    # The key is the prompt up to its first document's end: the question does not move it.
+    assert route_key([1, 2, 3, 9, 9], boundaries=[3, 5]) == route_key([1, 2, 3, 7], boundaries=[3, 4])
+    assert two.preference(keys[0])[0] == owners2[0] and sorted(two.preference(keys[0])) == sorted(two.names)
+
+
+def test_token_text_rebuilds_a_prompt_from_the_runs_it_was_made_of():
+    memo = TokenText()
+    memo.remember([1, 2], "<head>")
+    memo.remember([1, 2, 3], "<head+>")
+    memo.remember([7, 8, 9], " document")
+    memo.remember([4], "?")
+    assert memo.text([1, 2, 3, 7, 8, 9, 4]) == "<head+> document?"
+    assert memo.text([1, 2, 7, 8, 9]) == "<head> document"
+    assert memo.text([5]) is None
+
+
+def test_a_dead_server_fails_clearly_within_the_bounded_wait():
+    from pipeline.config import EngineConfig
+
+    port = free_port()  # nobody listens there
+    gen = RemoteGenerator(RemoteRef.parse(f"openai:http://127.0.0.1:{port}/v1"), EngineConfig(),
+                          RemoteConfig(max_wait=1.5, connect_timeout=0.5))
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match="no server answered within remote.max_wait = 1.5 s") as err:
+        gen.tokenize("hello")
+    assert 1.0 < time.monotonic() - t0 < 6
+    assert err.value.exit_code == 6 and "ConnectError" in str(err.value)
+    gen.close()
+
+
+def test_cli_plan_refuses_a_server_reference(monkeypatch):
+    from pipeline.cli import cli
+
+    monkeypatch.setenv("RAG_MODELS_GENERATOR", f"openai:http://127.0.0.1:{free_port()}/v1")
+    result = CliRunner().invoke(cli, ["plan"])  # plans need a GGUF's tensor table
+    assert result.exit_code == 3 and "is a server" in result.output and "Traceback" not in result.output
+
+
+# -- slow: real llama_cpp.server processes ------------------------------------------------------
+
+
+@pytest.fixture
+def gen_model(model_home):
+    from pipeline.models import resolve
+
+    return resolve(GEN, home=model_home, fetch=False)
+
+
+@pytest.fixture
+def generator_server(gen_model, tmp_path):
+    with LlamaServer(gen_model, tmp_path, alias="smol", n_ctx=2048) as server:
+        yield server
+
+
+def _generator(url: str, **remote) -> RemoteGenerator:
+    from pipeline.config import EngineConfig
+
+    return RemoteGenerator(RemoteRef.parse(f"openai:{url}#smol"), EngineConfig(n_ctx=2048),
+                           RemoteConfig(**{"max_wait": 60.0, **remote}))
+
+
+def _prompt(gen: RemoteGenerator, question: str) -> list[int]:
+    system = gen.tokenize("You are a helpful assistant.\n\n", special=True)
+    return gen.bos + system + gen.tokenize(question)
+
+
+def test_generation_streams_from_llama_cpp_server(generator_server):
+    gen = _generator(generator_server.url)
+    assert gen.dialect == "openai" and gen.n_ctx == 2048
+    tokens = _prompt(gen, "Name three colours of the rainbow.")
+    g = gen.generate(tokens, max_tokens=16)
+    pieces = list(g)
+    assert len(pieces) > 1 and "".join(pieces) == g.text and g.text.strip()
+    st = g.stats
+    assert st.prompt_tokens == len(tokens) and st.decode_tokens >= 1 and st.ttft_seconds > 0
+    assert any("does not report cached" in n for n in st.notes)  # llama_cpp.server's API says nothing
+    gen.close()
+
+
+def test_killed_mid_answer_then_restarted_the_answer_completes(generator_server):
+    gen = _generator(generator_server.url)
+    tokens = _prompt(gen, "Write a long story about a lighthouse keeper and the sea.")
+    reference = gen.generate(tokens, max_tokens=120).read()
+    assert len(reference) > 100
+
+    g = gen.generate(tokens, max_tokens=120)
+    seen, restarted = [], []
+
+    def restart():
+        generator_server.start(wait=False)
+        restarted.append(time.monotonic())
+
+    for piece in g:
+        seen.append(piece)
+        if len(seen) == 5:
+            generator_server.kill()
+            threading.Timer(1.0, restart).start()
+    assert restarted, "the server was never killed mid-answer"
+    assert g.text == reference == "".join(seen)  # nothing repeated, nothing lost
+    assert any("failed attempt" in n for n in g.stats.notes)
+    gen.close()
+
+
+def test_killed_and_not_restarted_fails_within_the_bounded_wait(generator_server, make_pipeline, corpus):
+    rag = make_pipeline(models__generator=f"openai:{generator_server.url}#smol", engine__n_ctx=2048,
+                        remote__max_wait=3, ask__max_tokens=120, ask__top_k=2)
+    rag.ingest([corpus])
+    stream = rag.ask_stream("Tell me everything about bananas, at length.", mode="passages")
+    it = iter(stream)
+    next(it)
+    generator_server.kill()
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match="incomplete") as err:
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < 3 + 10 and err.value.exit_code == 6
+    assert stream.answer is None  # a broken stream never becomes an answer
+
+
+def test_two_servers_route_by_documents_and_fail_over(gen_model, tmp_path, make_pipeline, corpus):
+    with LlamaServer(gen_model, tmp_path, alias="smol") as a, LlamaServer(gen_model, tmp_path, alias="smol") as b:
+        rag = make_pipeline(models__generator=f"openai:{a.url},{b.url}#smol", engine__n_ctx=2048,
+                            ask__max_tokens=8, cache__enabled=False)
+        rag.ingest([corpus])
+        doc = str(corpus / "manual.pdf")
+
+        def ask(question):
+            answer = rag.ask(question, doc=doc)
+            return next(n.split()[2] for n in answer.stats.notes if n.startswith("answered by")), answer
+
+        first, _ = ask("What does page one introduce?")
+        server = {a.url: a, b.url: b}[first]
+        hits_before = server.prefix_hits()
+        second, answer = ask("Which header file is covered?")
+        assert second == first  # same documents, same server
+        hits = server.prefix_hits()[len(hits_before):]
+        assert hits and hits[-1] >= answer.stats.prompt_tokens // 2, hits  # its slot reused the prefix
+
+        server.stop()
+        third, answer = ask("What colour are bananas?")
+        assert third != first and answer.text  # failed over to the other server
