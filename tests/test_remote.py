@@ -131,8 +131,8 @@ def _generator(url: str, **remote) -> RemoteGenerator:
 
 
 def _prompt(gen: RemoteGenerator, question: str) -> list[int]:
-    system = gen.tokenize("You are a helpful assistant.\n\n", special=True)
-    return gen.bos + system + gen.tokenize(question)
+    head, _, tail = gen.chat("You are a helpful assistant.", "@@").partition("@@")
+    return gen.bos + gen.tokenize(head, special=True) + gen.tokenize(question) + gen.tokenize(tail, special=True)
 
 
 def test_generation_streams_from_llama_cpp_server(generator_server):

@@ -24,6 +24,16 @@ from .routing import HashRing, route_key
 from .stages import EngineStats, Generation
 from ..errors import EngineError, redact
 
+# Chat templates for servers that do not publish theirs, by the turn markers their vocabulary has.
+_TEMPLATES = {
+    "ChatML": ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+               "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
+    "Gemma": ("{% set sys = messages[0]['content'] + '\n\n' if messages[0]['role'] == 'system' else '' %}"
+              "{% for m in messages if m['role'] != 'system' %}"
+              "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else 'user') + '\n' }}"
+              "{{ (sys if loop.first else '') + m['content'] + '<end_of_turn>\n' }}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"),
+}
 _DEFAULT_N_CTX = 2048  # llama_cpp.server's own default, where a server does not say
 
 
@@ -66,12 +76,25 @@ class RemoteGenerator:
                     "eos_text": props.get("eos_token") or ""}
 
         facts = self.retry.run(probe, self.servers, what="connecting to the generator server")
+        self.__dict__["_facts"] = facts  # tokenizing below needs the dialect
         if not facts["template"]:
-            self.notes.append("the server does not publish its chat template (llama_cpp.server does not): "
-                              "prompts use a plain layout")
+            family = self._template_family()
+            facts["template"] = _TEMPLATES.get(family, "")
+            self.notes.append(
+                "the server does not publish its chat template (llama_cpp.server does not): "
+                + (f"using the {family} template its vocabulary's control tokens point to" if family
+                   else "prompts use a plain layout"))
         if not facts["n_ctx"]:
             facts["n_ctx"] = self.settings.n_ctx or _DEFAULT_N_CTX
         return facts
+
+    def _template_family(self) -> str:
+        """ChatML or Gemma, where the vocabulary has that family's turn markers as single control tokens."""
+        for family, marker in (("ChatML", "<|im_start|>"), ("Gemma", "<start_of_turn>")):
+            tokens = self._tokenize_raw(marker, special=True, add_special=False)
+            if len([t for t in tokens if t not in self.bos]) == 1:
+                return family
+        return ""
 
     @property
     def dialect(self) -> str:
