@@ -210,3 +210,27 @@ def test_two_servers_route_by_documents_and_fail_over(gen_model, tmp_path, make_
         server.stop()
         third, answer = ask("What colour are bananas?")
         assert third != first and answer.text  # failed over to the other server
+
+
+def test_embedder_on_a_server_matches_the_local_one_and_ingests(model_home, tmp_path, make_pipeline, corpus):
+    from pipeline.engine.embed import Embedder
+    from pipeline.models import resolve
+
+    path = resolve(EMB, home=model_home, fetch=False)
+    texts = ["Bananas are yellow and rich in potassium.", "The header file ggml-backend.h defines buffer types."]
+    local = Embedder(path)
+    try:
+        expected = local.embed(texts)
+        local_tokens = local.tokenize(texts[0])
+    finally:
+        local.close()
+    with LlamaServer(path, tmp_path, alias="minilm", n_ctx=512, embedding=True) as server:
+        rag = make_pipeline(models__embedder=f"openai:{server.url}#minilm")
+        emb = rag.embedder
+        assert emb.tokenize(texts[0]) == local_tokens and emb.dim == 384
+        got = emb.embed(texts)
+        assert (got * expected).sum(axis=1).min() > 0.99  # the same vectors, through HTTP
+        report = rag.ingest([corpus])
+        assert report.chunks > 0 and not report.failed
+        hits = rag.search("potassium in bananas", top_k=3)
+        assert hits and any("banana" in h.text.lower() for h in hits)
