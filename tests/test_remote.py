@@ -234,3 +234,92 @@ def test_embedder_on_a_server_matches_the_local_one_and_ingests(model_home, tmp_
         assert report.chunks > 0 and not report.failed
         hits = rag.search("potassium in bananas", top_k=3)
         assert hits and any("banana" in h.text.lower() for h in hits)
+
+
+class _LlamaServerDialect:
+    """A stand-in for llama.cpp's ``llama-server`` (not built here: only llama-cpp-python's library is),
+    answering with the fields its source defines: ``/props``, ``/tokenize``, and a streamed
+    ``/v1/completions`` whose last event carries ``timings`` (``cache_n``, ``prompt_n``, ``prompt_ms``).
+    Its slot keeps the last prompt, and ``cache_n`` is the common prefix with it, as llama-server's is."""
+
+    def __init__(self):
+        import http.server
+
+        self.bodies: list[dict] = []
+        self.slot: list[int] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _json(self, obj, code=200):
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/props":
+                    return self._json({"default_generation_settings": {"n_ctx": 4096}, "chat_template": "",
+                                       "bos_token": "<s>"})
+                if self.path == "/v1/models":
+                    return self._json({"data": [{"id": "m"}]})
+                self._json({"error": "not found"}, 404)
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                if self.path == "/tokenize":  # one token per character, BOS = 1 where asked
+                    tokens = ([1] if body.get("add_special") else []) + [ord(c) for c in body["content"]]
+                    return self._json({"tokens": tokens})
+                outer.bodies.append(body)
+                prompt = body["prompt"]
+                n = 0
+                while n < min(len(prompt), len(outer.slot)) and prompt[n] == outer.slot[n]:
+                    n += 1
+                outer.slot = list(prompt)
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.end_headers()
+                for text, finish in (("Hel", None), ("lo", "stop")):
+                    event = {"choices": [{"text": text, "index": 0, "finish_reason": finish}]}
+                    if finish:
+                        event["timings"] = {"cache_n": n, "prompt_n": len(prompt) - n, "prompt_ms": 12.5,
+                                            "predicted_n": 2, "predicted_ms": 4.0}
+                    self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_llama_server_dialect_sends_tokens_with_cache_prompt_and_reports_its_cache_counts():
+    from pipeline.config import EngineConfig
+
+    fake = _LlamaServerDialect()
+    gen = RemoteGenerator(RemoteRef.parse(f"openai:{fake.url}#m"), EngineConfig(), RemoteConfig(max_wait=5))
+    try:
+        assert gen.dialect == "llama-server" and gen.n_ctx == 4096 and gen.bos == [1]
+        prefix = gen.bos + gen.tokenize("Documents: a long shared manual. ")
+        first = gen.generate(prefix + gen.tokenize("Q1?"), prefix_len=len(prefix), boundaries=[len(prefix)])
+        assert first.read() == "Hello" and first.stats.cached_tokens == 0 and first.stats.cache == "miss"
+        assert gen.reusable(prefix + gen.tokenize("Q2?"), prefix_len=len(prefix)) == len(prefix)
+        second = gen.generate(prefix + gen.tokenize("Q2?"), prefix_len=len(prefix), boundaries=[len(prefix)])
+        second.read()
+        st = second.stats
+        assert st.cached_tokens == len(prefix) + 1  # "Q" is shared too: the server's own count
+        assert st.prefill_tokens == st.prompt_tokens - st.cached_tokens and st.cache == "server"
+        assert st.prefill_seconds == 0.0125 and st.decode_tokens == 2
+        body = fake.bodies[-1]
+        assert body["prompt"] == prefix + gen.tokenize("Q2?")  # token ids, exactly as packed
+        assert body["cache_prompt"] is True and body["stream"] is True and body["model"] == "m"
+    finally:
+        gen.close()
+        fake.close()
