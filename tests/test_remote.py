@@ -21,7 +21,7 @@ from pipeline.engine.remote_generator import RemoteGenerator
 from pipeline.engine.routing import HashRing, route_key
 from pipeline.errors import ConfigError, EngineError, ModelError
 
-from servers import LlamaServer, free_port
+from pipeline.dev.llama_server import LlamaServer, free_port
 
 GEN = "builtin:SmolLM2-135M-Instruct"
 EMB = "builtin:all-MiniLM-L6-v2"

@@ -1,4 +1,4 @@
-"""Real llama-cpp-python OpenAI-compatible servers (``python -m llama_cpp.server``) for the tests, on 127.0.0.1.
+"""Real llama-cpp-python OpenAI-compatible servers (``python -m llama_cpp.server``) on 127.0.0.1, for tests and benchmarks.
 
 Each server is one process with its own log file; tests start, kill -9 and restart
 them. Kept small (1 thread, a short context): the machines are shared.
@@ -25,7 +25,7 @@ def free_port() -> int:
 
 
 class LlamaServer:
-    """``python -m llama_cpp.server`` on a model, started and stopped by a test."""
+    """``python -m llama_cpp.server`` on a model, started and stopped by a test or a benchmark."""
 
     def __init__(self, model: Path, log_dir: Path, *, alias: str = "model", n_ctx: int = 2048,
                  embedding: bool = False, port: int | None = None):
