@@ -14,6 +14,7 @@ as complete, and nothing is recorded for it.
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from functools import cached_property
@@ -56,6 +57,7 @@ class RemoteGenerator:
         self._lock = threading.Lock()
         self.load_seconds = 0.0
         self.notes: list[str] = []
+        self._pin: str | None = None  # a worker's own server (see workers)
 
     # -- what the servers serve -------------------------------------------------------------------
 
@@ -157,9 +159,26 @@ class RemoteGenerator:
     # -- running prompts --------------------------------------------------------------------------
 
     def route(self, tokens: Sequence[int], *, prefix_len: int = 0, boundaries: Sequence[int] = ()) -> list[Server]:
-        """The servers for this prompt, in order: its prefix's owner first, then failover order."""
+        """The servers for this prompt, in order: its prefix's owner first (or the pinned server of a
+        worker, see :meth:`workers`), then failover order."""
         key = route_key(tokens, prefix_len=prefix_len, boundaries=boundaries)
-        return [self._by_url[u] for u in self.ring.preference(key)]
+        order = [self._by_url[u] for u in self.ring.preference(key)]
+        if self._pin is not None:
+            order.sort(key=lambda s: s.url != self._pin)
+        return order
+
+    def workers(self) -> list["RemoteGenerator"]:
+        """One generator per server, each sending its prompts to its own server first (failing over to
+        the others): the engines of a job spread over the servers (:mod:`pipeline.summarize_spread`).
+        They share this one's connections, token texts and server state."""
+        self._facts  # noqa: B018 - probed once, shared by the copies
+        self.namespace  # noqa: B018
+        out = []
+        for url in self.ref.urls:
+            worker = copy.copy(self)
+            worker._pin = url
+            out.append(worker)
+        return out
 
     def _body(self, tokens: Sequence[int], *, max_tokens: int, temperature: float, repeat_penalty: float,
               seed: int | None) -> dict:
