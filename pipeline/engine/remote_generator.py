@@ -133,7 +133,10 @@ class RemoteGenerator:
             return list(server.post_json("/extras/tokenize", body, root=True)["tokens"])
 
         self._facts  # noqa: B018 - the dialect is known before the first call
-        return self.retry.run(call, self.servers, what="tokenizing on the generator server")
+        # A worker tokenizes on its own server: llama_cpp.server cuts a running stream short when
+        # another request arrives (its interrupt_requests, on by default).
+        servers = sorted(self.servers, key=lambda srv: srv.url != self._pin) if self._pin else self.servers
+        return self.retry.run(call, servers, what="tokenizing on the generator server")
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
         """Tokens of ``text`` in the server's vocabulary. llama-server parses control-token text only
