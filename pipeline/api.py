@@ -167,7 +167,8 @@ class Pipeline:
     @cached_property
     def embedder(self):
         from .engine.embed import Embedder
-        from .engine.remote import is_remote, remote_embedder
+        from .engine.remote import is_remote
+        from .engine.remote_embedder import remote_embedder
 
         if is_remote(self.config.models.embedder):
             return remote_embedder(self.config.models.embedder, self.config.remote)
@@ -187,7 +188,8 @@ class Pipeline:
     @cached_property
     def engine(self):
         from .engine.generator import Engine
-        from .engine.remote import is_remote, remote_generator
+        from .engine.remote import is_remote
+        from .engine.remote_generator import remote_generator
 
         if is_remote(self.config.models.generator):
             return remote_generator(self.config.models.generator, self.config.engine, self.config.remote,

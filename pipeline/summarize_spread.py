@@ -19,21 +19,22 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from .jobs import JobStore
-
-if TYPE_CHECKING:
-    from .store.catalog import DocumentRecord
-    from .summarize import Job, Summary
+from .store.catalog import DocumentRecord
 
 LEASE_SECONDS = 60.0
 POLL_SECONDS = 0.5
 
 
-def spread(job: "Job", engines: Sequence, *, lease: float = LEASE_SECONDS, poll: float = POLL_SECONDS
-           ) -> Iterator[tuple["DocumentRecord", list["Summary"]]]:
-    """Each document's summaries as a worker finishes them, one worker (thread) per engine."""
+def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: float = POLL_SECONDS
+           ) -> Iterator[tuple[DocumentRecord, list]]:
+    """Each document's summaries as a worker finishes them, one worker (thread) per engine.
+
+    ``job`` is a :class:`pipeline.summarize.Job` (not imported: it calls this); each worker
+    runs a copy of it on its engine, with a job-store connection of its own.
+    """
     items = {job.doc_key(d): d for d in job.documents}
     order = list(items)
     job_id = job.job_id  # computed before the workers copy the job

@@ -296,23 +296,16 @@ class TokenText:
         return "".join(out)
 
 
+def digest(*parts) -> str:
+    """A short stable hash of ``parts`` (names of what servers serve)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def api_key(env_name: str) -> str:
     """The bearer token from the environment variable named by ``remote.api_key_env`` (never logged)."""
     return os.environ.get(env_name, "") if env_name else ""
 
 
-def remote_generator(ref: str, settings, remote, *, log=None):
-    """The generator a ``openai:`` reference names (see :mod:`.remote_generator`)."""
-    from .remote_generator import RemoteGenerator
-
-    return RemoteGenerator(RemoteRef.parse(ref), settings, remote, log=log)
-
-
-def remote_embedder(ref: str, remote):
-    """The embedder a ``openai:`` reference names (see :mod:`.remote_embedder`)."""
-    from .remote_embedder import RemoteEmbedder
-
-    return RemoteEmbedder(RemoteRef.parse(ref), remote)
-
-
-__all__ = ["PREFIX", "RemoteRef", "Retry", "Server", "TokenText", "Transient", "api_key", "is_remote", "remote_embedder", "remote_generator"]
+__all__ = ["PREFIX", "RemoteRef", "Retry", "Server", "TokenText", "Transient", "api_key", "digest", "is_remote"]

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .remote import RemoteRef, Retry, Server, TokenText, api_key
+from .remote import RemoteRef, Retry, Server, TokenText, api_key, digest
 from ..errors import EngineError, redact
 
 _BATCH = 32  # inputs per request
@@ -130,10 +130,8 @@ class RemoteEmbedder:
     def identity(self) -> str:
         """The model by what it computes: its name and its vector for a fixed text (rounded), so the same
         model on another server (or URL) is the same embedder, and another model is not."""
-        from ..jobs import digest
-
         probe = [round(float(x), 3) for x in self._probe[:32]]
-        return "openai-" + digest(self.ref.model, self.dim, probe)[:16]
+        return "openai-" + digest(self.ref.model, self.dim, probe)
 
     def close(self) -> None:
         for server in self.servers:
@@ -143,4 +141,9 @@ class RemoteEmbedder:
         return f"RemoteEmbedder({', '.join(redact(u) for u in self.ref.urls)})"
 
 
-__all__ = ["RemoteEmbedder"]
+def remote_embedder(ref: str, remote) -> RemoteEmbedder:
+    """The embedder an ``openai:`` reference names."""
+    return RemoteEmbedder(RemoteRef.parse(ref), remote)
+
+
+__all__ = ["RemoteEmbedder", "remote_embedder"]

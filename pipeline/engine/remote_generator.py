@@ -20,7 +20,7 @@ import time
 from functools import cached_property
 from typing import Callable, Iterator, Sequence
 
-from .remote import RemoteRef, Retry, Server, TokenText, Transient, api_key
+from .remote import RemoteRef, Retry, Server, TokenText, Transient, api_key, digest
 from .routing import HashRing, route_key
 from .stages import EngineStats, Generation
 from ..errors import EngineError, redact
@@ -112,9 +112,7 @@ class RemoteGenerator:
 
     @cached_property
     def namespace(self) -> str:
-        from ..jobs import digest
-
-        return "openai-" + digest("openai", self.model, self.n_ctx)[:16]
+        return "openai-" + digest("openai", self.model, self.n_ctx)
 
     @cached_property
     def bos(self) -> list[int]:
@@ -348,4 +346,9 @@ class _Attempt:
         self.attempt_number = max(1, n)
 
 
-__all__ = ["RemoteGenerator"]
+def remote_generator(ref: str, settings, remote, *, log=None) -> RemoteGenerator:
+    """The generator an ``openai:`` reference names."""
+    return RemoteGenerator(RemoteRef.parse(ref), settings, remote, log=log)
+
+
+__all__ = ["RemoteGenerator", "remote_generator"]
