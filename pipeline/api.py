@@ -770,13 +770,13 @@ class Pipeline:
         name = self.config.store.collection
         if not (path / "catalog.sqlite").exists():
             return CollectionStatus(collection=name, store=str(path), exists=False,
-                                    generator=self.config.models.generator)
+                                    generator=models.redact(self.config.models.generator))
         with self.store(create=False) as store:
             info = store.info
             if info is None:
                 return CollectionStatus(collection=name, store=str(path), exists=False,
                                         collections=tuple(store.catalog.collections()),
-                                        generator=self.config.models.generator)
+                                        generator=models.redact(self.config.models.generator))
             docs, chunks, tokens = store.catalog.totals(name)
             sources = tuple(
                 {"source": r.source, "format": r.format, "chunks": r.n_chunks, "tokens": r.n_tokens,
@@ -786,7 +786,7 @@ class Pipeline:
                 collection=name, store=str(path), exists=True, documents=docs, chunks=chunks,
                 tokens=tokens, dense_chunks=store.chunk_count(), embedder=info.embedder, dim=info.dim,
                 chunk_size=info.chunk_size, chunk_overlap=info.chunk_overlap,
-                collections=tuple(store.catalog.collections()), generator=self.config.models.generator,
+                collections=tuple(store.catalog.collections()), generator=models.redact(self.config.models.generator),
                 sources=sources)
 
     def drop(self) -> bool:

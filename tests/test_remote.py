@@ -107,6 +107,17 @@ def test_cli_plan_refuses_a_server_reference(monkeypatch):
     assert result.exit_code == 3 and "is a server" in result.output and "Traceback" not in result.output
 
 
+def test_cli_models_list_and_pull_show_a_server_reference_redacted(monkeypatch):
+    from pipeline.cli import cli
+
+    monkeypatch.setenv("RAG_MODELS_GENERATOR", "openai:http://user:secret@127.0.0.1:1/v1#m")
+    monkeypatch.setenv("RAG_MODELS_EMBEDDER", "openai:http://127.0.0.1:1/v1#e")
+    for args in (["models", "list"], ["models", "list", "--json"], ["models", "pull"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, result.output
+        assert "secret" not in result.output and "127.0.0.1:1/v1" in result.output
+
+
 # -- slow: real llama_cpp.server processes ------------------------------------------------------
 
 
