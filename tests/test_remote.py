@@ -83,6 +83,7 @@ def test_token_text_rebuilds_a_prompt_from_the_runs_it_was_made_of():
     assert memo.text([1, 2, 3, 7, 8, 9, 4]) == "<head+> document?"
     assert memo.text([1, 2, 7, 8, 9]) == "<head> document"
     assert memo.text([5]) is None
+    assert memo.pieces([1, 2, 5, 6, 4]) == ["<head>", [5, 6], "?"]  # uncovered spans, for the server
 
 
 def test_a_dead_server_fails_clearly_within_the_bounded_wait():

@@ -259,13 +259,16 @@ class TokenText:
     Servers that take only text prompts (llama_cpp.server) re-tokenise them; their
     detokenize endpoint drops control tokens (the chat markup), so the text is taken from
     the ``tokenize`` call that produced each run instead. Runs are matched greedily,
-    longest first; an LRU bound keeps the memory in check.
+    longest first; tokens no remembered run covers come back as token spans, for the
+    server's detokenize. Bounded by tokens held (least recently used runs go first), above
+    the packer's own memory of section tokens.
     """
 
-    def __init__(self, *, max_runs: int = 20000):
+    def __init__(self, *, max_tokens: int = 8_000_000):
         self._runs: OrderedDict[tuple[int, ...], str] = OrderedDict()
         self._by_first: dict[int, set[tuple[int, ...]]] = {}
-        self._max = max_runs
+        self._max = max_tokens
+        self._held = 0
         self._lock = threading.Lock()
 
     def remember(self, tokens: Sequence[int], text: str) -> None:
@@ -273,16 +276,20 @@ class TokenText:
             return
         key = tuple(tokens)
         with self._lock:
+            if key not in self._runs:
+                self._held += len(key)
+                self._by_first.setdefault(key[0], set()).add(key)
             self._runs[key] = text
             self._runs.move_to_end(key)
-            self._by_first.setdefault(key[0], set()).add(key)
-            while len(self._runs) > self._max:
+            while self._held > self._max and len(self._runs) > 1:
                 old, _ = self._runs.popitem(last=False)
+                self._held -= len(old)
                 self._by_first[old[0]].discard(old)
 
-    def text(self, tokens: Sequence[int]) -> str | None:
-        """The text of ``tokens`` if it is a sequence of remembered runs, else None."""
-        out, i, n = [], 0, len(tokens)
+    def pieces(self, tokens: Sequence[int]) -> list[str | list[int]]:
+        """``tokens`` as remembered texts, with the spans no remembered run covers as token lists."""
+        out: list[str | list[int]] = []
+        i, n = 0, len(tokens)
         with self._lock:
             while i < n:
                 best = None
@@ -290,10 +297,21 @@ class TokenText:
                     if (best is None or len(run) > len(best)) and tuple(tokens[i:i + len(run)]) == run:
                         best = run
                 if best is None:
-                    return None
+                    if out and isinstance(out[-1], list):
+                        out[-1].append(tokens[i])
+                    else:
+                        out.append([tokens[i]])
+                    i += 1
+                    continue
+                self._runs.move_to_end(best)
                 out.append(self._runs[best])
                 i += len(best)
-        return "".join(out)
+        return out
+
+    def text(self, tokens: Sequence[int]) -> str | None:
+        """The text of ``tokens`` if remembered runs cover them all, else None."""
+        parts = self.pieces(tokens)
+        return None if any(isinstance(p, list) for p in parts) else "".join(parts)
 
 
 def digest(*parts) -> str:

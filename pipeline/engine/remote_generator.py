@@ -58,12 +58,21 @@ class RemoteGenerator:
         self.load_seconds = 0.0
         self.notes: list[str] = []
         self._pin: str | None = None  # a worker's own server (see workers)
+        self._probe_lock = threading.Lock()
 
     # -- what the servers serve -------------------------------------------------------------------
 
-    @cached_property
+    @property
     def _facts(self) -> dict:
-        """Dialect, model name, context length and chat template, from the first server that answers."""
+        """Dialect, model name, context length and chat template, from the first server that answers
+        (probed once, by one thread)."""
+        facts = self.__dict__.get("_probed")
+        if facts is None:
+            with self._probe_lock:
+                facts = self.__dict__.get("_probed") or self._probe()
+        return facts
+
+    def _probe(self) -> dict:
         def probe(server: Server) -> dict:
             names = server.models()
             model = self.ref.model or (names[0] if names else "")
@@ -78,9 +87,8 @@ class RemoteGenerator:
                     "eos_text": props.get("eos_token") or ""}
 
         facts = self.retry.run(probe, self.servers, what="connecting to the generator server")
-        self.__dict__["_facts"] = facts  # tokenizing below needs the dialect
         if not facts["template"]:
-            family = self._template_family()
+            family = self._template_family(facts["dialect"])
             facts["template"] = _TEMPLATES.get(family, "")
             self.notes.append(
                 "the server does not publish its chat template (llama_cpp.server does not): "
@@ -88,13 +96,15 @@ class RemoteGenerator:
                    else "prompts use a plain layout"))
         if not facts["n_ctx"]:
             facts["n_ctx"] = self.settings.n_ctx or _DEFAULT_N_CTX
+        self.__dict__["_probed"] = facts
         return facts
 
-    def _template_family(self) -> str:
+    def _template_family(self, dialect: str) -> str:
         """ChatML or Gemma, where the vocabulary has that family's turn markers as single control tokens."""
+        bos = self._tokenize_raw("", special=True, add_special=True, dialect=dialect)
         for family, marker in (("ChatML", "<|im_start|>"), ("Gemma", "<start_of_turn>")):
-            tokens = self._tokenize_raw(marker, special=True, add_special=False)
-            if len([t for t in tokens if t not in self.bos]) == 1:
+            tokens = self._tokenize_raw(marker, special=True, add_special=False, dialect=dialect)
+            if len([t for t in tokens if t not in bos]) == 1:
                 return family
         return ""
 
@@ -120,9 +130,11 @@ class RemoteGenerator:
 
     # -- text -------------------------------------------------------------------------------------
 
-    def _tokenize_raw(self, text: str, *, special: bool, add_special: bool) -> list[int]:
+    def _tokenize_raw(self, text: str, *, special: bool, add_special: bool, dialect: str = "") -> list[int]:
+        dialect = dialect or self.dialect
+
         def call(server: Server) -> list[int]:
-            if server.dialect == "llama-server":
+            if dialect == "llama-server":
                 body = {"content": text, "add_special": add_special, "parse_special": special}
                 return list(server.post_json("/tokenize", body, root=True)["tokens"])
             body = {"input": text}
@@ -130,11 +142,16 @@ class RemoteGenerator:
                 body["model"] = self.ref.model
             return list(server.post_json("/extras/tokenize", body, root=True)["tokens"])
 
-        self._facts  # noqa: B018 - the dialect is known before the first call
         # A worker tokenizes on its own server: llama_cpp.server cuts a running stream short when
         # another request arrives (its interrupt_requests, on by default).
         servers = sorted(self.servers, key=lambda srv: srv.url != self._pin) if self._pin else self.servers
         return self.retry.run(call, servers, what="tokenizing on the generator server")
+
+    def _detokenize(self, tokens: list[int]) -> str:
+        """Text for tokens this client did not tokenize (the server's detokenize drops control tokens)."""
+        body = {"tokens": tokens, **({"model": self.ref.model} if self.ref.model else {})}
+        return self.retry.run(lambda srv: srv.post_json("/extras/detokenize", body, root=True)["text"],
+                              self.servers, what="detokenizing on the generator server")
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
         """Tokens of ``text`` in the server's vocabulary. llama-server parses control-token text only
@@ -190,10 +207,8 @@ class RemoteGenerator:
             bos = self.bos
             if bos and body_tokens[:len(bos)] == bos:
                 body_tokens = body_tokens[len(bos):]  # the server adds it again
-            prompt = self.texts.text(body_tokens)
-            if prompt is None:
-                raise EngineError("the prompt holds tokens this client did not tokenize, and this server "
-                                  "(llama_cpp.server or another text-only server) takes text prompts only")
+            prompt = "".join(p if isinstance(p, str) else self._detokenize(p)
+                             for p in self.texts.pieces(body_tokens))
         body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
                 "repeat_penalty": repeat_penalty, "stream": True, "cache_prompt": True,
                 "stream_options": {"include_usage": True}}
