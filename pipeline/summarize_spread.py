@@ -53,6 +53,13 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
         jobs = JobStore(job.jobs.path)  # a connection of its own (SQLite connections stay in their thread)
         mine = copy.copy(job)
         mine.engine, mine.jobs, mine.open_store = engine, jobs, open_store
+        # Tokens from the worker's own server: llama_cpp.server cuts a running stream short when another
+        # request (a tokenize call from another worker) arrives. The tokens are the same on every server.
+        mine.__dict__.pop("layout", None)
+        if hasattr(job, "memo"):
+            from .packing import SectionTokens
+
+            mine.memo = SectionTokens(engine.tokenize)
         key = None
         try:
             while not stop.is_set():

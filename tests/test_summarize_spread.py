@@ -15,7 +15,21 @@ import pytest
 from pipeline.jobs import JobStore
 from pipeline.summarize_spread import spread
 
-from test_summarize import FakeEngine, doc_chunks, fake_job
+from test_summarize import FakeEngine, doc_chunks
+from test_summarize import fake_job as _fake_job
+
+
+def fake_job(*args, **kw):
+    """test_summarize's fake job, its in-memory catalog usable from the workers' threads (a real
+    store is opened per call, in the worker's thread; spread serialises the opens)."""
+    import sqlite3
+
+    job, jobs, engine = _fake_job(*args, **kw)
+    with job.open_store() as store:
+        shared = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        store.catalog.db.backup(shared)
+        store.catalog.db = shared
+    return job, jobs, engine
 
 
 class SharedFakeEngine(FakeEngine):
