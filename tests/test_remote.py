@@ -359,3 +359,21 @@ def test_a_summarisation_job_over_two_servers_completes_every_unit_once(gen_mode
         again = rag.summarize(prompts=["One sentence."])
         first = {s.source: s.text for s in summaries}
         assert {s.source: s.text for s in again} == first and again.report.units_computed == 0  # all reused
+
+
+def test_cli_ask_with_the_server_gone_exits_6_with_one_line(generator_server, make_pipeline, corpus, monkeypatch):
+    from pipeline.cli import cli
+
+    make_pipeline().ingest([corpus])
+    url = f"openai:{generator_server.url}#smol"
+    monkeypatch.setenv("RAG_MODELS_GENERATOR", url)
+    monkeypatch.setenv("RAG_ENGINE_N_CTX", "2048")
+    monkeypatch.setenv("RAG_REMOTE_MAX_WAIT", "2")
+    ok = CliRunner().invoke(cli, ["ask", "What colour are bananas?", "--max-tokens", "4", "--json"])
+    assert ok.exit_code == 0, ok.output
+    notes = json.loads(ok.output[ok.output.index("{"):])["stats"]["notes"]
+    assert any(n.startswith("answered by http://127.0.0.1") for n in notes)
+    generator_server.kill()
+    gone = CliRunner().invoke(cli, ["ask", "What colour are bananas?"])
+    assert gone.exit_code == 6 and "Traceback" not in gone.output
+    assert "no server answered within remote.max_wait = 2 s" in gone.output
