@@ -344,8 +344,9 @@ class Pipeline:
 
         ``create=False`` (every read) refuses to open a store that does not exist yet.
         """
-        with Store(self.config.store_path, self.config.store.collection, wait=self.config.store.wait,
-                   create=create) as s:
+        c = self.config.store
+        with Store(self.config.store_path, c.collection, wait=c.wait, create=create, url=c.url,
+                   catalog_url=c.catalog_url) as s:
             yield s
 
     def _check_embedder(self, store: Store) -> None:
@@ -756,7 +757,7 @@ class Pipeline:
         """What the collection holds; never creates anything."""
         path = self.config.store_path
         name = self.config.store.collection
-        if not (path / "catalog.sqlite").exists():
+        if not self.config.store.catalog_url and not (path / "catalog.sqlite").exists():
             return CollectionStatus(collection=name, store=str(path), exists=False,
                                     generator=self.config.models.generator)
         with self.store(create=False) as store:
@@ -779,7 +780,7 @@ class Pipeline:
 
     def drop(self) -> bool:
         """Delete the collection; False if it did not exist."""
-        if not (self.config.store_path / "catalog.sqlite").exists():
+        if not self.config.store.catalog_url and not (self.config.store_path / "catalog.sqlite").exists():
             return False
         with self.store(create=False) as store:
             if store.info is None:
