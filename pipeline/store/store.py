@@ -11,6 +11,10 @@ moment leaves nothing half-visible and nothing duplicated:
 4. Chroma's chunks of any other version of that source are deleted, and the
    journal entry is cleared.
 
+Test hook: with ``RAG_TEST_KILL_BEFORE_COMMIT=N`` set, the process SIGKILLs itself after
+writing the vectors of its Nth document, before the commit point (step 3): the crash tests
+use it to stop an ingest exactly mid-document; it has no other use.
+
 Dense hits are filtered against the catalog, so chunks written before a crash
 are never returned, and every open of the store finishes the journal's pending
 cleanups first.
@@ -27,6 +31,8 @@ cleanups of a crashed process are finished by the next process that opens the st
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -48,6 +54,16 @@ if TYPE_CHECKING:
     from .sections import Section
 
 __all__ = ["Store", "check_collection_name", "chunk_id"]
+
+KILL_HOOK = "RAG_TEST_KILL_BEFORE_COMMIT"
+_written = 0  # documents whose vectors this process wrote (for the test hook)
+
+
+def _test_kill_hook() -> None:
+    global _written
+    _written += 1
+    if os.environ.get(KILL_HOOK, "").isdigit() and _written >= int(os.environ[KILL_HOOK]):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _where_source(source: str | Sequence[str] | None) -> dict | None:
@@ -279,6 +295,7 @@ class Store:
                                 "page": c.page if c.page is not None else -1, "start": c.start,
                                 "end": c.end, "tokens": c.tokens} for c in part],
                 )
+            _test_kill_hook()
             self.catalog.commit_document(self.name, doc, chunks, ids, sections)
             self._reconcile(doc.source, keep=doc.content_hash)
 
