@@ -162,3 +162,19 @@ def test_search_and_ask_answer_while_an_ingest_runs(fake_pipeline, tmp_path, chr
     assert ingest.returncode == 0, ingest.stdout.read().decode()
     assert rag.status().documents == 15
     assert rag.search("markere2x5")[0].source == str(root / "e" / "doc2.md")
+
+
+def test_ingests_of_the_same_folder_split_the_work(tmp_path, chroma_url, pg_url):
+    """Two processes over the same 15 files: each file is embedded by exactly one of them."""
+    import re
+
+    root = _corpus(tmp_path / "docs")
+    procs = [_spawn([root], _env(chroma_url, pg_url, tmp_path / "s"), delay="0.01") for _ in range(2)]
+    assert [p.wait(300) for p in procs] == [0, 0]
+    outs = [p.stdout.read().decode() for p in procs]
+    new = [int(re.search(r"(\d+) new", o).group(1)) for o in outs]
+    unchanged = [int(re.search(r"(\d+) unchanged", o).group(1)) for o in outs]
+    assert sum(new) == 15 and min(new) > 0, outs
+    assert [n + u for n, u in zip(new, unchanged)] == [15, 15], outs
+    state = _state(chroma_url, pg_url, "default")
+    assert len(state["docs"]) == 15 and state["vector_count"] == len(state["chunks"])

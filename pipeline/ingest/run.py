@@ -6,6 +6,11 @@ see :mod:`.scan`) and versioned by the SHA-256 of its bytes. Unchanged files
 old chunks through the store's commit protocol.
 Loading and chunking run in a background thread, one document ahead of the
 embedder, so that on a multi-core machine they hide behind embedding.
+
+On a shared store (Chroma server + PostgreSQL catalog), several ingests of the same
+files split the work: each file is embedded under its document lock, a file whose lock
+another process holds is put off to a second pass, and a file that another process has
+committed at the same content by then is reported unchanged instead of embedded again.
 """
 
 from __future__ import annotations
@@ -214,17 +219,26 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
         tally = _Tally(total_bytes=sum(t.size for t in todo))
         emit(IngestEvent("plan", total=len(todo), total_bytes=tally.total_bytes))
         committed = 0
-        for item, loaded in _prepared(todo, chunker, embedder, max_bytes=max_bytes):
-            try:
-                outcome = _commit(item, loaded, store=store, embedder=embedder, report=report, emit=emit,
-                                  tally=tally, section_tokens=section_tokens)
-            except StoreError as exc:
-                raise StoreError(f"{exc} ({committed} of {len(todo)} files to embed were committed "
-                                 "before this)") from None
-            committed += outcome.status in ("new", "changed")
-            report.files.append(outcome)
-            tally.finish(item.size)
-            emit(tally.event("file", path=str(item.path), outcome=outcome))
+        # A shared store's other writers may be embedding some of these files right now: a file whose
+        # document lock is taken waits for a second pass, by which time it is usually committed.
+        deferred: list[_Todo] = []
+        for items, wait in ((todo, False), (deferred, True)):
+            for item, loaded in _prepared(items, chunker, embedder, max_bytes=max_bytes):
+                with store.catalog.document_lock(store.name, item.source, wait=wait) as mine:
+                    if not mine:
+                        deferred.append(item)
+                        continue
+                    try:
+                        outcome = _done_elsewhere(store, item) or _commit(
+                            item, loaded, store=store, embedder=embedder, report=report, emit=emit,
+                            tally=tally, section_tokens=section_tokens)
+                    except StoreError as exc:
+                        raise StoreError(f"{exc} ({committed} of {len(todo)} files to embed were committed "
+                                         "before this)") from None
+                committed += outcome.status in ("new", "changed")
+                report.files.append(outcome)
+                tally.finish(item.size)
+                emit(tally.event("file", path=str(item.path), outcome=outcome))
     report.seconds = time.perf_counter() - started
     return report
 
@@ -282,6 +296,16 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: TextEmbedder, *,
                 out.get(timeout=0.1)
             except queue.Empty:
                 pass
+
+
+def _done_elsewhere(store: Store, item: _Todo) -> FileOutcome | None:
+    """An outcome for a file that another process committed at this very content since the run began."""
+    if not store.catalog.shared:
+        return None
+    record = store.catalog.document(store.name, item.source)
+    if record is None or record.content_hash != item.content_hash:
+        return None
+    return FileOutcome(item.source, "unchanged", "committed by another process")
 
 
 def _commit(item: _Todo, loaded: object, *, store: Store, embedder: TextEmbedder,
