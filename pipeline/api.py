@@ -748,7 +748,12 @@ class Pipeline:
         s = self.engine.settings
         settings = Settings(max_tokens=max_tokens or m.max_tokens, temperature=m.temperature,
                             repeat_penalty=m.repeat_penalty, seed=s.seed, system=self.config.ask.system_prompt)
-        jobs = JobStore(self.config.store_path / "jobs.sqlite")
+        if self.config.store.catalog_url:  # job state lives with the shared catalog
+            from .store.pg_jobs import PostgresJobStore
+
+            jobs = PostgresJobStore(self.config.store.catalog_url)
+        else:
+            jobs = JobStore(self.config.store_path / "jobs.sqlite")
         job = Job(engine=self.engine, jobs=jobs, open_store=self.store, collection=self.config.store.collection,
                   documents=documents, prompts=prompts, settings=settings)
         return job, jobs, failed, skipped

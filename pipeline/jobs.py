@@ -29,9 +29,10 @@ import os
 import signal
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from .errors import StoreError
 
@@ -117,6 +118,12 @@ class JobStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @contextmanager
+    def claim(self, key: str) -> Iterator[bool]:
+        """True while this worker alone may compute unit ``key``: always, in one process's SQLite file
+        (the PostgreSQL job store, :mod:`pipeline.store.pg_jobs`, arbitrates between workers)."""
+        yield True
 
     # -- jobs ---------------------------------------------------------------------------------
 

@@ -22,6 +22,21 @@ def _vectors(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, 8)).astype(np.float32)
 
 
+def _die(conn, pg_url) -> None:
+    """Close ``conn`` as a dying process would and wait until the server has ended its session."""
+    import time
+
+    import psycopg
+
+    pid = conn.info.backend_pid
+    conn.close()
+    with psycopg.connect(pg_url, autocommit=True) as watcher:
+        deadline = time.monotonic() + 10
+        while watcher.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+            assert time.monotonic() < deadline, "the server kept a closed session"
+            time.sleep(0.05)
+
+
 def _snapshot(rag) -> dict:
     """What a user sees of a collection: documents with their chunk texts, and a few searches."""
     with rag.store(create=False) as store:
@@ -190,7 +205,71 @@ def test_a_crashed_writers_vectors_are_reconciled_but_a_live_writers_are_not(tmp
                          metadatas=[{"source": doc.source, "content_hash": doc.content_hash}] * 2)
     with Store(tmp_path / "s", "col", url=chroma_url, catalog_url=pg_url) as other:
         assert other.catalog.pending("col") == [doc.source] and other.chunk_count() == 2  # left alone
-    writer.catalog.conn.close()  # the writer dies: the server releases its lock
+    _die(writer.catalog.conn, pg_url)  # the writer dies: the server releases its lock
     writer._client = None
     with Store(tmp_path / "s", "col", url=chroma_url, catalog_url=pg_url) as other:
         assert other.catalog.pending("col") == [] and other.chunk_count() == 0
+
+
+# -- summarisation job state in PostgreSQL -------------------------------------------------------
+
+def _pg_job(pg_url, docs, *, engine=None):
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from test_summarize import FakeCatalog, FakeEngine
+
+    from pipeline.store.pg_jobs import PostgresJobStore
+    from pipeline.summarize import Job, Settings
+
+    catalog = FakeCatalog(docs)
+    store = SimpleNamespace(name="col", catalog=catalog)
+
+    @contextmanager
+    def open_store():
+        yield store
+
+    engine = engine or FakeEngine(160)
+    jobs = PostgresJobStore(pg_url)
+    settings = Settings(max_tokens=8, temperature=0.0, repeat_penalty=1.0, seed=0, system="Be brief.")
+    return Job(engine=engine, jobs=jobs, open_store=open_store, collection="col",
+               documents=list(catalog.docs.values()), prompts=["One.", "Two."], settings=settings), jobs, engine
+
+
+def test_job_state_in_postgres_resumes_and_restarts_like_sqlite(pg_url, tmp_path):
+    from test_summarize import doc_chunks, fake_job
+
+    docs = {"/d/a.txt": doc_chunks(12), "/d/b.txt": doc_chunks(12)}
+    job, jobs, engine = fake_job(tmp_path, docs, n_ctx=160, prompts=("One.", "Two."))
+    with jobs:
+        expected = [s.text for s in job.run()]
+    job, jobs, engine = _pg_job(pg_url, docs)
+    with jobs:
+        assert [s.text for s in job.run()] == expected  # the same summaries as with the SQLite job store
+        n_first = len(engine.prompts)
+        assert job.report.units_computed == n_first > 4
+    job, jobs, engine = _pg_job(pg_url, docs)  # another process, later: everything is reused
+    with jobs:
+        assert [s.text for s in job.run()] == expected
+        assert engine.prompts == [] and job.report.results_reused == 4 and job.status()["state"] == "done"
+        assert job.forget() > 0 and job.status()["state"] == "not started"
+
+
+def test_job_units_are_claimed_by_one_worker_at_a_time(pg_url):
+    from pipeline.store.pg_jobs import PostgresJobStore
+
+    one, two = PostgresJobStore(pg_url), PostgresJobStore(pg_url)
+    try:
+        with one.claim("unit-1") as mine:
+            assert mine
+            with two.claim("unit-1") as theirs, two.claim("unit-2") as other:
+                assert not theirs and other
+        with two.claim("unit-1") as theirs:
+            assert theirs  # released
+        held = one.claim("unit-3")
+        assert held.__enter__()
+        _die(one.conn, pg_url)  # the worker dies: the server releases its claim
+        with two.claim("unit-3") as theirs:
+            assert theirs
+    finally:
+        two.close()
