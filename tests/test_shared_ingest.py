@@ -178,3 +178,52 @@ def test_ingests_of_the_same_folder_split_the_work(tmp_path, chroma_url, pg_url)
     assert [n + u for n, u in zip(new, unchanged)] == [15, 15], outs
     state = _state(chroma_url, pg_url, "default")
     assert len(state["docs"]) == 15 and state["vector_count"] == len(state["chunks"])
+
+
+def _rag(*args: str, env: dict, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], env=env, capture_output=True, text=True,
+                          timeout=600, **kw)
+
+
+def test_cli_search_ask_and_summarize_while_rag_ingest_runs(store_dir, tmp_path, chroma_url, pg_url):
+    """The real CLI and the default models: ``rag search`` and ``rag ask`` answer from a collection that a
+    ``rag ingest`` process is writing at that moment; ``rag summarize`` keeps its job state in PostgreSQL."""
+    import json
+
+    import psycopg
+
+    env = _env(chroma_url, pg_url, store_dir, RAG_CACHE_PATH=str(tmp_path / "cache"))
+    small = tmp_path / "small"
+    small.mkdir()
+    (small / "notes.md").write_text("# Notes\n\nThe error code ERR_SOCKET_ZX81 appears when the Chroma server "
+                                    "is unreachable. Restart the server with chroma run.\n")
+    done = _rag("ingest", str(small), env=env)
+    assert done.returncode == 0, done.stderr
+    big = tmp_path / "big"
+    big.mkdir()
+    for i in range(40):
+        (big / f"doc{i:02d}.md").write_text(f"# Report {i}\n\n" + "\n\n".join(
+            f"Section {j} of report {i}: measurement {i * 100 + j} shows the pump pressure rising while the "
+            f"valve number {j} stays closed and the operator logs the reading." for j in range(40)) + "\n")
+    ingest = subprocess.Popen([sys.executable, "-m", "pipeline", "ingest", str(big)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        search = _rag("search", "ERR_SOCKET_ZX81", "--json", env=env)
+        assert search.returncode == 0, search.stderr
+        assert json.loads(search.stdout)[0]["source"] == str(small / "notes.md")
+        ask = _rag("ask", "What does ERR_SOCKET_ZX81 mean?", "--mode", "passages", "-k", "2", "--ctx", "1024",
+                   "--max-tokens", "8", "--json", env=env)
+        assert ask.returncode == 0, ask.stderr
+        answer = json.loads(ask.stdout)
+        assert answer["answer"].strip() and str(small / "notes.md") in [s["source"] for s in answer["sources"]]
+        assert ingest.poll() is None, "the ingest ended before the questions: nothing was tested (enlarge the corpus)"
+    finally:
+        out = ingest.communicate(timeout=600)[0].decode()
+    assert ingest.returncode == 0, out
+    status = json.loads(_rag("status", "--json", env=env).stdout)
+    assert status["documents"] == 41 and status["dense_chunks"] == status["chunks"]
+    summary = _rag("summarize", str(small / "notes.md"), "--max-tokens", "5", "--ctx", "1024", "--json", env=env)
+    assert summary.returncode == 0, summary.stderr
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT source FROM results").fetchall() == [(str(small / "notes.md"),)]
+    assert not (store_dir / "jobs.sqlite").exists() and not (store_dir / "catalog.sqlite").exists()
