@@ -78,7 +78,7 @@ def test_writes_stay_within_the_servers_batch_limit(tmp_path, chroma_url, monkey
         sizes = []
         real = col.upsert
         monkeypatch.setattr(col, "upsert", lambda **kw: (sizes.append(len(kw["ids"])), real(**kw))[1])
-        store._batch = 7  # as if the server reported 7: a 30-chunk document goes in 5 calls
+        store._max_batch = 7  # as if the server reported 7: a 30-chunk document goes in 5 calls
         store.write_document(DocumentRecord("/big.txt", "f" * 64, 1, 1, "text"), _chunks(30), _vectors(30))
         assert sizes == [7, 7, 7, 7, 2]
         assert store.chunk_count() == 30 and store.catalog.totals("big")[1] == 30

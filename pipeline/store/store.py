@@ -97,7 +97,7 @@ class Store:
         self._lock = None if self.shared else StoreLock(self.path, wait=wait)
         self._client = None
         self._collection = None
-        self._batch: int | None = None
+        self._max_batch: int | None = None
         self.catalog: Catalog | None = None
 
     @property
@@ -183,9 +183,9 @@ class Store:
 
     def _batch_size(self) -> int:
         """The most records one upsert may carry, as the Chroma client (or server) reports it."""
-        if self._batch is None:
-            self._batch = max(1, int(self._chroma.get_max_batch_size()))
-        return self._batch
+        if self._max_batch is None:
+            self._max_batch = max(1, int(self._chroma.get_max_batch_size()))
+        return self._max_batch
 
     def _col(self):
         """The Chroma collection (cosine space). The catalog decides whether the collection exists."""
