@@ -8,14 +8,16 @@ Loading and chunking run in a background thread, one document ahead of the
 embedder, so that on a multi-core machine they hide behind embedding.
 
 On a shared store (Chroma server + PostgreSQL catalog), several ingests of the same
-files split the work: each file is embedded under its document lock, a file whose lock
-another process holds is put off to a second pass, and a file that another process has
-committed at the same content by then is reported unchanged instead of embedded again.
+files split the work: each process starts at a random place in the list of files to embed,
+each file is embedded under its document lock, a file whose lock another process holds is
+put off to a second pass, and a file that another process has committed at the same
+content by then is reported unchanged instead of loaded and embedded again.
 """
 
 from __future__ import annotations
 
 import queue
+import random
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -222,7 +224,12 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
         # A shared store's other writers may be embedding some of these files right now: a file whose
         # document lock is taken waits for a second pass, by which time it is usually committed.
         deferred: list[_Todo] = []
+        if store.catalog.shared and len(todo) > 1:  # start where the others probably are not
+            start = random.randrange(len(todo))
+            todo = todo[start:] + todo[:start]
         for items, wait in ((todo, False), (deferred, True)):
+            if wait:  # those the others have finished meanwhile need no loading
+                items = _still_to_do(store, deferred, report, tally, emit)
             for item, loaded in _prepared(items, chunker, embedder, max_bytes=max_bytes):
                 with store.catalog.document_lock(store.name, item.source, wait=wait) as mine:
                     if not mine:
@@ -296,6 +303,21 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: TextEmbedder, *,
                 out.get(timeout=0.1)
             except queue.Empty:
                 pass
+
+
+def _still_to_do(store: Store, items: list[_Todo], report: IngestReport, tally: "_Tally",
+                 emit: Progress) -> list[_Todo]:
+    """``items`` less those another process has committed at the same content (reported unchanged)."""
+    left = []
+    for item in items:
+        outcome = _done_elsewhere(store, item)
+        if outcome is None:
+            left.append(item)
+            continue
+        report.files.append(outcome)
+        tally.finish(item.size)
+        emit(tally.event("file", path=str(item.path), outcome=outcome))
+    return left
 
 
 def _done_elsewhere(store: Store, item: _Todo) -> FileOutcome | None:
