@@ -104,15 +104,18 @@ def test_four_ingests_at_once_equal_one_and_survive_a_kill_9(fake_pipeline, tmp_
     missing = everything - sources
     assert sources < everything and len(missing) >= 2
     assert all(Path(s).parent == d["e"] for s in missing)  # the others finished everything they cover
-    [(half,)] = after_kill["pending"]  # the journal remembers the half-written document
-    assert Path(half).parent in (d["e"], d["d"], d["a"])
+    # The journal remembers the half-written document, unless another process covering it wrote it
+    # after the kill (the server released the killed one's lock) and cleared the entry.
+    pending = [p for (p,) in after_kill["pending"]]
+    assert len(pending) <= 1 and all(Path(p).parent in (d["e"], d["d"], d["a"]) for p in pending)
+    assert all(p in missing for p in pending)
     # What is committed is whole: every committed chunk has its vector, and no chunk twice.
     committed_ids = [c[0] for c in after_kill["chunks"]]
     assert len(committed_ids) == len(set(committed_ids)) == sum(r[2] for r in after_kill["docs"])
     assert set(committed_ids) <= set(after_kill["vector_ids"])
     orphans = set(after_kill["vector_ids"]) - set(committed_ids)  # the killed write's, invisible to search
-    assert all(i.startswith(_id_prefix(Path(half))) for i in orphans)
-    assert bool(orphans) == (half in missing)
+    assert all(any(i.startswith(_id_prefix(Path(p))) for p in pending) for i in orphans)
+    assert bool(orphans) == bool(pending)
 
     # The killed process's run again: it finishes the journal's cleanup and its own work.
     rerun = _spawn(plans[3], _env(chroma_url, pg_url, store), delay="0")

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -230,11 +230,10 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
         for items, wait in ((todo, False), (deferred, True)):
             if wait:  # those the others have finished meanwhile need no loading
                 items = _still_to_do(store, deferred, report, tally, emit)
-            for item, loaded in _prepared(items, chunker, embedder, max_bytes=max_bytes):
-                with store.catalog.document_lock(store.name, item.source, wait=wait) as mine:
-                    if not mine:
-                        deferred.append(item)
-                        continue
+            with _Claims(store, items, wait=wait, deferred=deferred) as claims:
+                for item, loaded in _prepared(claims.feed(), chunker, embedder, max_bytes=max_bytes,
+                                              on_stop=claims.stop):
+                    claims.more()
                     try:
                         outcome = _done_elsewhere(store, item) or _commit(
                             item, loaded, store=store, embedder=embedder, report=report, emit=emit,
@@ -242,10 +241,12 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
                     except StoreError as exc:
                         raise StoreError(f"{exc} ({committed} of {len(todo)} files to embed were committed "
                                          "before this)") from None
-                committed += outcome.status in ("new", "changed")
-                report.files.append(outcome)
-                tally.finish(item.size)
-                emit(tally.event("file", path=str(item.path), outcome=outcome))
+                    finally:
+                        claims.release(item)
+                    committed += outcome.status in ("new", "changed")
+                    report.files.append(outcome)
+                    tally.finish(item.size)
+                    emit(tally.event("file", path=str(item.path), outcome=outcome))
     report.seconds = time.perf_counter() - started
     return report
 
@@ -267,9 +268,11 @@ class _Tally:
                            done_chunks=self.done_chunks, done_tokens=self.done_tokens, **fields)
 
 
-def _prepared(todo: list[_Todo], chunker: Chunker, embedder: TextEmbedder, *,
-              max_bytes: int = 0) -> Iterator[tuple[_Todo, object]]:
-    """(item, (document, chunks, token sequences) or LoadError), loaded one document ahead."""
+def _prepared(todo: Iterable[_Todo], chunker: Chunker, embedder: TextEmbedder, *,
+              max_bytes: int = 0, on_stop: Callable[[], None] | None = None) -> Iterator[tuple[_Todo, object]]:
+    """(item, (document, chunks, token sequences) or LoadError), loaded one document ahead.
+
+    ``on_stop`` is called when the consumer stops early, to end a ``todo`` that blocks."""
     out: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
 
@@ -298,11 +301,62 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: TextEmbedder, *,
             yield entry
     finally:
         stop.set()
+        if on_stop is not None:
+            on_stop()
         while thread.is_alive():  # unblock a producer waiting on a full queue
             try:
                 out.get(timeout=0.1)
             except queue.Empty:
                 pass
+
+
+class _Claims:
+    """The files this process loads and embeds: each one's document lock is taken (in this thread,
+    the catalog's) before the loader thread sees it, a little ahead of the embedder, and released
+    once it is committed. A file whose lock is taken goes to ``deferred`` unless ``wait``."""
+
+    AHEAD = 2  # claimed files waiting for the loader, beside the one being embedded
+
+    def __init__(self, store: Store, items: list[_Todo], *, wait: bool, deferred: list[_Todo]):
+        self.store, self.wait, self.deferred = store, wait, deferred
+        self._items = iter(items)
+        self._queue: queue.Queue = queue.Queue()
+        self._held: dict[str, object] = {}
+
+    def __enter__(self) -> "_Claims":
+        for _ in range(self.AHEAD):
+            self.more()
+        return self
+
+    def feed(self) -> Iterator[_Todo]:
+        """The claimed files, for the loader thread (it only reads a queue)."""
+        return iter(self._queue.get, None)
+
+    def more(self) -> None:
+        """Claim the next free file and hand it to the loader (or tell it that there is none left)."""
+        for item in self._items:
+            lock = self.store.catalog.document_lock(self.store.name, item.source, wait=self.wait)
+            if lock.__enter__():
+                self._held[item.source] = lock
+                self._queue.put(item)
+                return
+            lock.__exit__(None, None, None)
+            self.deferred.append(item)
+        self._queue.put(None)
+
+    def release(self, item: _Todo) -> None:
+        lock = self._held.pop(item.source, None)
+        if lock is not None:
+            lock.__exit__(None, None, None)
+
+    def stop(self) -> None:
+        """Tell a loader waiting for work that there is none (safe from any thread)."""
+        self._queue.put(None)
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        for source in list(self._held):
+            self._held.pop(source).__exit__(None, None, None)
 
 
 def _still_to_do(store: Store, items: list[_Todo], report: IngestReport, tally: "_Tally",
