@@ -233,7 +233,8 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
             with _Claims(store, items, wait=wait, deferred=deferred) as claims:
                 for item, loaded in _prepared(claims.feed(), chunker, embedder, max_bytes=max_bytes,
                                               on_stop=claims.stop):
-                    claims.more()
+                    if not wait:
+                        claims.more()
                     try:
                         outcome = _done_elsewhere(store, item) or _commit(
                             item, loaded, store=store, embedder=embedder, report=report, emit=emit,
@@ -243,6 +244,8 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
                                          "before this)") from None
                     finally:
                         claims.release(item)
+                    if wait:  # waiting for a lock while holding another could deadlock with a peer
+                        claims.more()
                     committed += outcome.status in ("new", "changed")
                     report.files.append(outcome)
                     tally.finish(item.size)
@@ -313,9 +316,10 @@ def _prepared(todo: Iterable[_Todo], chunker: Chunker, embedder: TextEmbedder, *
 class _Claims:
     """The files this process loads and embeds: each one's document lock is taken (in this thread,
     the catalog's) before the loader thread sees it, a little ahead of the embedder, and released
-    once it is committed. A file whose lock is taken goes to ``deferred`` unless ``wait``."""
+    once it is committed. A file whose lock is taken goes to ``deferred`` unless ``wait``; with
+    ``wait``, one file is claimed at a time (waiting while holding a lock could deadlock)."""
 
-    AHEAD = 2  # claimed files waiting for the loader, beside the one being embedded
+    AHEAD = 2  # claimed files waiting for the loader, beside the one being embedded (without wait)
 
     def __init__(self, store: Store, items: list[_Todo], *, wait: bool, deferred: list[_Todo]):
         self.store, self.wait, self.deferred = store, wait, deferred
@@ -324,7 +328,7 @@ class _Claims:
         self._held: dict[str, object] = {}
 
     def __enter__(self) -> "_Claims":
-        for _ in range(self.AHEAD):
+        for _ in range(1 if self.wait else self.AHEAD):
             self.more()
         return self
 

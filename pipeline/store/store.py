@@ -258,11 +258,11 @@ class Store:
         """Delete the collection: from the catalog first (the commit point), then from Chroma."""
         with self._writing(), self.catalog.collection_lock(self.name):
             self.catalog.drop_collection(self.name)
-        try:
-            self._chroma.delete_collection(self.name)
-        except Exception:
-            pass
-        self._collection = None
+            try:  # under the lock: a process creating the collection anew waits for this delete
+                self._chroma.delete_collection(self.name)
+            except Exception:
+                pass
+            self._collection = None
 
     # -- documents --------------------------------------------------------------------------
 
