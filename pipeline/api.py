@@ -768,7 +768,7 @@ class Pipeline:
         with self.store(create=False) as store:
             info = store.info
             if info is None:
-                return CollectionStatus(collection=name, store=str(path), exists=False,
+                return CollectionStatus(collection=name, store=store.where, exists=False,
                                         collections=tuple(store.catalog.collections()),
                                         generator=self.config.models.generator)
             docs, chunks, tokens = store.catalog.totals(name)
@@ -777,7 +777,7 @@ class Pipeline:
                  "pages": r.pages, "title": r.title}
                 for r in sorted(store.documents().values(), key=lambda r: r.source))
             return CollectionStatus(
-                collection=name, store=str(path), exists=True, documents=docs, chunks=chunks,
+                collection=name, store=store.where, exists=True, documents=docs, chunks=chunks,
                 tokens=tokens, dense_chunks=store.chunk_count(), embedder=info.embedder, dim=info.dim,
                 chunk_size=info.chunk_size, chunk_overlap=info.chunk_overlap,
                 collections=tuple(store.catalog.collections()), generator=self.config.models.generator,
