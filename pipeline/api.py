@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from .context import Prompt
     from .engine.stages import Generation, TextEmbedder, TextGenerator
     from .evaluate import EvalReport, Question
-    from .summarize import SummaryEvent, SummaryRun
+    from .summarize import SummaryRun
+    from .summary import SummaryEvent
 
 Paths = "str | Path | Sequence[str | Path] | None"
 
@@ -685,7 +686,7 @@ class Pipeline:
                   max_tokens: int | None = None, restart: bool = False, out_dir: str | Path | None = None,
                   jsonl: str | Path | None = None, progress: "Callable[[SummaryEvent], None] | None" = None
                   ) -> "SummaryRun":
-        """Summarise documents, resumably: iterate the result for :class:`~.summarize.Summary` objects as they finish.
+        """Summarise documents, resumably: iterate the result for :class:`~.summary.Summary` objects as they finish.
 
         ``paths`` (files or folders) are ingested first where new or changed; with none,
         the whole collection is summarised. Each prompt (default ``summarize.prompt``)
@@ -755,7 +756,8 @@ class Pipeline:
         else:
             jobs = JobStore(self.config.store_path / "jobs.sqlite")
         job = Job(engine=self.engine, jobs=jobs, open_store=self.store, collection=self.config.store.collection,
-                  documents=documents, prompts=prompts, settings=settings)
+                  documents=documents, prompts=prompts, settings=settings, section_target=self.section_tokens,
+                  memo=self._section_tokens)
         return job, jobs, failed, skipped
 
     def status(self) -> CollectionStatus:

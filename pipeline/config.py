@@ -157,6 +157,7 @@ class EngineConfig:
     rope_scaling: str = ""
     rope_freq_scale: float = 0.0
     seed: int = 0
+    n_seq_max: int = 1
     tuned: bool = True
 
     def validate(self) -> "EngineConfig":
@@ -175,6 +176,8 @@ class EngineConfig:
             raise ConfigError(f"engine.cpu_moe_from must be 'first' or 'last', got {self.cpu_moe_from!r}")
         if self.rope_scaling not in ("", "none", "linear", "yarn"):
             raise ConfigError(f"engine.rope_scaling must be '', 'linear' or 'yarn', got {self.rope_scaling!r}")
+        if self.n_seq_max < 1:
+            raise ConfigError(f"engine.n_seq_max must be >= 1, got {self.n_seq_max}")
         if self.n_cpu_moe < 0 or self.threads < 0 or self.threads_batch < 0:
             raise ConfigError("engine.n_cpu_moe, engine.threads and engine.threads_batch must be >= 0")
         return self
