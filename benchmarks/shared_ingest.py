@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from pipeline.dev.bench import document, row  # noqa: E402
 from pipeline.dev.servers import ChromaServer, PostgresCluster, postgres_bin  # noqa: E402
 
 CONFIGS = [("embedded", 1), ("server", 1), ("server", 2), ("server", 4)]
@@ -81,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fake", action="store_true", help="the tests' fake embedder: the store's cost alone")
     ap.add_argument("--delay", type=float, default=0.05, help="with --fake: seconds per chunk (sleeping)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--quick", action="store_true", help="8 files, fake embedder: a smoke run")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.files, args.fake, args.repeat = 8, True, 1
     bindir = postgres_bin()
     if bindir is None:
         print("PostgreSQL is not installed (apt-get install postgresql): cannot run this benchmark")
@@ -126,8 +130,15 @@ def main(argv: list[str] | None = None) -> int:
         summary.append({"store": kind, "processes": n, "seconds": secs, "tokens": tokens, "tokens_per_second": rate,
                         "ratio": rate / base_rate, "consistent": ok, "runs": rs})
     if args.json:
-        args.json.write_text(json.dumps({"files": args.files, "fake": args.fake, "delay": args.delay,
-                                         "rows": summary}, indent=2))
+        rows_out = []
+        for r in summary:
+            name = f"{r['store']} x{r['processes']}"
+            rows_out += [row(f"{name} tokens/s", round(r["tokens_per_second"], 1), "tokens/s"),
+                         row(f"{name} vs embedded x1", round(r["ratio"], 3), "x",
+                             ratio=(f"{name} tokens/s", "embedded x1 tokens/s")),
+                         row(f"{name} consistent", r["consistent"])]
+        args.json.write_text(json.dumps(document(rows_out, files=args.files, fake=args.fake, delay=args.delay,
+                                                 results=summary), indent=2))
     return 0
 
 
