@@ -223,7 +223,7 @@ def _pg_job(pg_url, docs, *, engine=None):
     from pipeline.summarize import Job, Settings
 
     catalog = FakeCatalog(docs)
-    store = SimpleNamespace(name="col", catalog=catalog)
+    store = SimpleNamespace(name="c", catalog=catalog, documents=lambda: dict(catalog.docs))
 
     @contextmanager
     def open_store():
@@ -232,8 +232,8 @@ def _pg_job(pg_url, docs, *, engine=None):
     engine = engine or FakeEngine(160)
     jobs = PostgresJobStore(pg_url)
     settings = Settings(max_tokens=8, temperature=0.0, repeat_penalty=1.0, seed=0, system="Be brief.")
-    return Job(engine=engine, jobs=jobs, open_store=open_store, collection="col",
-               documents=list(catalog.docs.values()), prompts=["One.", "Two."], settings=settings), jobs, engine
+    return Job(engine=engine, jobs=jobs, open_store=open_store, collection="c", documents=list(catalog.docs.values()),
+               prompts=["One.", "Two."], settings=settings, section_target=160 // 4), jobs, engine
 
 
 def test_job_state_in_postgres_resumes_and_restarts_like_sqlite(pg_url, tmp_path):
