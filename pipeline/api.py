@@ -168,7 +168,11 @@ class Pipeline:
     @cached_property
     def embedder(self):
         from .engine.embed import Embedder
+        from .engine.remote import is_remote
+        from .engine.remote_embedder import remote_embedder
 
+        if is_remote(self.config.models.embedder):
+            return remote_embedder(self.config.models.embedder, self.config.remote)
         path = models.resolve(self.config.models.embedder, home=self.config.home_path,
                               what="embedder", log=self._log)
         e = self.config.embed
@@ -185,7 +189,12 @@ class Pipeline:
     @cached_property
     def engine(self):
         from .engine.generator import Engine
+        from .engine.remote import is_remote
+        from .engine.remote_generator import remote_generator
 
+        if is_remote(self.config.models.generator):
+            return remote_generator(self.config.models.generator, self.config.engine, self.config.remote,
+                                    log=self._log)
         path = models.resolve(self.config.models.generator, home=self.config.home_path,
                               what="generator", log=self._log)
         return Engine(path, self.engine_settings(path), log=self._log, cache=self.prefix_cache,
@@ -360,6 +369,9 @@ class Pipeline:
         out = {}
         for role in ("embedder", "generator"):
             ref = getattr(self.config.models, role)
+            if ref.startswith("openai:"):
+                out[role] = models.redact(ref) + "  (a server: nothing to pull)"
+                continue
             out[role] = str(models.resolve(ref, home=self.config.home_path, what=role, log=self._log))
         return out
 
@@ -766,13 +778,13 @@ class Pipeline:
         name = self.config.store.collection
         if not self.config.store.catalog_url and not (path / "catalog.sqlite").exists():
             return CollectionStatus(collection=name, store=str(path), exists=False,
-                                    generator=self.config.models.generator)
+                                    generator=models.redact(self.config.models.generator))
         with self.store(create=False) as store:
             info = store.info
             if info is None:
                 return CollectionStatus(collection=name, store=store.where, exists=False,
                                         collections=tuple(store.catalog.collections()),
-                                        generator=self.config.models.generator)
+                                        generator=models.redact(self.config.models.generator))
             docs, chunks, tokens = store.catalog.totals(name)
             sources = tuple(
                 {"source": r.source, "format": r.format, "chunks": r.n_chunks, "tokens": r.n_tokens,
@@ -782,7 +794,7 @@ class Pipeline:
                 collection=name, store=store.where, exists=True, documents=docs, chunks=chunks,
                 tokens=tokens, dense_chunks=store.chunk_count(), embedder=info.embedder, dim=info.dim,
                 chunk_size=info.chunk_size, chunk_overlap=info.chunk_overlap,
-                collections=tuple(store.catalog.collections()), generator=self.config.models.generator,
+                collections=tuple(store.catalog.collections()), generator=models.redact(self.config.models.generator),
                 sources=sources)
 
     def drop(self) -> bool:

@@ -255,21 +255,70 @@ def test_job_state_in_postgres_resumes_and_restarts_like_sqlite(pg_url, tmp_path
         assert job.forget() > 0 and job.status()["state"] == "not started"
 
 
-def test_job_units_are_claimed_by_one_worker_at_a_time(pg_url):
+def test_job_claims_in_postgres_give_each_item_to_one_worker(pg_url):
+    """The JobStore claim/renew/release interface on PostgreSQL: workers in parallel take every item
+    exactly once; a released item goes back; a lease that ends frees the item of a dead worker."""
+    import threading
+
     from pipeline.store.pg_jobs import PostgresJobStore
 
-    one, two = PostgresJobStore(pg_url), PostgresJobStore(pg_url)
-    try:
-        with one.claim("unit-1") as mine:
-            assert mine
-            with two.claim("unit-1") as theirs, two.claim("unit-2") as other:
-                assert not theirs and other
-        with two.claim("unit-1") as theirs:
-            assert theirs  # released
-        held = one.claim("unit-3")
-        assert held.__enter__()
-        _die(one.conn, pg_url)  # the worker dies: the server releases its claim
-        with two.claim("unit-3") as theirs:
-            assert theirs
-    finally:
-        two.close()
+    items = [f"doc{i}" for i in range(20)]
+    taken: list[tuple[str, str]] = []
+
+    def worker(name: str) -> None:
+        with PostgresJobStore(pg_url) as jobs:
+            while (item := jobs.claim("job", items, worker=name, lease=60)) is not None:
+                taken.append((name, item))
+                jobs.release("job", item, worker=name, done=True)
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(i for _, i in taken) == sorted(items)  # each once
+    with PostgresJobStore(pg_url) as jobs, PostgresJobStore(pg_url) as other:
+        assert all(c["done"] and c["attempts"] == 1 for c in jobs.claims("job").values())
+        assert jobs.claim("other", ["a", "b"], worker="x", lease=60) == "a"
+        assert other.claim("other", ["a", "b"], worker="y", lease=60) == "b"  # a is held
+        assert other.claim("other", ["a", "b"], worker="y", lease=60) is None
+        jobs.release("other", "a", worker="x", done=False)  # given back
+        assert other.claim("other", ["a"], worker="y", lease=0.01) == "a"
+        assert not jobs.renew("other", "a", worker="x", lease=60)  # no longer x's
+        import time
+
+        time.sleep(0.05)  # y "dies": its lease ends
+        assert jobs.claim("other", ["a"], worker="x", lease=60) == "a"
+        assert jobs.claims("other")["a"]["attempts"] == 3
+        jobs.release("other", "a", worker="x", done=True)
+        jobs.clear_finished_claims("other")
+        assert set(jobs.claims("other")) == {"b"}
+        with jobs.reopen() as again:
+            assert again.claims("other").keys() == {"b"}
+
+
+def test_a_job_spread_over_three_workers_shares_its_state_in_postgres(tmp_path, pg_url):
+    """summarize_spread's workers (threads standing for servers) on the PostgreSQL job store:
+    the same summaries as one worker, every unit computed once, every document claimed once."""
+    import psycopg
+    from test_summarize_spread import SharedFakeEngine, doc_chunks, fake_job
+
+    from pipeline.store.pg_jobs import PostgresJobStore
+
+    docs = {f"/d/{i}.txt": doc_chunks(3 if i % 2 else 12) for i in range(6)}
+    job, jobs, _ = fake_job(tmp_path / "one", docs, n_ctx=160, prompts=("One.", "Two."))
+    with jobs:
+        alone = {(s.source, s.prompt_index): s.text for s in job.run()}
+        units_alone = job.report.units_computed
+    engine = SharedFakeEngine(160, servers=3)
+    job, sqlite_jobs, _ = fake_job(tmp_path / "three", docs, n_ctx=160, prompts=("One.", "Two."), engine=engine)
+    sqlite_jobs.close()
+    job.jobs = PostgresJobStore(pg_url)
+    with job.jobs:
+        assert {(s.source, s.prompt_index): s.text for s in job.run()} == alone
+        assert job.report.units_computed == units_alone
+        claims = job.jobs.claims(job.job_id)
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM units").fetchone()[0] == units_alone
+    assert len(claims) == 6 and all(c["done"] and c["attempts"] == 1 for c in claims.values())
+    assert len({c["worker"] for c in claims.values()}) >= 2

@@ -51,6 +51,19 @@ def resolve_overrides(settings: EngineConfig, n_layers: int) -> list[offload.Ove
     return out
 
 
+def render_chat(template: str, system: str, user: str, *, bos: str = "", eos: str = "") -> str:
+    """``system`` and ``user`` through a chat template (Jinja, sandboxed), ready for the answer;
+    a plain layout where the model has no template."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if not template:
+        return f"{system}\n\n{user}\n\nAnswer:"
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                            bos_token=bos, eos_token=eos)
+
+
 class Engine:
     """One generator model in llama.cpp. The model loads on first use.
 
@@ -179,15 +192,10 @@ class Engine:
 
     def chat(self, system: str, user: str) -> str:
         """``system`` and ``user`` rendered with the model's chat template, ready for the answer."""
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
         template = self.info.chat_template
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         if not template:
-            return f"{system}\n\n{user}\n\nAnswer:"
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        return env.from_string(template).render(messages=messages, add_generation_prompt=True,
-                                                bos_token=self.llm.bos_text, eos_token=self.llm.eos_text)
+            return render_chat("", system, user)
+        return render_chat(template, system, user, bos=self.llm.bos_text, eos=self.llm.eos_text)
 
     # -- running prompts ----------------------------------------------------------------------
 

@@ -3,9 +3,10 @@
 The same content-addressed units and results as :class:`pipeline.jobs.JobStore` (which
 keeps them in ``jobs.sqlite`` beside an embedded store), in the tables of catalog schema
 version 2 (:mod:`.pg_schema`). Every commit is one statement, so ``kill -9`` loses at
-most the unit in flight, as with SQLite. :meth:`claim` lets workers on several machines
-split units: a unit is worked on only by the worker holding its advisory lock, which the
-server releases when that worker's connection ends.
+most the unit in flight, as with SQLite. Workers on several machines split one job through
+the same leases as :class:`~pipeline.jobs.JobStore` (:meth:`claim`, :meth:`renew`,
+:meth:`release`): a claim runs in one transaction under an advisory lock on the job, so two
+workers never take the same item, and a crashed worker's items are free once its lease ends.
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from contextlib import contextmanager
-from typing import Iterable, Iterator
+from typing import Iterable, Sequence
 
 from ..jobs import KILL_HOOK, JobStore, StoredResult, Unit
 from .pg_schema import upgrade
@@ -26,6 +26,7 @@ class PostgresJobStore(JobStore):
     """:class:`~pipeline.jobs.JobStore` on PostgreSQL. One connection per instance; not shared between threads."""
 
     def __init__(self, url: str):
+        self._url = url
         self.path = redact(url)  # what messages name
         self._commits = 0
         kill = os.environ.get(KILL_HOOK, "")
@@ -40,21 +41,13 @@ class PostgresJobStore(JobStore):
     def close(self) -> None:
         self.conn.close()
 
+    def reopen(self) -> "PostgresJobStore":
+        return PostgresJobStore(self._url)
+
     def _one(self, sql: str, args=()) -> tuple | None:
         with self.conn.cursor() as cur:
             cur.execute(sql, args)
             return cur.fetchone() if cur.description else None
-
-    @contextmanager
-    def claim(self, key: str) -> Iterator[bool]:
-        """True while this worker alone may compute unit ``key`` (False: another worker is on it)."""
-        lock = _key("unit", key)
-        got = bool(self._one("SELECT pg_try_advisory_lock(%s)", (lock,))[0])
-        try:
-            yield got
-        finally:
-            if got and not self.conn.closed:
-                self._one("SELECT pg_advisory_unlock(%s)", (lock,))
 
     # -- jobs ---------------------------------------------------------------------------------
 
@@ -110,8 +103,50 @@ class PostgresJobStore(JobStore):
         n = 0
         with self.conn.transaction(), self.conn.cursor() as cur:
             cur.execute("DELETE FROM jobs WHERE job_id = %s", (job_id,))
+            cur.execute("DELETE FROM claims WHERE job_id = %s", (job_id,))
             for doc_key, prompt_key in pairs:
                 for table in ("units", "results"):
                     cur.execute(f"DELETE FROM {table} WHERE doc_key = %s AND prompt_key = %s", (doc_key, prompt_key))
                     n += cur.rowcount
         return n
+
+    # -- claims: several workers on one job -----------------------------------------------------
+
+    def claim(self, job_id: str, items: Sequence[str], *, worker: str, lease: float) -> str | None:
+        now = time.time()
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_key("job", job_id),))  # one claimer per job at a time
+            cur.execute("SELECT item, done, lease_until, attempts FROM claims WHERE job_id = %s", (job_id,))
+            held = {row[0]: row[1:] for row in cur.fetchall()}
+            for item in items:
+                done, lease_until, attempts = held.get(item, (0, 0.0, 0))
+                if done or lease_until > now:
+                    continue
+                cur.execute("INSERT INTO claims VALUES (%s, %s, %s, %s, 0, %s) ON CONFLICT (job_id, item) DO UPDATE"
+                            " SET worker = excluded.worker, lease_until = excluded.lease_until, done = 0,"
+                            " attempts = excluded.attempts", (job_id, item, worker, now + lease, attempts + 1))
+                return item
+        return None
+
+    def renew(self, job_id: str, item: str, *, worker: str, lease: float) -> bool:
+        with self.conn.cursor() as cur:
+            cur.execute("UPDATE claims SET lease_until = %s WHERE job_id = %s AND item = %s AND worker = %s"
+                        " AND done = 0", (time.time() + lease, job_id, item, worker))
+            return cur.rowcount == 1
+
+    def release(self, job_id: str, item: str, *, worker: str, done: bool) -> None:
+        if done:
+            self._one("UPDATE claims SET done = 1 WHERE job_id = %s AND item = %s AND worker = %s",
+                      (job_id, item, worker))
+        else:
+            self._one("UPDATE claims SET lease_until = 0 WHERE job_id = %s AND item = %s AND worker = %s"
+                      " AND done = 0", (job_id, item, worker))
+
+    def claims(self, job_id: str) -> dict[str, dict]:
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT item, worker, done, attempts, lease_until FROM claims WHERE job_id = %s", (job_id,))
+            return {row[0]: {"worker": row[1], "done": bool(row[2]), "attempts": row[3], "lease_until": row[4]}
+                    for row in cur.fetchall()}
+
+    def clear_finished_claims(self, job_id: str) -> None:
+        self._one("DELETE FROM claims WHERE job_id = %s AND done = 1", (job_id,))

@@ -12,7 +12,8 @@ History:
    PostgreSQL: ``ts_rank`` over the ``simple`` configuration, which neither stems nor
    drops stop words, as the SQLite catalog's FTS5 ``unicode61`` tokenizer does not),
    the reconcile journal (``pending``) and sections;
-2. summarisation job state (``jobs``, ``units``, ``results``, see :mod:`pipeline.jobs`),
+2. summarisation job state (``jobs``, ``units``, ``results``, and ``claims``: the leases of
+   workers sharing one job; see :mod:`pipeline.jobs`),
    which the SQLite side keeps in ``jobs.sqlite`` beside the store.
 """
 
@@ -66,6 +67,9 @@ CREATE TABLE results (
     method TEXT, sections INTEGER, reduce_steps INTEGER, levels INTEGER, text TEXT,
     finished_at DOUBLE PRECISION);
 CREATE INDEX results_by_doc ON results (doc_key, prompt_key);
+CREATE TABLE claims (
+    job_id TEXT, item TEXT, worker TEXT, lease_until DOUBLE PRECISION, done INTEGER, attempts INTEGER,
+    PRIMARY KEY (job_id, item));
 """
 
 
