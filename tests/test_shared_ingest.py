@@ -20,6 +20,9 @@ import pytest
 from servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 SCRIPT = Path(__file__).resolve().parent / "fake_ingest.py"
+
+# Real servers (chroma run, a PostgreSQL cluster) and real processes: not the fakes-only fast subset.
+pytestmark = pytest.mark.slow
 FOLDERS = "abcde"
 
 

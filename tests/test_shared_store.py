@@ -13,6 +13,9 @@ from pipeline.ingest.chunking import Chunk
 from pipeline.store.catalog import DocumentRecord
 from pipeline.store.store import Store
 
+# Real servers (chroma run, a PostgreSQL cluster) and real processes: not the fakes-only fast subset.
+pytestmark = pytest.mark.slow
+
 
 def _chunks(n: int, word: str = "chunk") -> list[Chunk]:
     return [Chunk(f"{word} number {i}", i, None, 0, 7, 2) for i in range(n)]
