@@ -354,8 +354,9 @@ class Pipeline:
 
         ``create=False`` (every read) refuses to open a store that does not exist yet.
         """
-        with Store(self.config.store_path, self.config.store.collection, wait=self.config.store.wait,
-                   create=create) as s:
+        c = self.config.store
+        with Store(self.config.store_path, c.collection, wait=c.wait, create=create, url=c.url,
+                   catalog_url=c.catalog_url) as s:
             yield s
 
     def _check_embedder(self, store: Store) -> None:
@@ -760,7 +761,12 @@ class Pipeline:
         s = self.engine.settings
         settings = Settings(max_tokens=max_tokens or m.max_tokens, temperature=m.temperature,
                             repeat_penalty=m.repeat_penalty, seed=s.seed, system=self.config.ask.system_prompt)
-        jobs = JobStore(self.config.store_path / "jobs.sqlite")
+        if self.config.store.catalog_url:  # job state lives with the shared catalog
+            from .store.pg_jobs import PostgresJobStore
+
+            jobs = PostgresJobStore(self.config.store.catalog_url)
+        else:
+            jobs = JobStore(self.config.store_path / "jobs.sqlite")
         job = Job(engine=self.engine, jobs=jobs, open_store=self.store, collection=self.config.store.collection,
                   documents=documents, prompts=prompts, settings=settings, section_target=self.section_tokens,
                   memo=self._section_tokens)
@@ -770,13 +776,13 @@ class Pipeline:
         """What the collection holds; never creates anything."""
         path = self.config.store_path
         name = self.config.store.collection
-        if not (path / "catalog.sqlite").exists():
+        if not self.config.store.catalog_url and not (path / "catalog.sqlite").exists():
             return CollectionStatus(collection=name, store=str(path), exists=False,
                                     generator=models.redact(self.config.models.generator))
         with self.store(create=False) as store:
             info = store.info
             if info is None:
-                return CollectionStatus(collection=name, store=str(path), exists=False,
+                return CollectionStatus(collection=name, store=store.where, exists=False,
                                         collections=tuple(store.catalog.collections()),
                                         generator=models.redact(self.config.models.generator))
             docs, chunks, tokens = store.catalog.totals(name)
@@ -785,7 +791,7 @@ class Pipeline:
                  "pages": r.pages, "title": r.title}
                 for r in sorted(store.documents().values(), key=lambda r: r.source))
             return CollectionStatus(
-                collection=name, store=str(path), exists=True, documents=docs, chunks=chunks,
+                collection=name, store=store.where, exists=True, documents=docs, chunks=chunks,
                 tokens=tokens, dense_chunks=store.chunk_count(), embedder=info.embedder, dim=info.dim,
                 chunk_size=info.chunk_size, chunk_overlap=info.chunk_overlap,
                 collections=tuple(store.catalog.collections()), generator=models.redact(self.config.models.generator),
@@ -793,7 +799,7 @@ class Pipeline:
 
     def drop(self) -> bool:
         """Delete the collection; False if it did not exist."""
-        if not (self.config.store_path / "catalog.sqlite").exists():
+        if not self.config.store.catalog_url and not (self.config.store_path / "catalog.sqlite").exists():
             return False
         with self.store(create=False) as store:
             if store.info is None:

@@ -21,10 +21,12 @@ from typing import Any, Callable, Mapping
 from .errors import ConfigError
 from .engine.ggml import KV_TYPE_IDS
 from .store.names import check_collection_name
+from .store.vectors import check_store_urls
 
 ENV_PREFIX = "RAG_"
 # Variables with a meaning of their own, not "section_key" overrides.
-_ENV_RESERVED = {"RAG_HOME", "RAG_CONFIG", "RAG_TEST_MINILM_DIR", "RAG_LLAMA_CMAKE_ARGS"}
+_ENV_RESERVED = {"RAG_HOME", "RAG_CONFIG", "RAG_TEST_MINILM_DIR", "RAG_LLAMA_CMAKE_ARGS",
+                 "RAG_STORE_TOKEN"}  # the Chroma server's token: read by pipeline.store.vectors, never a setting
 _ENV_RESERVED_PREFIXES = ("RAG_TEST_",)  # the test suite's own knobs
 
 
@@ -79,11 +81,20 @@ class EmbedConfig:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """Where vectors and the lexical index live. An empty ``path`` means ``$RAG_HOME/store``."""
+    """Where vectors and the lexical index live. An empty ``path`` means ``$RAG_HOME/store``.
+
+    ``url`` (``http://host:port``) puts the vectors in a Chroma server and ``catalog_url``
+    (``postgresql://...``) the catalog, full-text index and job state in PostgreSQL; with
+    both, many processes share the collection (see :mod:`pipeline.store.store`). A Chroma
+    token comes from ``RAG_STORE_TOKEN`` only, a PostgreSQL password from the URL or libpq's
+    own ``PGPASSWORD`` / ``~/.pgpass``.
+    """
 
     path: str = ""
     collection: str = "default"
     wait: float = 10.0
+    url: str = ""
+    catalog_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -372,6 +383,7 @@ class Config:
             raise ConfigError("retrieval.rerank_candidates must be >= 1 and retrieval.rerank_dense_weight in [0, 1]")
         if self.store.wait < 0:
             raise ConfigError("store.wait must be >= 0 seconds")
+        check_store_urls(self.store.url, self.store.catalog_url)
         self.engine.validate()
         a = self.ask
         if a.mode not in ASK_MODES:

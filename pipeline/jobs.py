@@ -121,6 +121,10 @@ class JobStore:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def reopen(self) -> "JobStore":
+        """Another connection to the same job state (for another thread or worker)."""
+        return type(self)(self.path)
+
     # -- jobs ---------------------------------------------------------------------------------
 
     def begin(self, job_id: str, *, collection: str, spec: dict) -> None:

@@ -42,7 +42,6 @@ from typing import Callable, Iterable, Sequence
 from .context import Layout, PackedSection, Prompt, Tokenize, label, render_section, section_prompt
 from .ingest.sections import cut as cut_sections
 from .retrieve import Hit, merge_chunks
-from .store import sections as section_rows
 from .store.catalog import DocumentRecord
 from .store.sections import Section
 
@@ -94,12 +93,11 @@ def gather(store, *, sources: Iterable[str] | None, target: int, hits: Sequence[
     if sources is not None:
         wanted = set(sources)
         docs = {s: d for s, d in docs.items() if s in wanted}
-    db = store.catalog.db
-    by_doc = section_rows.read(db, store.name, [(s, d.content_hash) for s, d in docs.items()])
+    by_doc = store.catalog.sections(store.name, [(s, d.content_hash) for s, d in docs.items()])
     for source in sorted(set(docs) - set(by_doc)):
         chunks = store.catalog.chunks(store.name, source)
         cut = cut_sections(source, docs[source].content_hash, chunks, target=target)
-        section_rows.backfill(db, store.name, cut)
+        store.catalog.backfill_sections(store.name, cut)
         by_doc[source] = cut
     ordered = [s for source in sorted(by_doc) for s in by_doc[source]]
     total = sum(s.tokens for s in ordered)

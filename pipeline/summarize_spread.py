@@ -50,7 +50,7 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
 
     def work(index: int, engine) -> None:
         worker = f"{socket.gethostname()}:{os.getpid()}:{index}"
-        jobs = JobStore(job.jobs.path)  # a connection of its own (SQLite connections stay in their thread)
+        jobs = job.jobs.reopen()  # a connection of its own (SQLite connections stay in their thread)
         mine = copy.copy(job)
         mine.engine, mine.jobs, mine.open_store = engine, jobs, open_store
         # Tokens from the worker's own server: llama_cpp.server cuts a running stream short when another
@@ -70,7 +70,7 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
                         return
                     time.sleep(poll)  # others hold the rest; a crashed one's lease will end
                     continue
-                with _heartbeat(jobs.path, job_id, key, worker, lease):
+                with _heartbeat(jobs, job_id, key, worker, lease):
                     summaries = mine._document(items[key], lambda fraction, detail: None)
                 jobs.release(job_id, key, worker=worker, done=True)
                 out.put((items[key], summaries))
@@ -107,12 +107,12 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
 
 
 @contextmanager
-def _heartbeat(path, job_id: str, item: str, worker: str, lease: float):
+def _heartbeat(store: JobStore, job_id: str, item: str, worker: str, lease: float):
     """Renew ``worker``'s lease on ``item`` every third of the lease while the block runs."""
     finished = threading.Event()
 
     def beat() -> None:
-        jobs = JobStore(path)
+        jobs = store.reopen()
         try:
             while not finished.wait(lease / 3):
                 jobs.renew(job_id, item, worker=worker, lease=lease)

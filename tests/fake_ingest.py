@@ -1,6 +1,6 @@
 """``rag ingest ROOT`` with the fake embedder, as its own process, for the crash tests.
 
-    python tests/fake_ingest.py ROOT [DELAY]
+    python tests/fake_ingest.py ROOT[,ROOT...] [DELAY]
 
 ``DELAY`` seconds per embedded chunk keep the run long enough to be killed mid-way.
 Settings (store path...) come from the environment, as for ``rag``.
@@ -20,9 +20,10 @@ from pipeline import Pipeline  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
-    root, delay = argv[0], float(argv[1]) if len(argv) > 1 else 0.0
+    roots, delay = argv[0].split(","), float(argv[1]) if len(argv) > 1 else 0.0
     with Pipeline.from_config(embedder=HashEmbedder(delay=delay)) as rag:
-        rag.ingest([root])
+        report = rag.ingest(roots)
+    print(report.summary(), flush=True)
     return 0
 
 

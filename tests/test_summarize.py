@@ -99,6 +99,12 @@ class FakeCatalog:
     def document(self, collection, source):
         return self.docs.get(source)
 
+    def sections(self, collection, documents):  # the catalog interface packing reads sections through
+        return section_rows.read(self.db, collection, documents)
+
+    def backfill_sections(self, collection, sections):
+        return section_rows.backfill(self.db, collection, sections)
+
     def chunks(self, collection, source, *, first=None, last=None):
         out, start = [], 0
         for i, t in enumerate(self.texts[source]):  # no overlaps: offsets follow each other

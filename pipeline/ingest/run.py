@@ -6,16 +6,23 @@ see :mod:`.scan`) and versioned by the SHA-256 of its bytes. Unchanged files
 old chunks through the store's commit protocol.
 Loading and chunking run in a background thread, one document ahead of the
 embedder, so that on a multi-core machine they hide behind embedding.
+
+On a shared store (Chroma server + PostgreSQL catalog), several ingests of the same
+files split the work: each process starts at a random place in the list of files to embed,
+each file is embedded under its document lock, a file whose lock another process holds is
+put off to a second pass, and a file that another process has committed at the same
+content by then is reported unchanged instead of loaded and embedded again.
 """
 
 from __future__ import annotations
 
 import queue
+import random
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -214,17 +221,35 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
         tally = _Tally(total_bytes=sum(t.size for t in todo))
         emit(IngestEvent("plan", total=len(todo), total_bytes=tally.total_bytes))
         committed = 0
-        for item, loaded in _prepared(todo, chunker, embedder, max_bytes=max_bytes):
-            try:
-                outcome = _commit(item, loaded, store=store, embedder=embedder, report=report, emit=emit,
-                                  tally=tally, section_tokens=section_tokens)
-            except StoreError as exc:
-                raise StoreError(f"{exc} ({committed} of {len(todo)} files to embed were committed "
-                                 "before this)") from None
-            committed += outcome.status in ("new", "changed")
-            report.files.append(outcome)
-            tally.finish(item.size)
-            emit(tally.event("file", path=str(item.path), outcome=outcome))
+        # A shared store's other writers may be embedding some of these files right now: a file whose
+        # document lock is taken waits for a second pass, by which time it is usually committed.
+        deferred: list[_Todo] = []
+        if store.catalog.shared and len(todo) > 1:  # start where the others probably are not
+            start = random.randrange(len(todo))
+            todo = todo[start:] + todo[:start]
+        for items, wait in ((todo, False), (deferred, True)):
+            if wait:  # those the others have finished meanwhile need no loading
+                items = _still_to_do(store, deferred, report, tally, emit)
+            with _Claims(store, items, wait=wait, deferred=deferred) as claims:
+                for item, loaded in _prepared(claims.feed(), chunker, embedder, max_bytes=max_bytes,
+                                              on_stop=claims.stop):
+                    if not wait:
+                        claims.more()
+                    try:
+                        outcome = _done_elsewhere(store, item) or _commit(
+                            item, loaded, store=store, embedder=embedder, report=report, emit=emit,
+                            tally=tally, section_tokens=section_tokens)
+                    except StoreError as exc:
+                        raise StoreError(f"{exc} ({committed} of {len(todo)} files to embed were committed "
+                                         "before this)") from None
+                    finally:
+                        claims.release(item)
+                    if wait:  # waiting for a lock while holding another could deadlock with a peer
+                        claims.more()
+                    committed += outcome.status in ("new", "changed")
+                    report.files.append(outcome)
+                    tally.finish(item.size)
+                    emit(tally.event("file", path=str(item.path), outcome=outcome))
     report.seconds = time.perf_counter() - started
     return report
 
@@ -246,9 +271,11 @@ class _Tally:
                            done_chunks=self.done_chunks, done_tokens=self.done_tokens, **fields)
 
 
-def _prepared(todo: list[_Todo], chunker: Chunker, embedder: TextEmbedder, *,
-              max_bytes: int = 0) -> Iterator[tuple[_Todo, object]]:
-    """(item, (document, chunks, token sequences) or LoadError), loaded one document ahead."""
+def _prepared(todo: Iterable[_Todo], chunker: Chunker, embedder: TextEmbedder, *,
+              max_bytes: int = 0, on_stop: Callable[[], None] | None = None) -> Iterator[tuple[_Todo, object]]:
+    """(item, (document, chunks, token sequences) or LoadError), loaded one document ahead.
+
+    ``on_stop`` is called when the consumer stops early, to end a ``todo`` that blocks."""
     out: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
 
@@ -277,11 +304,88 @@ def _prepared(todo: list[_Todo], chunker: Chunker, embedder: TextEmbedder, *,
             yield entry
     finally:
         stop.set()
+        if on_stop is not None:
+            on_stop()
         while thread.is_alive():  # unblock a producer waiting on a full queue
             try:
                 out.get(timeout=0.1)
             except queue.Empty:
                 pass
+
+
+class _Claims:
+    """The files this process loads and embeds: each one's document lock is taken (in this thread,
+    the catalog's) before the loader thread sees it, a little ahead of the embedder, and released
+    once it is committed. A file whose lock is taken goes to ``deferred`` unless ``wait``; with
+    ``wait``, one file is claimed at a time (waiting while holding a lock could deadlock)."""
+
+    AHEAD = 2  # claimed files waiting for the loader, beside the one being embedded (without wait)
+
+    def __init__(self, store: Store, items: list[_Todo], *, wait: bool, deferred: list[_Todo]):
+        self.store, self.wait, self.deferred = store, wait, deferred
+        self._items = iter(items)
+        self._queue: queue.Queue = queue.Queue()
+        self._held: dict[str, object] = {}
+
+    def __enter__(self) -> "_Claims":
+        for _ in range(1 if self.wait else self.AHEAD):
+            self.more()
+        return self
+
+    def feed(self) -> Iterator[_Todo]:
+        """The claimed files, for the loader thread (it only reads a queue)."""
+        return iter(self._queue.get, None)
+
+    def more(self) -> None:
+        """Claim the next free file and hand it to the loader (or tell it that there is none left)."""
+        for item in self._items:
+            lock = self.store.catalog.document_lock(self.store.name, item.source, wait=self.wait)
+            if lock.__enter__():
+                self._held[item.source] = lock
+                self._queue.put(item)
+                return
+            lock.__exit__(None, None, None)
+            self.deferred.append(item)
+        self._queue.put(None)
+
+    def release(self, item: _Todo) -> None:
+        lock = self._held.pop(item.source, None)
+        if lock is not None:
+            lock.__exit__(None, None, None)
+
+    def stop(self) -> None:
+        """Tell a loader waiting for work that there is none (safe from any thread)."""
+        self._queue.put(None)
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        for source in list(self._held):
+            self._held.pop(source).__exit__(None, None, None)
+
+
+def _still_to_do(store: Store, items: list[_Todo], report: IngestReport, tally: "_Tally",
+                 emit: Progress) -> list[_Todo]:
+    """``items`` less those another process has committed at the same content (reported unchanged)."""
+    left = []
+    for item in items:
+        outcome = _done_elsewhere(store, item)
+        if outcome is None:
+            left.append(item)
+            continue
+        report.files.append(outcome)
+        tally.finish(item.size)
+        emit(tally.event("file", path=str(item.path), outcome=outcome))
+    return left
+
+
+def _done_elsewhere(store: Store, item: _Todo) -> FileOutcome | None:
+    """An outcome for a file that another process committed at this very content since the run began."""
+    if not store.catalog.shared:
+        return None
+    record = store.catalog.document(store.name, item.source)
+    if record is None or record.content_hash != item.content_hash:
+        return None
+    return FileOutcome(item.source, "unchanged", "committed by another process")
 
 
 def _commit(item: _Todo, loaded: object, *, store: Store, embedder: TextEmbedder,

@@ -13,9 +13,10 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from .._sqlite import transaction
 from ..errors import StoreError
@@ -82,6 +83,9 @@ def fts_query(text: str) -> str | None:
 class Catalog:
     """SQLite catalog of one store. Not shared between threads; the store lock serialises processes.
 
+    :class:`pipeline.store.postgres.PostgresCatalog` is the same interface on a PostgreSQL
+    server, shared by many processes (``shared`` is True there: no store lock is taken).
+
     Opening it creates the schema in a new file and migrates an older one (see :mod:`.schema`);
     ``migrated_from`` is the version found.
     """
@@ -102,8 +106,21 @@ class Catalog:
                 raise storage_error(exc, path.parent, doing="opening the catalog of") from None
             raise
 
+    #: Several processes may write through catalogs like this one at once (the store lock is not needed).
+    shared = False
+
     def close(self) -> None:
         self.db.close()
+
+    @contextmanager
+    def collection_lock(self, name: str) -> Iterator[None]:
+        """Held while a collection is created or dropped; the store lock already serialises processes."""
+        yield
+
+    @contextmanager
+    def document_lock(self, collection: str, source: str, *, wait: bool = True) -> Iterator[bool]:
+        """Held while one document is written (yields False when ``wait`` is off and it is taken)."""
+        yield True
 
     # -- collections ------------------------------------------------------------------------
 
@@ -184,6 +201,17 @@ class Catalog:
     def pending(self, collection: str) -> list[str]:
         return [r[0] for r in self.db.execute(
             "SELECT source FROM pending WHERE collection = ?", (collection,))]
+
+    # -- sections -----------------------------------------------------------------------------
+
+    def sections(self, collection: str, documents: Iterable[tuple[str, str]]
+                 ) -> dict[str, list["_sections.Section"]]:
+        """The sections of each committed ``(source, content_hash)``, in order (see :mod:`.sections`)."""
+        return _sections.read(self.db, collection, documents)
+
+    def backfill_sections(self, collection: str, sections: Sequence["_sections.Section"]) -> bool:
+        """Record sections cut for a document committed without them; False if nothing could be written."""
+        return _sections.backfill(self.db, collection, sections)
 
     # -- reading chunks -----------------------------------------------------------------------
 

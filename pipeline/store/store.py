@@ -11,14 +11,28 @@ moment leaves nothing half-visible and nothing duplicated:
 4. Chroma's chunks of any other version of that source are deleted, and the
    journal entry is cleared.
 
+Test hook: with ``RAG_TEST_KILL_BEFORE_COMMIT=N`` set, the process SIGKILLs itself after
+writing the vectors of its Nth document, before the commit point (step 3): the crash tests
+use it to stop an ingest exactly mid-document; it has no other use.
+
 Dense hits are filtered against the catalog, so chunks written before a crash
 are never returned, and every open of the store finishes the journal's pending
-cleanups first. Only one process opens a store at a time (see :mod:`.lock`).
+cleanups first.
+
+Embedded (the default), only one process opens a store at a time (see :mod:`.lock`).
+With a Chroma server (``url``) and a PostgreSQL catalog (``catalog_url``), any number of
+processes on any number of machines share one collection, and the protocol holds across
+them: steps 1-4 run under the catalog's lock on that one document (a PostgreSQL advisory
+lock, released by the server when its holder dies), taken before the journal entry, so
+a reconcile never deletes vectors that another live process is about to commit, and the
+cleanups of a crashed process are finished by the next process that opens the store.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -30,6 +44,8 @@ from .failures import storage_error
 from ..errors import StoreError
 from .lock import StoreLock
 from .names import check_collection_name
+from .vectors import client as vector_client
+from .vectors import redact
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,6 +54,16 @@ if TYPE_CHECKING:
     from .sections import Section
 
 __all__ = ["Store", "check_collection_name", "chunk_id"]
+
+KILL_HOOK = "RAG_TEST_KILL_BEFORE_COMMIT"
+_written = 0  # documents whose vectors this process wrote (for the test hook)
+
+
+def _test_kill_hook() -> None:
+    global _written
+    _written += 1
+    if os.environ.get(KILL_HOOK, "").isdigit() and _written >= int(os.environ[KILL_HOOK]):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _where_source(source: str | Sequence[str] | None) -> dict | None:
@@ -52,33 +78,47 @@ def chunk_id(source: str, content_hash: str, index: int) -> str:
 
 
 class Store:
-    """One store directory, opened by one process at a time. Use as a context manager."""
+    """One collection's store. Use as a context manager.
 
-    def __init__(self, path: Path, collection: str, *, wait: float = 10.0, create: bool = True):
+    Embedded, the store is the directory ``path``, opened by one process at a time. ``url``
+    (a Chroma server) and ``catalog_url`` (a PostgreSQL catalog), both given, make it
+    shared: no directory and no lock, and any number of processes open it at once.
+    """
+
+    def __init__(self, path: Path, collection: str, *, wait: float = 10.0, create: bool = True,
+                 url: str = "", catalog_url: str = ""):
         """``create=False`` opens an existing store only: reads never create one."""
         self.path = Path(path)
         self.create = create
         self.name = check_collection_name(collection)
-        self._lock = StoreLock(self.path, wait=wait)
+        self.url = url
+        self.catalog_url = catalog_url
+        self.shared = bool(url and catalog_url)
+        self._lock = None if self.shared else StoreLock(self.path, wait=wait)
         self._client = None
         self._collection = None
+        self._max_batch: int | None = None
         self.catalog: Catalog | None = None
+
+    @property
+    def where(self) -> str:
+        """The store as messages name it (no password)."""
+        if self.catalog_url:
+            return f"{redact(self.catalog_url)} + {self.url or self.path / 'chroma'}"
+        return str(self.path) if not self.url else f"{self.path} + {self.url}"
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def open(self) -> "Store":
-        if self.path.exists() and not self.path.is_dir():
-            raise StoreError(f"store path is not a directory: {self.path}")
-        if not self.create and not (self.path / "catalog.sqlite").is_file():
-            raise StoreError(f"collection '{self.name}' does not exist: there is no store at {self.path} "
-                             "(run `rag ingest PATH` first, or give the right --store)")
+        if not self.shared:
+            self._open_directory()
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create the store directory {self.path}: {exc.strerror}") from None
-        self._lock.acquire()
-        try:
-            self.catalog = Catalog(self.path / "catalog.sqlite")
+            if self.catalog_url:
+                from .postgres import PostgresCatalog
+
+                self.catalog = PostgresCatalog(self.catalog_url)
+            else:
+                self.catalog = Catalog(self.path / "catalog.sqlite")
             if self.catalog.collection(self.name) is not None:
                 with self._writing():
                     self._finish_pending()
@@ -86,6 +126,19 @@ class Store:
             self.close()
             raise
         return self
+
+    def _open_directory(self) -> None:
+        """Create (or check) the store directory and take its lock: the embedded parts live there."""
+        if self.path.exists() and not self.path.is_dir():
+            raise StoreError(f"store path is not a directory: {self.path}")
+        if not self.create and not self.catalog_url and not (self.path / "catalog.sqlite").is_file():
+            raise StoreError(f"collection '{self.name}' does not exist: there is no store at {self.path} "
+                             "(run `rag ingest PATH` first, or give the right --store)")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create the store directory {self.path}: {exc.strerror}") from None
+        self._lock.acquire()
 
     def close(self) -> None:
         if self._client is not None:
@@ -97,7 +150,8 @@ class Store:
         if self.catalog is not None:
             self.catalog.close()
             self.catalog = None
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
 
     def __enter__(self) -> "Store":
         return self.open()
@@ -113,20 +167,25 @@ class Store:
         except (OSError, sqlite3.Error) as exc:
             raise storage_error(exc, self.path) from None
         except Exception as exc:
-            if not type(exc).__module__.startswith("chromadb"):  # a bug, not the store's state
+            # Chroma (embedded or its HTTP client), PostgreSQL: the store's state; anything else is a bug.
+            if not type(exc).__module__.startswith(("chromadb", "psycopg", "httpx")):
                 raise
+            if self.shared:
+                raise StoreError(f"writing to the store {self.where} failed: "
+                                 f"{' '.join(str(exc).split())[:300] or type(exc).__name__}") from None
             raise storage_error(exc, self.path) from None
 
     @property
     def _chroma(self):
         if self._client is None:
-            import chromadb
-            from chromadb.config import Settings
-
-            self._client = chromadb.PersistentClient(
-                path=str(self.path / "chroma"),
-                settings=Settings(anonymized_telemetry=False, allow_reset=False))
+            self._client = vector_client(path=self.path, url=self.url)
         return self._client
+
+    def _batch_size(self) -> int:
+        """The most records one upsert may carry, as the Chroma client (or server) reports it."""
+        if self._max_batch is None:
+            self._max_batch = max(1, int(self._chroma.get_max_batch_size()))
+        return self._max_batch
 
     def _col(self):
         """The Chroma collection (cosine space). The catalog decides whether the collection exists."""
@@ -147,7 +206,7 @@ class Store:
         if info is None:
             others = self.catalog.collections()
             hint = f" (collections here: {', '.join(others)})" if others else ""
-            raise StoreError(f"collection '{self.name}' does not exist in {self.path}{hint}; "
+            raise StoreError(f"collection '{self.name}' does not exist in {self.where}{hint}; "
                              "run `rag ingest PATH` first")
         return info
 
@@ -156,17 +215,19 @@ class Store:
         """Create the collection, or check that it was built with the same embedder and chunking."""
         info = self.info
         if info is None:
-            info = CollectionInfo(self.name, embedder, embedder_id, dim, chunk_size, chunk_overlap,
-                                  time.time())
-            with self._writing():
-                try:  # vectors left by a drop that crashed half-way are not part of the new collection
-                    self._chroma.delete_collection(self.name)
-                except Exception:
-                    pass
-                self._collection = None
-                self._col()  # first: a collection Chroma refuses never reaches the catalog
-                self.catalog.create_collection(info)
-            return info
+            with self._writing(), self.catalog.collection_lock(self.name):
+                info = self.info  # again, under the lock: another process may have created it meanwhile
+                if info is None:
+                    info = CollectionInfo(self.name, embedder, embedder_id, dim, chunk_size, chunk_overlap,
+                                          time.time())
+                    try:  # vectors left by a drop that crashed half-way are not part of the new collection
+                        self._chroma.delete_collection(self.name)
+                    except Exception:
+                        pass
+                    self._collection = None
+                    self._col()  # first: a collection Chroma refuses never reaches the catalog
+                    self.catalog.create_collection(info)
+                    return info
         self.check_compatible(embedder=embedder, embedder_id=embedder_id, chunk_size=chunk_size,
                               chunk_overlap=chunk_overlap)
         return info
@@ -195,13 +256,13 @@ class Store:
 
     def drop(self) -> None:
         """Delete the collection: from the catalog first (the commit point), then from Chroma."""
-        with self._writing():
+        with self._writing(), self.catalog.collection_lock(self.name):
             self.catalog.drop_collection(self.name)
-        try:
-            self._chroma.delete_collection(self.name)
-        except Exception:
-            pass
-        self._collection = None
+            try:  # under the lock: a process creating the collection anew waits for this delete
+                self._chroma.delete_collection(self.name)
+            except Exception:
+                pass
+            self._collection = None
 
     # -- documents --------------------------------------------------------------------------
 
@@ -216,10 +277,14 @@ class Store:
         if len(chunks) != len(vectors):
             raise ValueError("one vector per chunk")
         ids = [chunk_id(doc.source, doc.content_hash, c.index) for c in chunks]
-        with self._writing():
+        with self._writing(), self.catalog.document_lock(self.name, doc.source):
+            committed = self.catalog.document(self.name, doc.source)
+            if committed is not None and committed.content_hash == doc.content_hash \
+                    and committed.n_chunks == len(chunks):
+                return  # another process committed this very version while we embedded it
             self.catalog.mark_pending(self.name, doc.source)
             col = self._col()
-            step = max(1, self._chroma.get_max_batch_size())
+            step = self._batch_size()
             for lo in range(0, len(chunks), step):
                 part = chunks[lo:lo + step]
                 col.upsert(
@@ -230,6 +295,7 @@ class Store:
                                 "page": c.page if c.page is not None else -1, "start": c.start,
                                 "end": c.end, "tokens": c.tokens} for c in part],
                 )
+            _test_kill_hook()
             self.catalog.commit_document(self.name, doc, chunks, ids, sections)
             self._reconcile(doc.source, keep=doc.content_hash)
 
@@ -238,7 +304,7 @@ class Store:
             self.catalog.touch_document(self.name, source, size=size, mtime_ns=mtime_ns)
 
     def remove_document(self, source: str) -> None:
-        with self._writing():
+        with self._writing(), self.catalog.document_lock(self.name, source):
             self.catalog.mark_pending(self.name, source)
             self.catalog.remove_document(self.name, source)
             self._reconcile(source, keep=None)
@@ -250,9 +316,12 @@ class Store:
         self.catalog.clear_pending(self.name, source)
 
     def _finish_pending(self) -> None:
-        committed = self.catalog.committed_hashes(self.name)
+        """Finish the cleanups of writes that stopped half-way; a live writer's own are left to it."""
         for source in self.catalog.pending(self.name):
-            self._reconcile(source, keep=committed.get(source))
+            with self.catalog.document_lock(self.name, source, wait=False) as free:
+                if free:
+                    record = self.catalog.document(self.name, source)
+                    self._reconcile(source, keep=record.content_hash if record else None)
 
     # -- queries ----------------------------------------------------------------------------
 

@@ -1,0 +1,274 @@
+"""The catalog in PostgreSQL (``store.catalog_url``): shared by every process on every machine.
+
+The same interface and the same guarantees as the SQLite :class:`~.catalog.Catalog`
+(a document becomes visible in exactly one transaction that writes its row, its chunks
+and their full-text entries), with what SQLite's single-writer file cannot give:
+
+- full-text ranking by PostgreSQL itself: a generated ``tsvector`` per chunk (title and
+  heading path plus text), a GIN index, ``ts_rank`` (see :mod:`.pg_schema`);
+- coordination by the server instead of the store's file lock: a session-level advisory
+  lock per document (held while its vectors are written and its rows committed; the
+  server releases it when the holder's connection ends, ``kill -9`` included) and one
+  per collection (creating or dropping it);
+- an explicit schema version with migrations (:mod:`.pg_schema`).
+
+One connection per instance, in autocommit mode; transactions are explicit. Not shared
+between threads, like the SQLite catalog.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+
+from ..errors import StoreError
+from .catalog import _WORD, CollectionInfo, DocumentRecord, StoredChunk
+from .pg_schema import upgrade
+from .sections import Section
+from .vectors import redact
+
+if TYPE_CHECKING:
+    from ..ingest.chunking import Chunk
+
+_DOC = ("source, content_hash, size, mtime_ns, format, title, pages, n_chunks, n_tokens, ingested_at")
+_CHUNK = 'chunk_id, source, content_hash, idx, page, start, "end", tokens, text'
+
+
+def _key(*parts: str) -> int:
+    """A signed 64-bit advisory-lock key for ``parts`` (the same in every process)."""
+    return int.from_bytes(hashlib.sha1("\0".join(parts).encode()).digest()[:8], "big", signed=True)
+
+
+def ts_query(text: str) -> str | None:
+    """A ``to_tsquery`` expression matching any word of ``text``; words are quoted, so no input is syntax."""
+    words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
+    if not words:
+        return None
+    return " | ".join("'" + w + "'" for w in words)  # \w+ holds no quote or operator
+
+
+def _clean(text: str | None) -> str | None:
+    """PostgreSQL text cannot hold NUL characters."""
+    return text.replace("\x00", " ") if text else text
+
+
+def connect(url: str):
+    """An autocommit psycopg connection, or a :class:`StoreError` naming the server (never its password)."""
+    try:
+        import psycopg
+    except ImportError:
+        raise StoreError("store.catalog_url needs the psycopg package: pip install 'psycopg[binary]' "
+                         "(./setup.sh installs it)") from None
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise StoreError(f"cannot connect to the PostgreSQL catalog {redact(url)}: {detail}") from None
+
+
+class PostgresCatalog:
+    """The catalog of one store in a PostgreSQL database. See :class:`~.catalog.Catalog` for each method."""
+
+    shared = True
+
+    def __init__(self, url: str):
+        import psycopg
+
+        self.url = url
+        self.where = redact(url)
+        self.path = self.where  # what messages name
+        self.conn = connect(url)
+        self._error = psycopg.Error
+        try:
+            self.migrated_from = upgrade(self.conn, where=self.where)
+        except BaseException as exc:
+            self.conn.close()
+            if isinstance(exc, psycopg.Error):
+                raise StoreError(f"opening the PostgreSQL catalog {self.where} failed: {exc}") from None
+            raise
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _rows(self, sql: str, args: Sequence = ()) -> list[tuple]:
+        with self.conn.cursor() as cur:
+            cur.execute(sql, args)
+            return cur.fetchall() if cur.description else []
+
+    def _run(self, sql: str, args: Sequence = ()) -> None:
+        with self.conn.cursor() as cur:
+            cur.execute(sql, args)
+
+    # -- locks ------------------------------------------------------------------------------
+
+    @contextmanager
+    def _advisory(self, key: int, *, wait: bool) -> Iterator[bool]:
+        if wait:
+            self._run("SELECT pg_advisory_lock(%s)", (key,))
+            got = True
+        else:
+            got = bool(self._rows("SELECT pg_try_advisory_lock(%s)", (key,))[0][0])
+        try:
+            yield got
+        finally:
+            if got and not self.conn.closed:
+                self._run("SELECT pg_advisory_unlock(%s)", (key,))
+
+    def collection_lock(self, name: str):
+        return self._advisory(_key("collection", name), wait=True)
+
+    def document_lock(self, collection: str, source: str, *, wait: bool = True):
+        return self._advisory(_key("document", collection, source), wait=wait)
+
+    # -- collections ------------------------------------------------------------------------
+
+    def collection(self, name: str) -> CollectionInfo | None:
+        rows = self._rows("SELECT name, embedder, embedder_id, dim, chunk_size, chunk_overlap, created_at"
+                          " FROM collections WHERE name = %s", (name,))
+        return CollectionInfo(*rows[0]) if rows else None
+
+    def collections(self) -> list[str]:
+        return [r[0] for r in self._rows("SELECT name FROM collections ORDER BY name")]
+
+    def create_collection(self, info: CollectionInfo) -> None:
+        self._run("INSERT INTO collections VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (name) DO NOTHING",
+                  (info.name, info.embedder, info.embedder_id, info.dim, info.chunk_size, info.chunk_overlap,
+                   info.created_at))
+
+    def drop_collection(self, name: str) -> None:
+        with self.conn.transaction():
+            for table in ("chunks", "documents", "pending", "sections"):
+                self._run(f"DELETE FROM {table} WHERE collection = %s", (name,))
+            self._run("DELETE FROM collections WHERE name = %s", (name,))
+
+    # -- documents --------------------------------------------------------------------------
+
+    def documents(self, collection: str) -> dict[str, DocumentRecord]:
+        rows = self._rows(f"SELECT {_DOC} FROM documents WHERE collection = %s", (collection,))
+        return {r[0]: DocumentRecord(*r) for r in rows}
+
+    def document(self, collection: str, source: str) -> DocumentRecord | None:
+        rows = self._rows(f"SELECT {_DOC} FROM documents WHERE collection = %s AND source = %s",
+                          (collection, source))
+        return DocumentRecord(*rows[0]) if rows else None
+
+    def committed_hashes(self, collection: str) -> dict[str, str]:
+        return dict(self._rows("SELECT source, content_hash FROM documents WHERE collection = %s", (collection,)))
+
+    def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence["Chunk"],
+                        chunk_ids: Sequence[str], sections: Sequence[Section] = ()) -> None:
+        """Replace ``doc.source``'s record, chunks and sections in one transaction: the commit point."""
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            # The document's row, locked (or created) first: a concurrent writer of the same source waits here.
+            cur.execute(
+                "INSERT INTO documents VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (collection, source) DO UPDATE SET content_hash = excluded.content_hash,"
+                " size = excluded.size, mtime_ns = excluded.mtime_ns, format = excluded.format,"
+                " title = excluded.title, pages = excluded.pages, n_chunks = excluded.n_chunks,"
+                " n_tokens = excluded.n_tokens, ingested_at = excluded.ingested_at",
+                (collection, doc.source, doc.content_hash, doc.size, doc.mtime_ns, doc.format,
+                 _clean(doc.title), doc.pages, len(chunks), sum(c.tokens for c in chunks), time.time()))
+            cur.execute("DELETE FROM sections WHERE collection = %s AND source = %s", (collection, doc.source))
+            cur.executemany("INSERT INTO sections VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                            [(collection, s.source, s.content_hash, s.index, s.first, s.last, s.first_page,
+                              s.last_page, s.tokens, s.target) for s in sections])
+            cur.execute("DELETE FROM chunks WHERE collection = %s AND source = %s", (collection, doc.source))
+            cur.executemany(
+                "INSERT INTO chunks (collection, chunk_id, source, content_hash, idx, page, start, \"end\","
+                " tokens, text, context) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                [(collection, cid, doc.source, doc.content_hash, c.index, c.page, c.start, c.end, c.tokens,
+                  _clean(c.text), _clean(c.context) or None) for cid, c in zip(chunk_ids, chunks)])
+
+    def touch_document(self, collection: str, source: str, *, size: int, mtime_ns: int) -> None:
+        self._run("UPDATE documents SET size = %s, mtime_ns = %s WHERE collection = %s AND source = %s",
+                  (size, mtime_ns, collection, source))
+
+    def remove_document(self, collection: str, source: str) -> None:
+        with self.conn.transaction():
+            for table in ("documents", "chunks", "sections"):
+                self._run(f"DELETE FROM {table} WHERE collection = %s AND source = %s", (collection, source))
+
+    # -- the reconcile journal ----------------------------------------------------------------
+
+    def mark_pending(self, collection: str, source: str) -> None:
+        self._run("INSERT INTO pending VALUES (%s, %s) ON CONFLICT DO NOTHING", (collection, source))
+
+    def clear_pending(self, collection: str, source: str) -> None:
+        self._run("DELETE FROM pending WHERE collection = %s AND source = %s", (collection, source))
+
+    def pending(self, collection: str) -> list[str]:
+        return [r[0] for r in self._rows("SELECT source FROM pending WHERE collection = %s", (collection,))]
+
+    # -- sections -----------------------------------------------------------------------------
+
+    def sections(self, collection: str, documents: Iterable[tuple[str, str]]) -> dict[str, list[Section]]:
+        wanted = dict(documents)
+        if not wanted:
+            return {}
+        rows = self._rows(
+            "SELECT source, content_hash, idx, first_chunk, last_chunk, first_page, last_page, tokens, target"
+            " FROM sections WHERE collection = %s AND source = ANY(%s) ORDER BY source, idx",
+            (collection, sorted(wanted)))
+        out: dict[str, list[Section]] = {}
+        for row in rows:
+            if wanted[row[0]] == row[1]:
+                out.setdefault(row[0], []).append(Section(*row))
+        return out
+
+    def backfill_sections(self, collection: str, sections: Sequence[Section]) -> bool:
+        if not sections:
+            return True
+        source, content_hash = sections[0].source, sections[0].content_hash
+        try:
+            with self.conn.transaction(), self.conn.cursor() as cur:
+                cur.execute("SELECT content_hash FROM documents WHERE collection = %s AND source = %s FOR UPDATE",
+                            (collection, source))
+                row = cur.fetchone()
+                if row is not None and row[0] == content_hash:
+                    cur.execute("DELETE FROM sections WHERE collection = %s AND source = %s", (collection, source))
+                    cur.executemany("INSERT INTO sections VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                                    [(collection, s.source, s.content_hash, s.index, s.first, s.last,
+                                      s.first_page, s.last_page, s.tokens, s.target) for s in sections])
+        except self._error:
+            return False
+        return True
+
+    # -- reading chunks -----------------------------------------------------------------------
+
+    def search(self, collection: str, query: str, *, limit: int, source: str | Sequence[str] | None = None
+               ) -> list[tuple[StoredChunk, float]]:
+        """Full-text hits ranked by ``ts_rank``, best first (positive scores, higher is better)."""
+        match = ts_query(query)
+        if match is None:
+            return []
+        sources = [] if not source else [source] if isinstance(source, str) else list(source)
+        where = " AND source = ANY(%s)" if sources else ""
+        rows = self._rows(
+            f"SELECT {_CHUNK}, ts_rank(tsv, q) AS score FROM chunks, to_tsquery('simple', %s) q"
+            " WHERE collection = %s AND tsv @@ q" + where + " ORDER BY score DESC, chunk_id LIMIT %s",
+            (match, collection, *([sources] if sources else []), limit))
+        return [(StoredChunk(*r[:9]), float(r[9])) for r in rows]
+
+    def bm25(self, collection: str, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
+        """Full-text scores of these chunks for ``query`` (the same scale as :meth:`search`)."""
+        match = ts_query(query)
+        if match is None or not chunk_ids:
+            return {}
+        rows = self._rows(
+            "SELECT chunk_id, ts_rank(tsv, q) FROM chunks, to_tsquery('simple', %s) q"
+            " WHERE collection = %s AND chunk_id = ANY(%s) AND tsv @@ q", (match, collection, list(chunk_ids)))
+        return {cid: float(score) for cid, score in rows}
+
+    def chunks(self, collection: str, source: str, *, first: int = 0, last: int | None = None
+               ) -> list[StoredChunk]:
+        rows = self._rows(
+            f"SELECT {_CHUNK} FROM chunks WHERE collection = %s AND source = %s AND idx >= %s AND idx <= %s"
+            " ORDER BY idx", (collection, source, first, last if last is not None else 2**31 - 1))
+        return [StoredChunk(*r) for r in rows]
+
+    def totals(self, collection: str) -> tuple[int, int, int]:
+        row = self._rows("SELECT COUNT(*), COALESCE(SUM(n_chunks), 0), COALESCE(SUM(n_tokens), 0) FROM documents"
+                         " WHERE collection = %s", (collection,))[0]
+        return int(row[0]), int(row[1]), int(row[2])
