@@ -32,8 +32,9 @@ from . import offload
 from .host import detect_ram, usable_cpus
 from .model_info import ModelInfo
 from .stages import EngineStats, Generation
+from .turns import CancelToken, FairLock, once
 from ..config import EngineConfig
-from ..errors import ConfigError, EngineError
+from ..errors import Cancelled, ConfigError, EngineError
 
 
 def resolve_overrides(settings: EngineConfig, n_layers: int) -> list[offload.Override]:
@@ -51,10 +52,11 @@ def resolve_overrides(settings: EngineConfig, n_layers: int) -> list[offload.Ove
 class Engine:
     """One generator model in llama.cpp. The model loads on first use.
 
-    Safe to share between threads: prompts take turns on the one llama.cpp context (a
-    stream holds it from its first piece until it ends, is closed or is garbage-collected),
-    and a thread that starts a second prompt while it still reads the first gets an
-    :class:`~pipeline.errors.EngineError` instead of a deadlock.
+    Safe to share between threads: prompts take turns on the one llama.cpp context, first
+    come first served (a stream holds it from its first piece until it ends, is closed or
+    is garbage-collected; see :mod:`.turns`), and a thread that starts a second prompt while
+    it still reads the first gets an :class:`~pipeline.errors.EngineError` instead of a
+    deadlock. A ``cancel`` token stops a waiting prompt, or a running one within one micro-batch.
     """
 
     def __init__(self, model_path: Path, settings: EngineConfig, *, log: Callable[[str], None] | None = None,
@@ -71,8 +73,10 @@ class Engine:
         self._prompt_notes: list[str] = []  # about the prompt being run: reported with it only
         # One llama.cpp context must never be used by two threads at once (llama.cpp aborts the
         # process): prompts take turns, each from its first token until its stream ends or closes.
-        self._turns = threading.Lock()
+        self._turns = FairLock()
         self._holder: int | None = None
+        self._progress: Callable[[int], None] | None = None  # the running turn's prefill hook
+        self._cancel: CancelToken | None = None  # the running turn's cancel token
 
     # -- model facts and settings ---------------------------------------------------------------
 
@@ -121,7 +125,7 @@ class Engine:
                 f"the {avail / 2**30:.1f} GiB of memory available: lower engine.n_ctx, or set engine.type_k "
                 "and engine.type_v to q8_0 (half the size) or q4_0")
 
-    @cached_property
+    @once  # two threads' first calls must not load it twice
     def llm(self):
         """The model in llama.cpp (a :class:`._llama.Model`), loaded on first use."""
         from ._llama import ModelLoadError, load
@@ -176,15 +180,18 @@ class Engine:
 
     def chat(self, system: str, user: str) -> str:
         """``system`` and ``user`` rendered with the model's chat template, ready for the answer."""
+        if not self.info.chat_template:
+            return f"{system}\n\n{user}\n\nAnswer:"
+        return self.render([{"role": "system", "content": system}, {"role": "user", "content": user}])
+
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        """``messages`` rendered with the model's chat template (which must exist)."""
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        template = self.info.chat_template
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        if not template:
-            return f"{system}\n\n{user}\n\nAnswer:"
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        return env.from_string(template).render(messages=messages, add_generation_prompt=True,
-                                                bos_token=self.llm.bos_text, eos_token=self.llm.eos_text)
+        return env.from_string(self.info.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.llm.bos_text, eos_token=self.llm.eos_text)
 
     # -- running prompts ----------------------------------------------------------------------
 
@@ -229,13 +236,23 @@ class Engine:
                 llm.decode(all_tokens[lo:hi], lo)
             except EngineError as exc:
                 self._reset()
+                if self._cancel is not None and self._cancel.cancelled:
+                    raise Cancelled(f"cancelled during the prefill, at token {lo:,}") from None
                 raise EngineError(f"llama.cpp failed during prefill at token {lo}: {exc}") from None
             self._tokens.extend(tokens[lo:hi])
+            if self._progress is not None:
+                self._progress(len(self._tokens))
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 boundaries: Sequence[int] = (), stats: EngineStats | None = None) -> Generation:
+                 boundaries: Sequence[int] = (), stats: EngineStats | None = None,
+                 stop_tokens: Sequence[int] = (), progress: Callable[[int, int], None] | None = None,
+                 cancel: CancelToken | None = None) -> Generation:
         """Stream the completion of ``tokens``.
+
+        Generation ends at an end-of-generation token or one of ``stop_tokens``;
+        ``progress(done, total)`` is called after each prefilled piece (tokens not reused);
+        ``cancel`` takes the prompt out of the engine's queue, or stops its decode.
 
         ``tokens[:prefix_len]`` is the part shared with other prompts, and ``boundaries``
         the earlier positions where a shared part may end (document and section ends).
@@ -250,7 +267,8 @@ class Engine:
         stats.prompt_tokens = len(tokens)
         sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
         cuts = self._cuts(len(tokens), prefix_len, boundaries)
-        return Generation(self._run(list(tokens), max_tokens, sampling, stats, cuts), stats)
+        return Generation(self._run(list(tokens), max_tokens, sampling, stats, cuts, frozenset(stop_tokens),
+                                    progress, cancel), stats)
 
     @staticmethod
     def _cuts(n_tokens: int, prefix_len: int, boundaries: Sequence[int]) -> list[int]:
@@ -361,18 +379,31 @@ class Engine:
         return entry.n_tokens if entry is not None else memory
 
     @contextmanager
-    def _turn(self) -> Iterator[None]:
-        """Hold the llama.cpp context: other threads wait; the holding thread may not start a second prompt."""
+    def _turn(self, cancel: CancelToken | None = None) -> Iterator[None]:
+        """Hold the llama.cpp context: other threads wait (first come, first served); the holding
+        thread may not start a second prompt. ``cancel`` aborts what runs in the turn."""
         me = threading.get_ident()
         if self._holder == me:
             raise EngineError("this thread is still reading an earlier answer from this engine: finish it "
                               "(or close its stream) before starting another")
-        with self._turns:
-            self._holder = me
-            try:
-                yield
-            finally:
-                self._holder = None
+        self._turns.acquire(cancel=cancel)
+        self._holder, self._cancel = me, cancel
+        flag = self.llm.abort_flag() if cancel is not None else None
+        unregister = cancel.on_cancel(flag.set) if flag is not None else (lambda: None)
+        try:
+            yield
+        finally:
+            unregister()
+            if flag is not None:
+                flag.clear()
+            self._holder = self._cancel = None
+            self._progress = None
+            self._turns.release()
+
+    @property
+    def waiting(self) -> int:
+        """Prompts queued for this engine, the running one included (what a pool balances by)."""
+        return self._turns.waiting + self._turns.locked
 
     def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool:
         """Prefill ``prefix`` and save its state (and states at ``boundaries``, as :meth:`generate`
@@ -391,12 +422,21 @@ class Engine:
             return len(prefix) in self._advance(prefix, cuts, stats, save=True)
 
     def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
-             cuts: list[int]) -> Iterator[str]:
-        with self._turn():  # from the first piece until the stream ends, is closed or is collected
-            yield from self._run_turn(tokens, max_tokens, sampling, stats, cuts)
+             cuts: list[int], stop_tokens: frozenset[int] = frozenset(),
+             progress: Callable[[int, int], None] | None = None,
+             cancel: CancelToken | None = None) -> Iterator[str]:
+        with self._turn(cancel):  # from the first piece until the stream ends, is closed or is collected
+            try:
+                yield from self._run_turn(tokens, max_tokens, sampling, stats, cuts, stop_tokens, progress)
+            except EngineError:
+                if cancel is not None and cancel.cancelled:
+                    self._reset()  # the aborted micro-batch left the memory unknown
+                    raise Cancelled("cancelled while generating") from None
+                raise
 
     def _run_turn(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
-                  cuts: list[int]) -> Iterator[str]:
+                  cuts: list[int], stop_tokens: frozenset[int] = frozenset(),
+                  progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
         llm = self.llm
         stats.load_seconds = self.load_seconds
         t0 = time.perf_counter()
@@ -418,8 +458,12 @@ class Engine:
         llm.synchronize()  # anything pending is booked before the counters restart
         llm.reset_timings()
         t_prefill = time.perf_counter()
+        if progress is not None:
+            self._progress = lambda position: progress(position - reused, len(tokens) - reused)
+            progress(0, len(tokens) - reused)
         self._advance(tokens, cuts, stats, save=disk)
         self.prefill(tokens, start=len(self._tokens))
+        self._progress = None
         stats.prefill_tokens = len(tokens) - reused
         stats.notes.extend(self._cache_notes(prefix_len))
 
@@ -439,7 +483,7 @@ class Engine:
                                              else t_first - t_prefill)
                     if stats.prefill_seconds > 0:
                         stats.prefill_tokens_per_second = stats.prefill_tokens / stats.prefill_seconds
-                if llm.is_eog(token):
+                if llm.is_eog(token) or token in stop_tokens:
                     break
                 n_out += 1
                 text = decoder.decode(llm.piece(token))

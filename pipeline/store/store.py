@@ -54,12 +54,15 @@ def chunk_id(source: str, content_hash: str, index: int) -> str:
 class Store:
     """One store directory, opened by one process at a time. Use as a context manager."""
 
-    def __init__(self, path: Path, collection: str, *, wait: float = 10.0, create: bool = True):
-        """``create=False`` opens an existing store only: reads never create one."""
+    def __init__(self, path: Path, collection: str, *, wait: float = 10.0, create: bool = True, shared=None):
+        """``create=False`` opens an existing store only: reads never create one. ``shared`` (a
+        :class:`~.shared.SharedStore`) supplies the process lock and Chroma client of this process's threads."""
         self.path = Path(path)
         self.create = create
         self.name = check_collection_name(collection)
         self._lock = StoreLock(self.path, wait=wait)
+        self._shared = shared
+        self._entered = False
         self._client = None
         self._collection = None
         self.catalog: Catalog | None = None
@@ -76,10 +79,15 @@ class Store:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the store directory {self.path}: {exc.strerror}") from None
-        self._lock.acquire()
+        if self._shared is not None:
+            self._shared.enter()
+        else:
+            self._lock.acquire()
+        self._entered = True
         try:
             self.catalog = Catalog(self.path / "catalog.sqlite")
-            if self.catalog.collection(self.name) is not None:
+            if self.catalog.collection(self.name) is not None and (
+                    self._shared is None or self._shared.first_view(self.name)):
                 with self._writing():
                     self._finish_pending()
         except BaseException:
@@ -88,6 +96,15 @@ class Store:
         return self
 
     def close(self) -> None:
+        if self._shared is not None:  # the client and the lock are the shared store's
+            self._client = self._collection = None
+            if self.catalog is not None:
+                self.catalog.close()
+                self.catalog = None
+            if self._entered:
+                self._entered = False
+                self._shared.leave()
+            return
         if self._client is not None:
             try:
                 self._client.close()
@@ -119,6 +136,8 @@ class Store:
 
     @property
     def _chroma(self):
+        if self._client is None and self._shared is not None:
+            self._client = self._shared.client()
         if self._client is None:
             import chromadb
             from chromadb.config import Settings

@@ -457,8 +457,8 @@ def _cache_probe(fault: Callable[[Path], Path], *, after: bool = True, non_root:
         _, first = _ask(d, cache)
         where = fault(cache)
         _, second = _ask(d, where)
-        if second["answer"] != first["answer"]:
-            raise Defect(f"the answer changed after the fault: {first['answer']!r} vs {second['answer']!r}")
+        if second["text"] != first["text"]:
+            raise Defect(f"the answer changed after the fault: {first['text']!r} vs {second['text']!r}")
         if after:
             _cache_cmds(d, where, codes=codes)
     return check
