@@ -77,6 +77,8 @@ class Engine:
         self._holder: int | None = None
         self._progress: Callable[[int], None] | None = None  # the running turn's prefill hook
         self._cancel: CancelToken | None = None  # the running turn's cancel token
+        self._active = False  # a turn is computing now (not paused between two pieces)
+        self._closing = False
 
     # -- model facts and settings ---------------------------------------------------------------
 
@@ -236,7 +238,7 @@ class Engine:
                 llm.decode(all_tokens[lo:hi], lo)
             except EngineError as exc:
                 self._reset()
-                if self._cancel is not None and self._cancel.cancelled:
+                if self._stopping():
                     raise Cancelled(f"cancelled during the prefill, at token {lo:,}") from None
                 raise EngineError(f"llama.cpp failed during prefill at token {lo}: {exc}") from None
             self._tokens.extend(tokens[lo:hi])
@@ -427,12 +429,23 @@ class Engine:
              cancel: CancelToken | None = None) -> Iterator[str]:
         with self._turn(cancel):  # from the first piece until the stream ends, is closed or is collected
             try:
-                yield from self._run_turn(tokens, max_tokens, sampling, stats, cuts, stop_tokens, progress)
+                self._active = True  # False while the stream is paused at a piece (see close)
+                for piece in self._run_turn(tokens, max_tokens, sampling, stats, cuts, stop_tokens, progress):
+                    self._active = False
+                    yield piece
+                    self._active = True
             except EngineError:
-                if cancel is not None and cancel.cancelled:
+                if self._stopping():
                     self._reset()  # the aborted micro-batch left the memory unknown
-                    raise Cancelled("cancelled while generating") from None
+                    raise Cancelled("cancelled while generating" if not self._closing
+                                    else "the engine was closed while generating") from None
                 raise
+            finally:
+                self._active = False
+
+    def _stopping(self) -> bool:
+        """Whether the running turn was asked to stop (its cancel token, or :meth:`close`)."""
+        return self._closing or (self._cancel is not None and self._cancel.cancelled)
 
     def _run_turn(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
                   cuts: list[int], stop_tokens: frozenset[int] = frozenset(),
@@ -505,11 +518,22 @@ class Engine:
                 stats.decode_tokens_per_second = perf.eval_tokens / (perf.eval_ms / 1000)
 
     def close(self) -> None:
-        if self._holder == threading.get_ident():  # an unfinished stream of this thread: it cannot run on
-            self._close()
-            return
-        if not self._turns.acquire(timeout=30):  # another thread's answer is still running: leave it the model
-            return
+        """Free the model. A prompt running in another thread is aborted first (within one
+        micro-batch; it raises :class:`~pipeline.errors.Cancelled`); one paused at a piece for
+        30 s is left the model."""
+        if self._turns.locked and "llm" in self.__dict__:
+            if self._holder == threading.get_ident() and not self._active:
+                self._close()  # an unfinished stream of this thread, paused: it cannot run on
+                return
+            self._closing = True
+            self.llm.abort_flag().set()
+        try:
+            if not self._turns.acquire(timeout=30):  # still held (a paused stream): leave it the model
+                return
+        finally:
+            if "llm" in self.__dict__ and self._closing:
+                self.llm.abort_flag().clear()
+            self._closing = False
         try:
             self._close()
         finally:
