@@ -40,21 +40,45 @@ def test_per_call_options_override_the_settings(make_pipeline, ingested):
 def test_chat_template_turn_markers_are_stop_tokens(make_pipeline, ingested):
     rag = make_pipeline(**FAST)
     stops = rag.stops
-    im_start, im_end = rag.engine.tokenize("<|im_start|>"), rag.engine.tokenize("<|im_end|>")
+    im_start, im_end = rag.engine.tokenize("<|im_start|>", special=True), rag.engine.tokenize("<|im_end|>", special=True)
     assert len(im_start) == len(im_end) == 1
     assert {im_start[0], im_end[0]} <= stops.tokens
     assert "\nQuestion:" in stops.strings
 
 
-def test_gemma_base_model_stops_instead_of_inventing_new_turns(make_pipeline, ingested):
+def test_gemma_base_model_answers_without_inventing_new_turns(make_pipeline, ingested):
+    """Gemma 3 270M (a base model, no chat template): the stops are the new-turn guard only."""
     rag = make_pipeline(models__generator="builtin:gemma-3-270m", engine__n_ctx=1024, ask__max_tokens=80,
                         ask__top_k=2)
+    assert rag.stops.tokens == frozenset() and "\nQuestion:" in rag.stops.strings
     answer = rag.ask(Q)
     assert answer.text and "Question:" not in answer.text and "Answer:" not in answer.text
-    assert answer.stats.decode_tokens < 80  # it stopped, it did not run out
-    rag._made["stops"] = Stops()  # the same prompt without any stop: the failure the guard prevents
-    runaway = rag.ask(Q)
-    assert "\nQuestion:" in runaway.text and answer.text in runaway.text
+
+
+def test_an_invented_turn_ends_the_answer_and_the_decode(fake_pipeline):
+    """A generator that writes the next "Question: ... Answer: ..." turn itself: the answer ends
+    before it, and the engine stops decoding there (its turn is given back)."""
+    from fakes import EchoGenerator
+
+    class Inventor(EchoGenerator):
+        def _stream(self, words, stats, cancel=None):
+            yield from super()._stream([*words, "\n", "Question:", " more?", "\n", "Answer:", " yes"] * 20, stats,
+                                       cancel)
+
+    gen = Inventor()
+    rag = fake_pipeline(generator=gen)
+    rag.ingest([_write_doc(rag)])
+    answer = rag.ask("Where do zebras live?")
+    assert answer.text == "You asked: Where do zebras live?"
+    assert answer.stats.decode_tokens < 12  # stopped at the invented turn, not after 20 of them
+    rag.__dict__["stops"] = Stops()
+    assert "Question: more?" in rag.ask("Where do zebras live?").text  # what the guard prevents
+
+
+def _write_doc(rag):
+    path = rag.config.store_path.parent / "zebras.md"
+    path.write_text("# Zebras\n\nZebras live on the savanna in Africa.\n")
+    return path
 
 
 def test_prefill_progress_is_reported_to_a_callback(make_pipeline, ingested):
