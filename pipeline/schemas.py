@@ -43,14 +43,17 @@ HIT = _obj({"source": _str, "page": _opt_int, "score": _num, "text": _str,
             "chunk_id": _str, "index": _int, "content_hash": _str, "dense_rank": _opt_int,
             "dense_similarity": _opt_num, "lexical_rank": _opt_int, "bm25": _opt_num}, closed=True)
 
-SOURCE = _obj({"n": _int, "source": _str, "pages": {"type": "array", "items": _int},
-               "chunks": {"type": "array", "items": _int, "minItems": 2, "maxItems": 2}})
+SOURCE = _obj({"n": _int, "source": _str, "pages": {"type": "array", "items": _int}},
+              {"chunks": {"type": "array", "items": _int, "minItems": 2, "maxItems": 2},
+               "sections": {"type": "array", "items": _int}})
 
 STATS = _obj({k: _num for k in (
     "prompt_tokens", "cached_tokens", "prefill_tokens", "prefill_seconds", "prefill_tokens_per_second",
     "ttft_seconds", "decode_tokens", "decode_seconds", "decode_tokens_per_second", "load_seconds",
-    "cache_load_seconds")} | {"cache": {"enum": ["none", "memory", "disk", "miss"]},
-                              "notes": {"type": "array", "items": _str}})
+    "cache_load_seconds", "states_saved", "cache_save_seconds")} | {
+        "cache": {"enum": ["none", "memory", "disk", "miss"]}, "notes": {"type": "array", "items": _str},
+        "mode": {"enum": ["whole", "sections", "passages"]}, "sections": {"type": "array", "items": {"type": "object"}},
+        "reuse_lost": _str})
 
 ERROR = _versioned(_obj({"error": _obj({"message": _str, "type": _str}), "exit_code": _int}))
 
@@ -63,7 +66,8 @@ SCHEMAS: dict[str, dict] = {
     "search": _versioned(_obj({"query": _str, "hits": {"type": "array", "items": HIT}}, closed=True)),
     "ask": _versioned(_obj(
         {"question": _str, "text": _str, "sources": {"type": "array", "items": SOURCE}, "stats": STATS,
-         "dropped_passages": _int, "truncated": _bool, "notes": {"type": "array", "items": _str}}, closed=True)),
+         "dropped_passages": _int, "truncated": _bool, "notes": {"type": "array", "items": _str},
+         "retrieval_seconds": {"type": "object", "additionalProperties": _num}}, closed=True)),
     "status": _versioned(_obj(
         {"collection": _str, "store": _str, "exists": _bool, "documents": _int, "chunks": _int, "tokens": _int,
          "dense_chunks": _int, "embedder": _opt_str, "dim": _opt_int, "chunk_size": _opt_int,
@@ -75,6 +79,13 @@ SCHEMAS: dict[str, dict] = {
                        "memory": {"type": "object"}}),
          "llama_cpp_fit": {"type": ["object", "null"]}, "hardware": {"type": "object"}},
         {"compare": {"type": "array", "items": {"type": "object"}}})),
+    "summarize": _versioned(_obj(
+        {"job_id": _str, "collection": _str, "documents": _int, "prompts": _int,
+         "summaries": {"type": "array", "items": _obj({"source": _str, "prompt": _str, "method": _str,
+                                                       "summary": _opt_str, "error": _opt_str})},
+         "failed": {"type": "array", "items": _obj({"source": _str, "error": _str})},
+         "skipped": {"type": "array", "items": _obj({"source": _str, "error": _str})},
+         "prefill_tokens": _int, "cached_tokens": _int, "decode_tokens": _int, "seconds": _num})),
     "error": ERROR,
 }
 

@@ -28,7 +28,10 @@ def test_every_json_output_validates(store_dir, corpus):
     validate("status", status)
     plan, _ = _json("plan", "--spec", "qwen3.6-35b-a3b", "--gpu", "rtx3090", "--ctx", "16384", "--json")
     validate("plan", plan)
-    for data in (ingest, search, ask, status, plan):
+    summary, _ = _json("summarize", str(corpus / "page.html"), "--max-tokens", "4", "--ctx", "768", "--json")
+    validate("summarize", summary)
+    assert summary["summaries"] and summary["summaries"][0]["summary"]
+    for data in (ingest, search, ask, status, plan, summary):
         assert data["schema"] == SCHEMA
 
 
@@ -68,7 +71,7 @@ def test_public_types_are_exported_without_loading_heavy_modules():
 
     code = ("import sys, pipeline\n"
             "from pipeline import (Answer, AnswerStream, AsyncAnswerStream, CancelToken, Cancelled, Hit, IngestReport,"
-            " CollectionStatus, EngineStats, Pipeline, RagError)\n"
+            " CollectionStatus, EngineStats, Pipeline, RagError, AskOptions, AskStats, PrefillProgress, Summary)\n"
             "assert Answer.__name__ == 'Answer' and issubclass(Cancelled, RagError)\n"
             "print('llama_cpp' in sys.modules, 'chromadb' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
