@@ -6,8 +6,9 @@ check is on packing alone (no generation): the answer's ``sources`` in ``auto`` 
 (the pages of the packed passages), with the default models and context. Reported:
 how often the answer page is among the sources of the right document, per mode.
 
-The PDFs are the two found on these machines under /usr/share/doc (Debian packages
-``libtasn1-doc`` and ``shared-mime-info``); a PDF that is missing is skipped and said so.
+The questions are ``benchmarks/eval/outside.jsonl`` (also ``rag eval``'s held-out set), over the two
+PDFs found on these machines under /usr/share/doc (Debian packages ``libtasn1-doc`` and
+``shared-mime-info``); a PDF that is missing is skipped and said so.
 
     .venv/bin/python benchmarks/citations.py [--json OUT]
 """
@@ -26,38 +27,26 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline import Pipeline  # noqa: E402
 
-PDFS = {
-    "/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf": [
-        ("Which version of the Shared MIME-info specification is this, and when was it last updated?", 1),
-        ("Which command must an application run after installing or removing its XML file?", 3),
-        ("What is the namespace URI of the mime-info document element?", 4),
-        ("What alias does audio/midi have?", 5),
-        ("What is the example source file for diff files called?", 6),
-        ("What string does the magic file start with?", 9),
-        ("Are numbers in the magic file big-endian or little-endian?", 9),
-        ("Which extended attribute may store a file's MIME type?", 14),
-        ("How can a mount point be detected?", 16),
-        ("Should users edit the MIME database themselves?", 17),
-    ],
-    "/usr/share/doc/libtasn1-doc/libtasn1.pdf": [
-        ("Does the ASN.1 parser support C-style comments?", 5),
-        ("Which ASN.1 type does this version of the library not handle?", 6),
-        ("What is the name of the library's header file?", 7),
-        ("Which asn1Parser option only checks the syntax?", 8),
-        ("Where should bugs in libtasn1 be reported?", 9),
-        ("Which asn1Decoding option runs a benchmark of decoding?", 10),
-        ("What does asn1_parser2tree return in error_desc on success?", 11),
-        ("Which function makes a deep copy of an asn1 node?", 14),
-    ],
-}
+QUESTIONS = ROOT / "benchmarks" / "eval" / "outside.jsonl"  # also `rag eval`'s held-out set
+
+
+def load_questions(path: Path = QUESTIONS) -> dict[str, list[tuple[str, int]]]:
+    """The held-out questions by PDF: (question, the page that holds its answer)."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            q = json.loads(line)
+            out.setdefault(q["source"], []).append((q["question"], q["pages"][0]))
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    present = {p: q for p, q in PDFS.items() if Path(p).is_file()}
-    for p in sorted(set(PDFS) - set(present)):
+    questions = load_questions()
+    present = {p: q for p, q in questions.items() if Path(p).is_file()}
+    for p in sorted(set(questions) - set(present)):
         print(f"skipped (not on this machine): {p}")
     if not present:
         print("no PDF to check")

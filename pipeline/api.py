@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from .evaluate import EvalReport, Question
     from .options import AskOptions
     from .progress import PrefillProgress
-    from .summarize import SummaryEvent, SummaryRun
+    from .summarize import SummaryRun
+    from .summary import SummaryEvent
 
 Paths = "str | Path | Sequence[str | Path] | None"
 
@@ -862,7 +863,7 @@ class Pipeline:
                   max_tokens: int | None = None, restart: bool = False, out_dir: str | Path | None = None,
                   jsonl: str | Path | None = None, progress: "Callable[[SummaryEvent], None] | None" = None
                   ) -> "SummaryRun":
-        """Summarise documents, resumably: iterate the result for :class:`~.summarize.Summary` objects as they finish.
+        """Summarise documents, resumably: iterate the result for :class:`~.summary.Summary` objects as they finish.
 
         ``paths`` (files or folders) are ingested first where new or changed; with none,
         the whole collection is summarised. Each prompt (default ``summarize.prompt``)
@@ -927,7 +928,8 @@ class Pipeline:
                             repeat_penalty=m.repeat_penalty, seed=s.seed, system=self.config.ask.system_prompt)
         jobs = JobStore(self.config.store_path / "jobs.sqlite")
         job = Job(engine=self.engine, jobs=jobs, open_store=self.store, collection=self.config.store.collection,
-                  documents=documents, prompts=prompts, settings=settings)
+                  documents=documents, prompts=prompts, settings=settings, section_target=self.section_tokens,
+                  memo=self._section_tokens)
         return job, jobs, failed, skipped
 
     def status(self) -> CollectionStatus:

@@ -147,6 +147,7 @@ class EngineConfig:
     rope_scaling: str = ""
     rope_freq_scale: float = 0.0
     seed: int = 0
+    n_seq_max: int = 1
     tuned: bool = True
     parallel: int = 1  # engines (llama.cpp contexts) answering concurrent questions in one process
 
@@ -168,6 +169,8 @@ class EngineConfig:
             raise ConfigError(f"engine.parallel must be between 1 and 64 (got {self.parallel})")
         if self.rope_scaling not in ("", "none", "linear", "yarn"):
             raise ConfigError(f"engine.rope_scaling must be '', 'linear' or 'yarn', got {self.rope_scaling!r}")
+        if self.n_seq_max < 1:
+            raise ConfigError(f"engine.n_seq_max must be >= 1, got {self.n_seq_max}")
         if self.n_cpu_moe < 0 or self.threads < 0 or self.threads_batch < 0:
             raise ConfigError("engine.n_cpu_moe, engine.threads and engine.threads_batch must be >= 0")
         return self

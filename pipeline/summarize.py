@@ -1,245 +1,94 @@
 """Batch summaries: whole documents where they fit, map-reduce over fixed sections where they do not.
 
-Prompts use the packer's one layout (:func:`.context.pack`): system prompt, the
-document (or one section, or the partial results being combined), and the
-instruction last. A document that fits is summarised whole with exactly the prefix
+Prompts are laid out exactly as ``rag ask`` lays them out (:mod:`.packing`,
+:func:`.context.section_prompt`): system prompt, the document as its page-marked
+fixed sections (the catalog's, cut at ingest), the instruction last, with a boundary
+after every section. A document that fits is summarised whole with the very prefix
 of ``rag ask --doc`` and ``rag warm``, so a warmed or already-asked document costs
-only the instruction's prefill. Work is ordered so that each prefix is prefilled
-once: all prompts of a document (or of a section) run back to back, and the
-engine reuses the prefix in memory (or restores it from the prefix cache).
+only the instruction's prefill, and a summarised one serves the next question the
+same way. Work is ordered so that each prefix is prefilled once: all prompts of a
+document (or of a run of sections) go back to back, and the engine reuses the
+prefix in memory (or restores it from the prefix cache).
 
-A document longer than the context is cut into sections at chunk boundaries
-(:func:`sections_of`); each section gets every prompt (the *map* step), then each
-prompt's partial results are combined in order (the *reduce* step), in several
-levels when the partials do not fit one prompt together. Every unit is committed
-to the job database as it finishes (:mod:`.jobs`), so a job stopped at any moment
-resumes where it was, with the same output as an uninterrupted run.
+A document longer than the context is summarised over runs of its consecutive
+sections that fit (:func:`map_groups`; the first run is the prefix ``rag warm``
+saves for it): each run gets every prompt (the *map* step), then each prompt's
+partial results are combined in order (the *reduce* step), in several levels when
+the partials do not fit one prompt together. Every unit is committed to the job
+database as it finishes (:mod:`.jobs`), so a job stopped at any moment resumes where
+it was, with the same output as an uninterrupted run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import os
 import threading
 import time
 import weakref
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from .context import Prompt, pack, render_passage
+from . import packing
+from .context import Layout, Prompt, pack, section_prompt
 from .errors import EngineError, InputError, RagError
 from .jobs import JobStore, StoredResult, Unit, digest
-from .retrieve import Passage, merge_chunks
+from .retrieve import Passage
+from .summary import JobReport, Outputs, Summary, SummaryEvent
 
 if TYPE_CHECKING:
     from .engine.generator import Engine, EngineStats
-    from .store.catalog import DocumentRecord, StoredChunk
+    from .store.catalog import DocumentRecord
+    from .store.sections import Section
     from .store.store import Store
 
 # Bumped when prompts or the method change in a way that changes outputs: old units are then not reused.
-METHOD_VERSION = 1
+METHOD_VERSION = 2  # 2: prompts laid out by the packer (page-marked sections), as `ask` and `warm` lay them out
 
 REDUCE_INSTRUCTION = (
     "{prompt}\n(The numbered documents are partial results for consecutive parts of {name}, in order: "
     "combine them into one result for the whole document.)")
 
-# Tokens kept free in a section's budget, for the small differences between counting a
-# section alone and counting it inside the whole prompt.
+# Tokens kept free in a reduce prompt's budget, for the small differences between counting a
+# partial alone and counting it inside the whole prompt.
 _MARGIN = 16
 
 
-@dataclass(frozen=True)
-class Section:
-    """A fixed run of consecutive chunks of one document, summarised as one map unit."""
+def sections_of(store: "Store", source: str, *, target: int) -> "packing.Shelf":
+    """``source``'s fixed sections (the catalog's, cut at ingest) with their texts: what ``ask`` packs.
 
-    index: int
-    first: int  # chunk indexes, inclusive
-    last: int
-    passages: tuple[Passage, ...]
-    tokens: int  # the catalog's (embedder) token count of its chunks, for progress
-
-    @property
-    def pages(self) -> tuple[int, ...]:
-        return tuple(sorted({p for passage in self.passages for p in passage.pages}))
-
-
-def sections_of(store: "Store", source: str, budget: int, *, count: Callable[[str], int]) -> list[Section]:
-    """The fixed sections of ``source``, in order, each fitting ``budget`` generator tokens in a prompt.
-
-    This is the one place sections come from. Until the catalog records sections cut at
-    ingest (issue 10), they are cut here from the catalog's chunks, at chunk boundaries,
-    in sizes as even as the budget allows; the result depends only on the document's
-    chunks and ``budget``, so it is the same on every run.
+    Documents committed before sections existed get theirs now, cut at ``target``
+    embedder tokens and recorded, exactly as ``ask`` would cut them.
     """
-    return cut_sections(store.catalog.chunks(store.name, source), budget, count=count)
+    return packing.gather(store, sources=[source], target=target, fetch_tokens=2**62)
 
 
-def cut_sections(chunks: Sequence["StoredChunk"], budget: int, *, count: Callable[[str], int]) -> list[Section]:
-    """``chunks`` (one document, in order) cut into consecutive runs whose rendered text fits ``budget``."""
-    if not chunks:
-        return []
-    costs = [count(c.text) for c in chunks]
-    n = max(1, math.ceil(sum(costs) / max(budget, 1)))
-    target = sum(costs) / n
-    groups: list[list] = []
-    current: list = []
-    size = 0
-    for chunk, cost in zip(chunks, costs):
-        if current and (size + cost > budget or size >= target):
-            groups.append(current)
-            current, size = [], 0
-        current.append(chunk)
-        size += cost
-    groups.append(current)
+def map_groups(shelf: "packing.Shelf", budget: int, memo: "packing.SectionTokens") -> list[list["Section"]]:
+    """The document's sections in order, in runs of consecutive sections that fit ``budget`` together.
 
-    def rendered(group) -> int:
-        return sum(count(render_passage(1, p)) for p in merge_chunks(list(group)))
-
-    out: list[list] = []
-    stack = list(reversed(groups))
-    while stack:  # chunk overlaps and labels make the rendered text differ from the sum: split to fit
-        group = stack.pop()
-        if len(group) > 1 and rendered(group) > budget:
-            half = len(group) // 2
-            stack += [group[half:], group[:half]]
+    The first run is the prefix ``rag warm`` saves for a document that does not fit
+    whole (its leading sections, as many as fit), so a warmed document's first map
+    step prefills only its instruction. A section larger than the budget on its own
+    cannot be summarised in this context.
+    """
+    groups: list[list[Section]] = []
+    used = 0
+    for s in shelf.sections:
+        cost = len(memo.get(1, s, shelf.counts[s.source], shelf.segments[s.key]))
+        if cost > budget:
+            raise EngineError(f"section {s.index + 1} of {Path(s.source).name} ({cost:,} tokens) does not fit "
+                              f"the {budget:,} tokens a prompt leaves for it: raise engine.n_ctx, lower --max-tokens "
+                              "or chunking.section_tokens")
+        if groups and used + cost <= budget:
+            groups[-1].append(s)
+            used += cost
         else:
-            out.append(group)
-    return [Section(i, g[0].index, g[-1].index, tuple(merge_chunks(list(g))), sum(c.tokens for c in g))
-            for i, g in enumerate(out)]
-
-
-@dataclass
-class Summary:
-    """One document × prompt: the summary, how it was made, and what computing it cost in this run."""
-
-    source: str
-    content_hash: str
-    prompt: str
-    prompt_index: int  # from 1, in the order the prompts were given
-    text: str = ""
-    method: str = ""  # whole | map-reduce
-    sections: int = 0  # map-reduce: how many sections were summarised
-    reduce_steps: int = 0
-    levels: int = 0  # reduce levels (1 = all partials combined at once)
-    error: str | None = None
-    reused: bool = False  # taken whole from the job database
-    units_computed: int = 0
-    units_reused: int = 0
-    prefill_tokens: int = 0
-    cached_tokens: int = 0
-    decode_tokens: int = 0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    @property
-    def method_label(self) -> str:
-        if self.method == "whole":
-            return "whole document"
-        if self.method == "map-reduce":
-            return (f"map-reduce over {_plural(self.sections, 'section')} "
-                    f"({_plural(self.reduce_steps, 'reduce step')} in {_plural(self.levels, 'level')})")
-        return "failed"
-
-    def record(self) -> dict:
-        """What is written to output files: the same bytes on every run of the same job."""
-        d = {"source": self.source, "content_hash": self.content_hash, "prompt": self.prompt,
-             "method": self.method, "sections": self.sections, "reduce_steps": self.reduce_steps,
-             "levels": self.levels, "summary": self.text}
-        if self.error is not None:
-            d["error"] = self.error
-        return d
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["summary"] = d.pop("text")
-        return d
-
-    def markdown(self) -> str:
-        head = [f"# {Path(self.source).name}", "", f"- source: {self.source}", f"- prompt: {self.prompt}",
-                f"- method: {self.method_label}"]
-        body = self.text if self.ok else f"(failed: {self.error})"
-        return "\n".join(head) + "\n\n" + body.rstrip() + "\n"
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-@dataclass
-class JobReport:
-    """Totals of one run of a job (what this run computed, and what it found already done)."""
-
-    job_id: str = ""
-    collection: str = ""
-    documents: int = 0
-    prompts: int = 0
-    summaries: int = 0
-    failed: list[dict] = field(default_factory=list)
-    skipped: list[dict] = field(default_factory=list)
-    methods: dict[str, int] = field(default_factory=dict)
-    units_computed: int = 0
-    units_reused: int = 0
-    results_reused: int = 0
-    generate_calls: int = 0
-    prompt_tokens: int = 0
-    prefill_tokens: int = 0
-    cached_tokens: int = 0
-    prefill_seconds: float = 0.0
-    decode_tokens: int = 0
-    decode_seconds: float = 0.0
-    seconds: float = 0.0
-    outputs: list[str] = field(default_factory=list)
-
-    def add(self, stats: "EngineStats") -> None:
-        self.generate_calls += 1
-        self.prompt_tokens += stats.prompt_tokens
-        self.prefill_tokens += stats.prefill_tokens
-        self.cached_tokens += stats.cached_tokens
-        self.prefill_seconds += stats.prefill_seconds
-        self.decode_tokens += stats.decode_tokens
-        self.decode_seconds += stats.decode_seconds
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        for k, v in d.items():
-            if isinstance(v, float):
-                d[k] = round(v, 4)
-        d["prefill_tokens_per_second"] = (round(self.prefill_tokens / self.prefill_seconds, 1)
-                                          if self.prefill_seconds else 0.0)
-        return d
-
-    def describe(self) -> str:
-        methods = ", ".join(f"{n} {m}" for m, n in sorted(self.methods.items())) or "none"
-        rate = f" at {self.prefill_tokens / self.prefill_seconds:,.0f} tok/s" if self.prefill_seconds else ""
-        text = (f"summarized {self.documents} documents × {self.prompts} prompts ({methods}); "
-                f"{self.units_computed} units computed, {self.units_reused} reused"
-                f"{f', {self.results_reused} summaries already done' if self.results_reused else ''}; "
-                f"prefill {self.prefill_tokens:,} tokens{rate} ({self.cached_tokens:,} reused), "
-                f"{self.decode_tokens:,} tokens written, {self.seconds:.1f} s")
-        if self.failed:
-            text += f"; {len(self.failed)} failed"
-        return text
-
-
-@dataclass(frozen=True)
-class SummaryEvent:
-    """Progress: ``kind`` is "plan", "unit" (a unit finished or was found done) or "document" (all its prompts)."""
-
-    kind: str
-    source: str = ""
-    documents_done: int = 0
-    documents: int = 0
-    tokens_done: int = 0  # catalog (embedder) tokens of the documents, as a measure of the work
-    tokens: int = 0
-    detail: str = ""
+            groups.append([s])
+            used = cost
+    return groups
 
 
 @dataclass(frozen=True)
@@ -251,61 +100,6 @@ class Settings:
     repeat_penalty: float
     seed: int
     system: str
-
-
-def output_names(sources: Sequence[str]) -> dict[str, str]:
-    """A file-name stem per source: its file name, or its path below the common folder where names repeat."""
-    names = {s: Path(s).name for s in sources}
-    if len(set(names.values())) == len(names):
-        return names
-    common = Path(os.path.commonpath([str(Path(s).parent) for s in sources]))
-    return {s: "__".join(Path(s).relative_to(common).parts) for s in sources}
-
-
-class _Outputs:
-    """Markdown files (one per document and prompt) and a JSON Lines file, written as summaries finish."""
-
-    def __init__(self, *, out_dir: Path | None, jsonl: Path | None, sources: Sequence[str], n_prompts: int):
-        self.out_dir, self.n_prompts = out_dir, n_prompts
-        self.names = output_names(sources)
-        self.written: list[str] = []
-        self._jsonl = None
-        try:
-            if out_dir is not None:
-                out_dir.mkdir(parents=True, exist_ok=True)
-            if jsonl is not None:
-                jsonl.parent.mkdir(parents=True, exist_ok=True)
-                self._jsonl = open(jsonl, "w", encoding="utf-8")  # rewritten whole on every run
-                self.written.append(str(jsonl))
-        except OSError as exc:
-            self.close()
-            raise InputError(f"cannot write the output: {exc}") from None
-
-    def path_for(self, summary: Summary) -> Path | None:
-        if self.out_dir is None:
-            return None
-        stem = self.names[summary.source]
-        suffix = ".summary.md" if self.n_prompts == 1 else f".summary-{summary.prompt_index}.md"
-        return self.out_dir / (stem + suffix)
-
-    def write(self, summary: Summary) -> None:
-        try:
-            target = self.path_for(summary) if summary.ok else None
-            if target is not None:
-                tmp = target.with_name(target.name + ".tmp")
-                tmp.write_text(summary.markdown(), encoding="utf-8")
-                os.replace(tmp, target)
-                self.written.append(str(target))
-            if self._jsonl is not None:
-                self._jsonl.write(json.dumps(summary.record(), ensure_ascii=False) + "\n")
-                self._jsonl.flush()
-        except OSError as exc:
-            raise InputError(f"cannot write the output: {exc}") from None
-
-    def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
 
 
 # Engines with a job running: one llama.cpp context must never be used by two threads at once.
@@ -323,7 +117,8 @@ class Job:
 
     def __init__(self, *, engine: "Engine", jobs: JobStore, open_store: Callable[[], AbstractContextManager],
                  collection: str, documents: Sequence["DocumentRecord"], prompts: Sequence[str],
-                 settings: Settings, progress: Callable[[SummaryEvent], None] | None = None):
+                 settings: Settings, section_target: int, memo: "packing.SectionTokens | None" = None,
+                 progress: Callable[[SummaryEvent], None] | None = None):
         if not prompts:
             raise InputError("no prompt given")
         for p in prompts:
@@ -334,6 +129,8 @@ class Job:
         self.documents = sorted(documents, key=lambda d: d.source)  # canonical order
         self.prompts = list(dict.fromkeys(p.strip() for p in prompts))
         self.settings = settings
+        self.section_target = section_target  # for documents whose sections are not in the catalog yet
+        self.memo = memo or packing.SectionTokens(engine.tokenize)
         self.progress = progress or (lambda ev: None)
         self.report = JobReport(collection=collection, documents=len(self.documents), prompts=len(self.prompts))
 
@@ -394,7 +191,7 @@ class Job:
 
     # -- running ------------------------------------------------------------------------------
 
-    def run(self, *, outputs: _Outputs | None = None) -> Iterator[Summary]:
+    def run(self, *, outputs: Outputs | None = None) -> Iterator[Summary]:
         with _busy_lock:
             if self.engine in _busy:
                 raise EngineError("a summarize job is already running on this pipeline's engine; "
@@ -458,40 +255,56 @@ class Job:
 
     # -- the work of one document -------------------------------------------------------------
 
+    @cached_property
+    def layout(self) -> Layout:
+        """The chat template around the documents: the one ``ask`` uses (same system prompt)."""
+        e = self.engine
+        return Layout.make(chat=e.chat, tokenize=e.tokenize, bos=e.bos, system=self.settings.system)
+
     def _pack(self, passages: Sequence[Passage], instruction: str) -> Prompt:
+        """A reduce prompt: the partial results as numbered passages, the instruction last."""
         e = self.engine
         return pack(passages, instruction, chat=e.chat, tokenize=e.tokenize, bos=e.bos, n_ctx=e.n_ctx,
                     reserve=self.settings.max_tokens, system=self.settings.system)
 
     def _budget(self, instruction: str) -> int:
-        """Tokens left for document text in a prompt with this instruction."""
+        """Tokens left for sections in a prompt with this instruction last (as ``ask`` counts them)."""
+        suffix = self.layout.suffix(instruction, self.engine.tokenize)
+        return self.layout.budget(n_ctx=self.engine.n_ctx, reserve=self.settings.max_tokens,
+                                  suffix_tokens=len(suffix))
+
+    def _reduce_room(self, prompt: str, name: str) -> int:
+        """Tokens left for partial results in a reduce prompt."""
+        instruction = REDUCE_INSTRUCTION.format(name=name, prompt=prompt)
         return self.engine.n_ctx - self.settings.max_tokens - len(self._pack([], instruction).tokens) - _MARGIN
+
+    def _sections_prompt(self, shelf: "packing.Shelf", sections: Sequence["Section"], instruction: str, *,
+                         mode: str) -> Prompt:
+        packed = packing.number(shelf, sections, self.memo)
+        return section_prompt(self.layout, packed, instruction, tokenize=self.engine.tokenize, mode=mode)
 
     def _compute(self, doc: "DocumentRecord", todo: list[Summary], tick: Callable[[float, str], None]) -> None:
         with self.open_store() as store:
             record = store.catalog.document(store.name, doc.source)
             if record is None or record.content_hash != doc.content_hash:
                 raise InputError(f"{doc.source} changed or was removed during the job: run it again")
-            passages = merge_chunks(store.catalog.chunks(store.name, doc.source))
-            whole: list[tuple[Summary, Prompt]] = []
-            mapped: list[Summary] = []
-            for s in todo:
-                prompt = self._pack(passages, s.prompt)
-                if prompt.dropped or prompt.truncated:
-                    mapped.append(s)
-                else:
-                    whole.append((s, prompt))
-            sections: list[Section] = []
-            if mapped:
-                budget = min(self._budget(s.prompt) for s in mapped)
-                if budget < 2 * (self.settings.max_tokens + _MARGIN):
-                    raise EngineError(
-                        f"{Path(doc.source).name} needs map-reduce, but the context ({self.engine.n_ctx:,} tokens) "
-                        f"cannot hold two partial summaries of {self.settings.max_tokens} tokens: raise "
-                        "engine.n_ctx or lower --max-tokens")
-                sections = sections_of(store, doc.source, budget, count=self.engine.count_tokens)
+            shelf = sections_of(store, doc.source, target=self.section_target)
+        # The store is released: tokenising (and loading the generator) happens from here on.
+        tokens = sum(len(p.tokens) for p in packing.number(shelf, shelf.sections, self.memo))
+        whole = [s for s in todo if tokens <= self._budget(s.prompt)]
+        mapped = [s for s in todo if s not in whole]
+        groups: list[list[Section]] = []
+        if mapped:
+            budget = min(self._budget(s.prompt) for s in mapped)
+            room = min(self._reduce_room(s.prompt, Path(doc.source).name) for s in mapped)
+            if room < 2 * (self.settings.max_tokens + _MARGIN):
+                raise EngineError(
+                    f"{Path(doc.source).name} needs map-reduce, but the context ({self.engine.n_ctx:,} tokens) "
+                    f"cannot hold two partial summaries of {self.settings.max_tokens} tokens: raise "
+                    "engine.n_ctx or lower --max-tokens")
+            groups = map_groups(shelf, budget, self.memo)
         dk = self.doc_key(doc)
-        planned = len(whole) + len(mapped) * (len(sections) + 1)
+        planned = len(whole) + len(mapped) * (len(groups) + 1)
         finished = 0
 
         def step(detail: str) -> None:
@@ -500,31 +313,28 @@ class Job:
             tick(finished / max(planned, 1), detail)
 
         name = Path(doc.source).name
-        for s, prompt in whole:  # one prefix (system + document), every prompt after it
-            s.method = "whole"
-            s.text = self._unit(s, dk, "whole", [], prompt=lambda p=prompt: p)
+        # One prefix (system + document), every prompt after it
+        texts = self._units([(s, lambda s=s: self._sections_prompt(shelf, shelf.sections, s.prompt, mode="whole"))
+                             for s in whole], dk, "whole", [])
+        for s, text in zip(whole, texts):
+            s.method, s.text = "whole", text
             self._commit(doc, s)
             step(f"{name} (whole)")
 
         partials: dict[int, list[Passage]] = {s.prompt_index: [] for s in mapped}
-        for sec in sections:  # section-major: each section's prefix is prefilled once for all prompts
-            for s in mapped:
-                text = self._unit(s, dk, "map", [sec.first, sec.last],
-                                  prompt=lambda sec=sec, s=s: self._section_prompt(sec, s.prompt))
-                partials[s.prompt_index].append(
-                    Passage(doc.source, doc.content_hash, sec.index, sec.index, sec.pages, text, sec.index))
-                step(f"{name} (section {sec.index + 1}/{len(sections)})")
+        for g, group in enumerate(groups):  # run by run: each run's prefix is prefilled once for all prompts
+            pages = tuple(sorted({p for sec in group for p in sec.pages}))
+            texts = self._units([(s, lambda group=group, s=s: self._sections_prompt(shelf, group, s.prompt,
+                                                                                    mode="sections"))
+                                 for s in mapped], dk, "map", [[sec.first, sec.last] for sec in group])
+            for s, text in zip(mapped, texts):
+                partials[s.prompt_index].append(Passage(doc.source, doc.content_hash, g, g, pages, text, g))
+                step(f"{name} (part {g + 1}/{len(groups)})")
         for s in mapped:
-            s.method, s.sections = "map-reduce", len(sections)
+            s.method, s.sections = "map-reduce", len(shelf.sections)
             s.text = self._reduce(s, dk, name, partials[s.prompt_index])
             self._commit(doc, s)
             step(f"{name} (reduce)")
-
-    def _section_prompt(self, sec: Section, instruction: str) -> Prompt:
-        prompt = self._pack(list(sec.passages), instruction)
-        if prompt.dropped:
-            raise EngineError(f"section {sec.index + 1} (chunks {sec.first}-{sec.last}) does not fit the context")
-        return prompt
 
     def _reduce(self, s: Summary, dk: str, name: str, parts: list[Passage]) -> str:
         """Combine ``parts`` in order, in groups that fit one prompt, level by level, until one is left."""
@@ -561,34 +371,62 @@ class Job:
 
     def _unit(self, s: Summary, dk: str, kind: str, where: list, *, prompt: Callable[[], Prompt]) -> str:
         """The text of one unit: from the job database if it was finished before, else generated and committed."""
-        pk = self.prompt_key(s.prompt)
-        key = digest(dk, pk, kind, where)
-        unit = self.jobs.unit(key)
-        if unit is not None:
-            s.units_reused += 1
-            return unit.text
-        p = prompt()
-        if p.truncated:
-            s.notes.append(f"a {kind} prompt's only passage was cut to fit the context")
+        return self._units([(s, prompt)], dk, kind, where)[0]
+
+    def _units(self, todo: Sequence[tuple[Summary, Callable[[], Prompt]]], dk: str, kind: str, where: list
+               ) -> list[str]:
+        """The texts of units that differ only by their prompt's instruction (one prefix): those finished
+        before from the job database, the others generated together (:meth:`_generate`), each committed."""
+        texts: list[str] = [""] * len(todo)
+        pending = []
+        for i, (s, make) in enumerate(todo):
+            key = digest(dk, self.prompt_key(s.prompt), kind, where)
+            unit = self.jobs.unit(key)
+            if unit is not None:
+                s.units_reused += 1
+                texts[i] = unit.text
+            else:
+                pending.append((i, s, key, make()))
+        if not pending:
+            return texts
         t0 = time.perf_counter()
-        generation = self.engine.generate(p.tokens, max_tokens=self.settings.max_tokens,
-                                          temperature=self.settings.temperature,
-                                          repeat_penalty=self.settings.repeat_penalty, seed=self.settings.seed,
-                                          prefix_len=len(p.prefix_tokens))
-        text = generation.read().strip()
-        st = generation.stats
-        self.report.add(st)
-        s.units_computed += 1
-        s.prefill_tokens += st.prefill_tokens
-        s.cached_tokens += st.cached_tokens
-        s.decode_tokens += st.decode_tokens
-        for note in st.notes:
-            if note not in s.notes:
-                s.notes.append(note)
-        self.jobs.commit_unit(Unit(key, kind, text, st.prompt_tokens, st.prefill_tokens, st.decode_tokens,
-                                   time.perf_counter() - t0), doc_key=dk, prompt_key=pk,
-                              idx=json.dumps(where[:2]))
-        return text
+        results = self._generate([p for *_, p in pending])
+        seconds = (time.perf_counter() - t0) / len(pending)
+        for (i, s, key, p), (text, st) in zip(pending, results):
+            if p.truncated:
+                s.notes.append(f"a {kind} prompt's only passage was cut to fit the context")
+            self.report.add(st)
+            s.units_computed += 1
+            s.prefill_tokens += st.prefill_tokens
+            s.cached_tokens += st.cached_tokens
+            s.decode_tokens += st.decode_tokens
+            for note in st.notes:
+                if note not in s.notes:
+                    s.notes.append(note)
+            self.jobs.commit_unit(Unit(key, kind, text, st.prompt_tokens, st.prefill_tokens, st.decode_tokens,
+                                       seconds), doc_key=dk, prompt_key=self.prompt_key(s.prompt),
+                                  idx=json.dumps(where[:2]))
+            texts[i] = text
+        return texts
+
+    def _generate(self, prompts: Sequence[Prompt]) -> list[tuple[str, "EngineStats"]]:
+        """Each prompt's text and figures. Prompts with one prefix are decoded together where the
+        engine runs several sequences (``engine.n_seq_max`` > 1), else one after the other; greedy
+        texts are the same either way."""
+        g = self.settings
+        kw = dict(max_tokens=g.max_tokens, temperature=g.temperature, repeat_penalty=g.repeat_penalty, seed=g.seed)
+        first = prompts[0]
+        if len(prompts) > 1 and getattr(self.engine, "n_seq_max", 1) > 1 and \
+                all(p.prefix_tokens == first.prefix_tokens for p in prompts):
+            done = self.engine.generate_many([p.tokens for p in prompts], prefix_len=len(first.prefix_tokens),
+                                             boundaries=first.boundaries, **kw)
+            return [(c.text.strip(), c.stats) for c in done]
+        out = []
+        for p in prompts:
+            generation = self.engine.generate(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries,
+                                              **kw)
+            out.append((generation.read().strip(), generation.stats))
+        return out
 
     def _commit(self, doc: "DocumentRecord", s: Summary) -> None:
         self.jobs.commit_result(
@@ -625,7 +463,7 @@ class SummaryRun:
             self.report.skipped = list(skipped)
             if self.restart:
                 job.forget()
-            outputs = _Outputs(out_dir=self.out_dir, jsonl=self.jsonl, sources=[d.source for d in job.documents],
+            outputs = Outputs(out_dir=self.out_dir, jsonl=self.jsonl, sources=[d.source for d in job.documents],
                                n_prompts=len(job.prompts))
             try:
                 for f in failed:  # inputs that never reached the collection: reported, the rest go on

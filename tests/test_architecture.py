@@ -182,3 +182,17 @@ def test_only_api_cli_and_profiles_use_the_planner():
                  if m not in users and not m.startswith(("pipeline.planner.", "pipeline.dev."))
                  for n in _imports(m) if (o := _owner(n)) and o.startswith("pipeline.planner"))
     assert bad == []
+
+
+def test_answering_does_not_import_the_tuner():
+    """The API reads tuned profiles through pipeline.profiles, which needs no planner module at all."""
+    seen, todo = set(), ["pipeline.profiles"]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += [o for n in _imports(m) if (o := _owner(n))]
+    assert not any(m.startswith("pipeline.planner") for m in seen), seen
+    api = MODULES["pipeline.api"].read_text(encoding="utf-8")
+    engine_settings = api[api.index("def engine_settings"):api.index("def plan(")]
+    assert "planner" not in engine_settings and "profiles" in engine_settings

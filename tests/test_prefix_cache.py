@@ -151,3 +151,37 @@ def test_recurrent_model_restores_its_state_at_the_prefix_boundary(tmp_path):
     _, other, st3 = ask("who is lazy?", engine=engine)  # same process: the old question cannot be cut off
     assert st3.cache == "disk" and other == ask("who is lazy?")[1]
     assert any("cannot be cut" in n for n in st3.notes)
+
+
+def test_recurrent_model_resumes_a_pack_from_a_state_saved_at_an_inner_boundary(tmp_path):
+    """A pack [A, B, C] saves states at the A and A+B boundaries; a later pack [A, B, D] on a Mamba
+    model (no cutting back) restores exactly the A+B state and prefills only D and the question, and
+    answers as a plain run does."""
+    from pipeline.engine.cache import PrefixCache
+    from pipeline.config import EngineConfig
+    from pipeline.engine.generator import Engine
+    from pipeline.dev.synthetic import write_mamba_model
+
+    path = write_mamba_model(tmp_path / "mamba.gguf")
+    settings = EngineConfig(n_ctx=2048, n_batch=256, n_ubatch=256, threads=1)
+    docs = {k: f"document {k}: " + f"the {k} quick brown fox jumps over the lazy dog. " * 6 for k in "ABCD"}
+
+    def ask(keys, *, cache=None):
+        engine = Engine(path, settings, cache=cache, cache_min_tokens=16)
+        tokens, bounds = [], []
+        for k in keys:
+            tokens += engine.tokenize(docs[k])
+            bounds.append(len(tokens))
+        prefix_len = len(tokens)
+        tokens += engine.tokenize("question: what jumps?")
+        gen = engine.generate(tokens, max_tokens=8, prefix_len=prefix_len, boundaries=bounds[:-1])
+        return gen.read(), gen.stats, bounds
+
+    cache = PrefixCache(tmp_path / "cache", max_bytes=2**30)
+    _, first, bounds_abc = ask("ABC", cache=cache)
+    assert first.cache == "miss" and first.states_saved == 3  # A, A+B and the whole prefix
+    plain, _, bounds_abd = ask("ABD")
+    text, st, _ = ask("ABD", cache=cache)
+    assert bounds_abd[1] == bounds_abc[1]
+    assert st.cache == "disk" and st.cached_tokens == bounds_abc[1]  # exactly the A+B boundary
+    assert text == plain

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,8 +19,10 @@ from click.testing import CliRunner
 from pipeline.cli import cli
 from pipeline.engine.generator import EngineStats
 from pipeline.jobs import JobStore
+from pipeline.store import sections as section_rows
 from pipeline.store.catalog import DocumentRecord, StoredChunk
-from pipeline.summarize import Job, Settings, cut_sections, output_names
+from pipeline.summarize import Job, Settings
+from pipeline.summary import output_names
 
 # -- a deterministic fake engine and store ------------------------------------------------------
 
@@ -67,22 +70,42 @@ class FakeEngine:
         return SimpleNamespace(read=lambda: out, stats=stats)
 
 
+class FakeMultiEngine(FakeEngine):
+    """A fake that decodes several prompts over one prefix together (as ``engine.n_seq_max`` > 1 does)."""
+
+    n_seq_max = 4
+
+    def __init__(self, n_ctx: int):
+        super().__init__(n_ctx)
+        self.together: list[int] = []  # prompts per generate_many call
+
+    def generate_many(self, prompts, *, prefix_len, boundaries=(), max_tokens, **_):
+        assert all(p[:prefix_len] == prompts[0][:prefix_len] for p in prompts)
+        self.together.append(len(prompts))
+        return [SimpleNamespace(text=(g := self.generate(p, max_tokens=max_tokens, prefix_len=prefix_len)).read(),
+                                stats=g.stats) for p in prompts]
+
+
 class FakeCatalog:
     def __init__(self, docs: dict[str, list[str]]):
         self.docs = {s: DocumentRecord(s, f"h-{hash(tuple(t)) & 0xffff}", 0, 0, "text", n_tokens=10 * len(t),
                                        n_chunks=len(t)) for s, t in docs.items()}
         self.texts = docs
+        self.db = sqlite3.connect(":memory:", isolation_level=None)  # sections are cut on first use and recorded here, as in a catalog
+        self.db.executescript(section_rows.SCHEMA + "CREATE TABLE documents (collection, source, content_hash);")
+        self.db.executemany("INSERT INTO documents VALUES ('c', ?, ?)", [(d.source, d.content_hash)
+                                                                          for d in self.docs.values()])
 
     def document(self, collection, source):
         return self.docs.get(source)
 
-    def chunks(self, collection, source):
+    def chunks(self, collection, source, *, first=None, last=None):
         out, start = [], 0
         for i, t in enumerate(self.texts[source]):  # no overlaps: offsets follow each other
             out.append(StoredChunk(f"{source}-{i}", source, self.docs[source].content_hash, i, None, start,
-                                   start + len(t), 10, t))
+                                   start + len(t), len(t.split()), t))
             start += len(t) + 1
-        return out
+        return [c for c in out if (first is None or c.index >= first) and (last is None or c.index <= last)]
 
 
 def doc_chunks(n: int, words: int = 20) -> list[str]:
@@ -90,9 +113,9 @@ def doc_chunks(n: int, words: int = 20) -> list[str]:
 
 
 def fake_job(tmp_path, docs: dict[str, list[str]], *, n_ctx: int, prompts=("Summarise.",), max_tokens: int = 8,
-             engine: FakeEngine | None = None):
+             engine: FakeEngine | None = None, section_target: int | None = None):
     catalog = FakeCatalog(docs)
-    store = SimpleNamespace(name="c", catalog=catalog)
+    store = SimpleNamespace(name="c", catalog=catalog, documents=lambda: dict(catalog.docs))
 
     @contextmanager
     def open_store():
@@ -102,24 +125,34 @@ def fake_job(tmp_path, docs: dict[str, list[str]], *, n_ctx: int, prompts=("Summ
     jobs = JobStore(tmp_path / "jobs.sqlite")
     settings = Settings(max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0, seed=0, system="Be brief.")
     job = Job(engine=engine, jobs=jobs, open_store=open_store, collection="c", documents=list(catalog.docs.values()),
-              prompts=list(prompts), settings=settings)
+              prompts=list(prompts), settings=settings, section_target=section_target or n_ctx // 4)
     return job, jobs, engine
 
 
 # -- fast tests ----------------------------------------------------------------------------------
 
 
-def test_sections_are_consecutive_chunk_runs_that_fit_and_cover_the_document():
-    chunks = FakeCatalog({"/d.txt": doc_chunks(23)}).chunks("c", "/d.txt")
-    count = lambda text: len(text.split())  # noqa: E731
-    sections = cut_sections(chunks, 100, count=count)
-    assert [s.index for s in sections] == list(range(len(sections))) and len(sections) >= 5
-    assert sections[0].first == 0 and sections[-1].last == 22
-    assert all(b.first == a.last + 1 for a, b in zip(sections, sections[1:]))
-    assert all(sum(count(f"[1] d.txt\n{p.text}\n\n") for p in s.passages) <= 100 for s in sections)
-    assert cut_sections(chunks, 100, count=count) == sections  # fixed: the same on every run
-    sizes = [s.last - s.first + 1 for s in sections]
-    assert max(sizes) - min(sizes) <= 1  # as even as the budget allows, no tiny last section
+def test_map_steps_run_over_the_catalogs_fixed_sections_in_order(tmp_path):
+    # The document is cut into the catalog's sections (recorded, as ``ask`` would cut and read them);
+    # each map prompt holds a run of consecutive whole sections, page-marked as ``ask`` renders them.
+    job, jobs, engine = fake_job(tmp_path, {"/docs/long.txt": doc_chunks(23)}, n_ctx=200, max_tokens=20,
+                                 section_target=40)
+    with jobs:
+        (long,) = list(job.run())
+    recorded = section_rows.read(_db(job), "c",
+                                 [("/docs/long.txt", long.content_hash)])["/docs/long.txt"]
+    assert len(recorded) >= 10 and long.method == "map-reduce" and long.sections == len(recorded)
+    maps = [p for p in engine.prompts if "(The numbered documents are partial" not in p]
+    assert 1 < len(maps) < len(recorded)  # several sections per map prompt, as many as fit
+    shown = [[int(x) for x in re.findall(r"\(section (\d+) of \d+\)", p)] for p in maps]
+    assert sum(shown, []) == list(range(1, len(recorded) + 1))  # every section once, in order
+    assert all(p.startswith("SYSTEM Be brief. USER Documents: [1] long.txt (section ") for p in maps)
+    assert long.text.split()[0] == "C0..C22"
+
+
+def _db(job):
+    with job.open_store() as store:
+        return store.catalog.db
 
 
 def test_a_long_document_goes_map_reduce_in_levels_and_every_section_contributes(tmp_path):
@@ -133,9 +166,25 @@ def test_a_long_document_goes_map_reduce_in_levels_and_every_section_contributes
     assert long.text.split()[0] == "C0..C99"  # every chunk, through its section, reached the final result
     assert "map-reduce over" in long.method_label and f"{long.sections} sections" in long.method_label
     maps = [p for p in engine.prompts if "(The numbered documents are partial" not in p]
-    assert len(maps) == long.sections + 1  # one map prompt per section, plus the short document
+    assert len(maps) >= 10 + 1  # the map prompts, plus the short document
     assert long.reduce_steps == len(engine.prompts) - len(maps)
     assert all(len(engine.tokenize(p)) + 20 <= 160 for p in engine.prompts)  # every prompt fitted the context
+
+
+def test_prompts_over_one_prefix_are_decoded_together_where_the_engine_can(tmp_path):
+    docs = {"/d/long.txt": doc_chunks(40), "/d/short.txt": doc_chunks(2)}
+    prompts = ("One.", "Two.", "Three.")
+    job, jobs, alone = fake_job(tmp_path / "a", docs, n_ctx=200, prompts=prompts, max_tokens=20)
+    with jobs:
+        expected = [(s.source, s.text, s.method) for s in job.run()]
+    job, jobs, multi = fake_job(tmp_path / "b", docs, n_ctx=200, prompts=prompts, max_tokens=20,
+                                engine=FakeMultiEngine(200))
+    with jobs:
+        got = [(s.source, s.text, s.method) for s in job.run()]
+    assert got == expected and {m for _, _, m in got} == {"whole", "map-reduce"}
+    n_maps = sum(1 for p in multi.prompts if "(The numbered documents are partial" not in p) - len(prompts)
+    assert multi.together == [3] * (n_maps // 3 + 1)  # every map run and the short document: 3 prompts at once
+    assert multi.prompts == alone.prompts
 
 
 def test_rerun_does_nothing_and_a_changed_document_redoes_only_its_own_units(tmp_path):
@@ -197,16 +246,15 @@ def test_output_names_are_file_names_unless_they_repeat():
 FAST = {"engine__n_ctx": 1024, "cache__min_tokens": 16}
 
 
-def _whole_prompt(rag, doc: Path, instruction: str, max_tokens: int):
-    """The prompt ``summarize`` and ``ask --doc`` build for ``doc``, from the packer itself."""
-    from pipeline.context import pack
-    from pipeline.retrieve import whole_document
+def _ask_prompt(rag, doc: Path, instruction: str):
+    """The prompt ``rag ask --doc`` builds for ``doc`` with ``instruction`` as its question (auto mode)."""
+    prompt, _, _ = rag._prompt(instruction, doc=str(doc.resolve()), source=None, mode="auto", top_k=None)
+    return prompt
 
-    e = rag.engine
-    with rag.store() as store:
-        passages = whole_document(str(doc.resolve()), store=store)
-    return pack(passages, instruction, chat=e.chat, tokenize=e.tokenize, bos=e.bos, n_ctx=e.n_ctx,
-                reserve=max_tokens, system=rag.config.ask.system_prompt)
+
+def _suffix(rag, instruction: str) -> int:
+    """Tokens of a summary prompt after the document: the instruction and the template's tail."""
+    return len(rag._layout.suffix(instruction, rag.engine.tokenize))
 
 
 def test_two_prompts_prefill_the_document_once(make_pipeline, corpus, tmp_path):
@@ -214,28 +262,54 @@ def test_two_prompts_prefill_the_document_once(make_pipeline, corpus, tmp_path):
     rag = make_pipeline(**FAST)
     first, second = rag.summarize([doc], prompts=["Summarise in one sentence.", "List the flags it names."],
                                   max_tokens=8).result()  # paths not ingested yet are ingested first
-    p1 = _whole_prompt(rag, doc, first.prompt, 8)
-    p2 = _whole_prompt(rag, doc, second.prompt, 8)
-    assert p1.prefix_tokens == p2.prefix_tokens and len(p1.prefix_tokens) > 100
+    p1 = _ask_prompt(rag, doc, first.prompt)
+    p2 = _ask_prompt(rag, doc, second.prompt)
+    assert p1.mode == "whole" and p1.prefix_tokens == p2.prefix_tokens and len(p1.prefix_tokens) > 60
     assert first.method == second.method == "whole" and first.ok and second.ok and first.text
-    assert first.cached_tokens == 0 and first.prefill_tokens == len(p1.tokens)
+    assert first.cached_tokens == 0 and first.prefill_tokens > len(p1.prefix_tokens)
     assert second.cached_tokens == len(p2.prefix_tokens)  # the document was not prefilled again
-    assert second.prefill_tokens == len(p2.tokens) - len(p2.prefix_tokens)  # only the instruction
+    assert first.prefill_tokens == len(p1.prefix_tokens) + _suffix(rag, first.prompt)
+    assert second.prefill_tokens == _suffix(rag, second.prompt)  # only the instruction
 
 
 def test_a_document_summarised_before_prefills_only_the_instruction(make_pipeline, corpus, tmp_path):
-    # The document's prefix state, saved by one job, serves a later job with another instruction
-    # in a new pipeline (nothing in memory: the state comes from disk). ``ask`` in auto mode lays
-    # documents out as page-marked sections, so its prefix is not this one (see the README).
+    # Both directions, each in a new pipeline (nothing in memory: the state comes from the prefix
+    # cache on disk), with prefilled-token counters: summarize and ``ask --doc`` share one prefix.
+    doc = corpus / "notes.txt"
     rag = make_pipeline(**FAST)
     rag.ingest([corpus])
-    (first,) = rag.summarize([corpus / "notes.txt"], prompts=["Summarise it."], max_tokens=8).result()
-    assert first.prefill_tokens > first.cached_tokens
+    (first,) = rag.summarize([doc], prompts=["Summarise it."], max_tokens=8).result()
+    assert first.ok and first.cached_tokens == 0
+    # summarize, then ask: the question prefills only itself
+    asker = make_pipeline(**FAST)
+    answer = asker.ask("Which error code appears?", doc=str(doc))
+    expected = _ask_prompt(asker, doc, "Which error code appears?")
+    assert answer.stats.mode == "whole" and answer.stats.cached_tokens == len(expected.prefix_tokens) > 40
+    assert answer.stats.prefill_tokens == len(expected.tokens) - len(expected.prefix_tokens)
+    # ask, then summarize: another document, asked about first, costs its summary only the instruction
+    pdf = corpus / "manual.pdf"
+    make_pipeline(**FAST).ask("What is on page two?", doc=str(pdf))
     fresh = make_pipeline(**FAST)
-    (summary,) = fresh.summarize([corpus / "notes.txt"], prompts=["List its error codes."], max_tokens=8).result()
-    prompt = _whole_prompt(fresh, corpus / "notes.txt", summary.prompt, 8)
+    (summary,) = fresh.summarize([pdf], prompts=["List the functions it names."], max_tokens=8).result()
+    prompt = _ask_prompt(fresh, pdf, summary.prompt)
     assert summary.method == "whole" and summary.cached_tokens == len(prompt.prefix_tokens)
-    assert summary.prefill_tokens == len(prompt.tokens) - len(prompt.prefix_tokens)
+    assert summary.prefill_tokens == _suffix(fresh, summary.prompt)
+    assert "[1, p. 2]" in fresh.engine.llm.detokenize(prompt.prefix_tokens).decode()  # ask's page-marked layout
+
+
+def test_a_warmed_document_costs_its_summary_only_the_instruction(make_pipeline, corpus, tmp_path):
+    pdf = corpus / "manual.pdf"
+    one = {**FAST, "store__collection": "one-doc"}
+    rag = make_pipeline(**one)
+    rag.ingest([pdf])
+    (item,) = rag.warm()["prefixes"]
+    assert item["outcome"] == "saved"
+    fresh = make_pipeline(**one)
+    (summary,) = fresh.summarize([pdf], prompts=["Summarise it."], max_tokens=8).result()
+    prompt = _ask_prompt(fresh, pdf, summary.prompt)
+    assert item["tokens"] == len(prompt.prefix_tokens)  # warm saved exactly this prompt's prefix
+    assert summary.cached_tokens == len(prompt.prefix_tokens)
+    assert summary.prefill_tokens == _suffix(fresh, summary.prompt)
 
 
 def test_cli_files_jsonl_status_failures_and_stdout(store_dir, tmp_path, monkeypatch):

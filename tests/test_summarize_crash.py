@@ -75,8 +75,8 @@ def test_kill_9_mid_map_mid_reduce_and_between_documents_then_resume_identically
     kinds = [k for k, _, _ in sequence]
     assert len(sequence) == report["units_computed"] + 4  # every unit, then 2 documents x 2 prompts
 
-    # The long document, several times the context, went map-reduce; every section was summarised
-    # for each prompt, and reduce steps (one level or more, as the partials' lengths need) combined them.
+    # The long document, several times the context, went map-reduce; every run of its sections was
+    # summarised for each prompt, and reduce steps (one level or more, as the partials' lengths need) combined them.
     from pipeline import Pipeline
 
     with Pipeline.from_config() as rag:
@@ -87,7 +87,8 @@ def test_kill_9_mid_map_mid_reduce_and_between_documents_then_resume_identically
     assert n_sections >= 4 and all(s["sections"] == n_sections for s in long)
     assert all(s["reduce_steps"] >= 1 and s["levels"] >= 1 for s in long)
     n_maps = kinds.count("map")
-    assert n_maps == 2 * n_sections and kinds.count("reduce") == sum(s["reduce_steps"] for s in long)
+    # map steps run over runs of consecutive sections that fit one prompt: one per run and prompt
+    assert n_maps % 2 == 0 and 4 <= n_maps // 2 <= n_sections and kinds.count("reduce") == sum(s["reduce_steps"] for s in long)
     long_doc_key = sequence[0][1]
     mid_map = 3
     mid_reduce = kinds.index("reduce") + 1  # the first reduce step done, its result and the others not

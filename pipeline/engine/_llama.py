@@ -10,9 +10,10 @@ measurements use only what it exposes:
   from typed settings (KV types and RoPE scaling by name), with tensor buffer-type
   overrides and model params the ``Llama`` constructor has no argument for
   (``use_extra_bufts``, ``no_alloc``, ``no_host``...);
-* :class:`Model`: tokenize, decode a prompt slice / one token / whole sequences
-  for embeddings, sample, sequence memory (clear, trim, end position), sequence
-  state files (size, save, load), llama.cpp's timing counters;
+* :class:`Model`: tokenize, decode a prompt slice / one token / one token for each of
+  several sequences in one call / whole sequences for embeddings, sample, sequence
+  memory (clear, trim, copy, end position), sequence state files (size, save, load),
+  llama.cpp's timing counters;
 * :class:`TensorOverrides`: the C array of ``llama_model_tensor_buft_override``
   (pattern, buffer type) the loader reads, from :class:`pipeline.engine.offload.Override`;
 * :class:`LlamaLog`: capture llama.cpp's log (every level, debug included) while
@@ -179,6 +180,19 @@ def _install_load_hook() -> None:
         _original_load = original
         _llama_cpp_c.llama_model_load_from_file = llama_model_load_from_file
 
+        original_init = _llama_cpp_c.llama_init_from_model
+
+        def llama_init_from_model(model: Any, params: Any) -> Any:
+            pending = getattr(_local, "context", None)
+            if pending is not None:
+                _local.context = None  # this thread's next context only
+                for name, value in pending.items():
+                    setattr(params, name, value)
+            return original_init(model, params)
+
+        llama_init_from_model.__wrapped__ = original_init  # type: ignore[attr-defined]
+        _llama_cpp_c.llama_init_from_model = llama_init_from_model
+
 
 class ModelLoadError(EngineError):
     """llama.cpp could not load the model or create its context; ``reason`` is llama-cpp-python's message."""
@@ -213,6 +227,7 @@ def load(
     pooling: str = "",
     overrides: Sequence[Override] = (),
     model_params: Mapping[str, Any] | None = None,
+    n_seq_max: int = 1,
 ) -> Model:
     """Load ``model_path`` with one context: a :class:`Model`.
 
@@ -224,7 +239,10 @@ def load(
     ``embedding`` contexts. ``model_params`` sets fields of ``llama_model_params`` by
     name on the params that reach the loader, e.g. ``{"use_extra_bufts": False,
     "no_alloc": True}``; ``no_alloc`` (a dry run: sizes logged, nothing allocated)
-    turns mmap off, which llama.cpp requires for it. Raises :class:`ModelLoadError`.
+    turns mmap off, which llama.cpp requires for it. ``n_seq_max`` > 1 makes a context
+    for that many sequences over one unified KV cache of ``n_ctx`` cells (llama.cpp's
+    ``kv_unified``): sequences that share a prefix share its cells, and every sequence
+    can use the whole context. Raises :class:`ModelLoadError`.
     """
     from .ggml import KV_TYPE_IDS
 
@@ -263,9 +281,12 @@ def load(
     if keep.address is not None:
         params["tensor_buft_overrides"] = keep.address
 
+    if n_seq_max < 1:
+        raise EngineError(f"n_seq_max must be >= 1, got {n_seq_max}")
     _install_load_hook()
     _local.pending = params if params else None
     _local.applied = False
+    _local.context = {"n_seq_max": n_seq_max, "kv_unified": True} if n_seq_max > 1 and not embedding else None
     try:
         llm = llama_cpp.Llama(model_path=str(model_path), **kwargs)
     except (ValueError, RuntimeError) as exc:  # llama-cpp-python reports load failures as ValueError
@@ -273,6 +294,7 @@ def load(
     finally:
         applied = _local.applied or not params
         _local.pending = None
+        _local.context = None
     if not applied:  # a future llama-cpp-python that loads some other way
         llm.close()
         raise EngineError("The model params did not reach llama.cpp's loader; this llama-cpp-python is not supported.")
@@ -314,7 +336,8 @@ class Model:
     """One model loaded in llama.cpp, with one context and one batch of ``n_batch`` slots.
 
     Made by :func:`load`. Like the llama.cpp context it wraps, it is not safe to use
-    from two threads at once. Prompts use sequence 0; embeddings use sequences
+    from two threads at once. Prompts use sequence 0 (several prompts sharing a prefix: sequences
+    ``0..n_seq_max-1``, see :meth:`decode_sequences`); embeddings use sequences
     ``0..n`` of one batch.
     """
 
@@ -465,6 +488,41 @@ class Model:
         self._batch.batch.n_tokens = 1
         self._decode()
 
+    def decode_sequences(self, items: Sequence[tuple[int, int, int]]) -> None:
+        """Decode one token for each ``(seq, token, pos)`` in ``items`` in one ``llama_decode``, with
+        logits for every one of them: row ``i`` of the result is ``items[i]``'s (see :meth:`Sampler.sample`).
+        At most ``n_batch`` items, at most one per sequence, ``seq`` below ``n_seq_max``."""
+        tok, positions, logits, _ = self._arrays()
+        raw = self._batch.batch
+        n = len(items)
+        for i, (seq, token, pos) in enumerate(items):
+            tok[i], positions[i], logits[i] = token, pos, 1
+            raw.seq_id[i][0] = seq
+        raw.n_tokens = n
+        try:
+            self._decode()
+        finally:
+            for i in range(n):  # every slot back in sequence 0, as the other decodes expect
+                raw.seq_id[i][0] = 0
+
+    def decode_seq(self, tokens: Any, pos: int, seq: int) -> None:
+        """:meth:`decode` into sequence ``seq``: ``tokens`` at positions ``pos..``, logits for the last."""
+        raw = self._batch.batch
+        n = len(tokens)
+        self._arrays()
+        for i in range(n):
+            raw.seq_id[i][0] = seq
+        try:
+            self.decode(tokens, pos)
+        finally:
+            for i in range(n):
+                raw.seq_id[i][0] = 0
+
+    def seq_copy(self, src: int, dst: int, p0: int = 0, p1: int = -1) -> None:
+        """Give sequence ``dst`` the cells of ``src`` at positions ``[p0, p1)`` (``p1`` -1: to the end).
+        In a unified KV cache the cells are shared, not copied: no memory and no compute."""
+        llama_cpp.llama_memory_seq_cp(llama_cpp.llama_get_memory(self._ctx), src, dst, p0, p1)
+
     def embed_sequences(self, seqs: Sequence[Sequence[int]]) -> Any:
         """Pooled embeddings (one float32 row per sequence, not normalised) of ``seqs`` decoded as
         sequences ``0..len(seqs)-1`` of one batch, from an empty memory."""
@@ -599,9 +657,10 @@ class Sampler:
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(seed))
         self._chain = chain
 
-    def sample(self) -> int:
-        """The next token from the last logits (the sampler accepts it)."""
-        return int(llama_cpp.llama_sampler_sample(self._chain, self._ctx, -1))
+    def sample(self, row: int = -1) -> int:
+        """The next token from the logits of output ``row`` of the last decode (-1: its last); the
+        sampler accepts it."""
+        return int(llama_cpp.llama_sampler_sample(self._chain, self._ctx, row))
 
     def close(self) -> None:
         chain, self._chain = self._chain, None

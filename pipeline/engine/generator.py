@@ -26,13 +26,16 @@ import time
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from . import offload
 from .host import detect_ram, usable_cpus
 from .model_info import ModelInfo
 from .stages import EngineStats, Generation
 from .turns import CancelToken, FairLock, once
+
+if TYPE_CHECKING:
+    from .multiseq import Completion
 from ..config import EngineConfig
 from ..errors import Cancelled, ConfigError, EngineError
 
@@ -271,6 +274,88 @@ class Engine:
         cuts = self._cuts(len(tokens), prefix_len, boundaries)
         return Generation(self._run(list(tokens), max_tokens, sampling, stats, cuts, frozenset(stop_tokens),
                                     progress, cancel), stats)
+
+    @property
+    def n_seq_max(self) -> int:
+        """How many sequences one decode can run (``engine.n_seq_max``; 1 for recurrent and hybrid
+        models, whose memory cannot share a prefix between sequences)."""
+        if self.settings.n_seq_max <= 1 or not self.can_trim:
+            return 1
+        return self.llm.n_seq_max
+
+    def generate_many(self, prompts: Sequence[Sequence[int]], *, prefix_len: int, boundaries: Sequence[int] = (),
+                      max_tokens: int = 256, temperature: float = 0.0, repeat_penalty: float = 1.0,
+                      seed: int | None = None) -> list["Completion"]:
+        """Answer several ``prompts`` that share their first ``prefix_len`` tokens: the prefix is
+        reused or prefilled once (as :meth:`generate` does, states saved at ``boundaries``), and with
+        ``n_seq_max`` > 1 the answers are decoded together, one decode call per step for all of
+        them (:mod:`.multiseq`); else one after the other. Greedy answers are the same either way.
+        """
+        from .multiseq import Completion, decode_together, groups
+
+        prompts = [list(p) for p in prompts]
+        if not prompts:
+            return []
+        head = prompts[0][:prefix_len]
+        shared = all(len(p) > prefix_len and p[:prefix_len] == head for p in prompts)
+        if len(prompts) == 1 or not shared or prefix_len <= 0 or self.n_seq_max <= 1:
+            out = []
+            for p in prompts:
+                g = self.generate(p, max_tokens=max_tokens, temperature=temperature, repeat_penalty=repeat_penalty,
+                                  seed=seed, prefix_len=prefix_len, boundaries=boundaries)
+                out.append(Completion(g.read(), g.stats))
+            return out
+        for p in prompts:
+            if len(p) + 1 > self.n_ctx:
+                raise EngineError(f"the prompt has {len(p):,} tokens; the context holds {self.n_ctx:,}")
+        sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
+        results: list[Completion | None] = [None] * len(prompts)
+        for group in groups([len(p) for p in prompts], prefix_len=prefix_len, max_tokens=max_tokens,
+                            n_ctx=self.n_ctx, n_seq=self.n_seq_max):
+            run = [prompts[i] for i in group]
+            stats = [EngineStats(prompt_tokens=len(p)) for p in run]
+            with self._turn():
+                texts = self._together(run, stats, prefix_len=prefix_len, boundaries=boundaries,
+                                       max_tokens=max_tokens, sampling=sampling, decode=decode_together)
+            for i, text, st in zip(group, texts, stats):
+                results[i] = Completion(text, st)
+        return results  # type: ignore[return-value]
+
+    def _together(self, prompts: list[list[int]], stats: list[EngineStats], *, prefix_len: int,
+                  boundaries: Sequence[int], max_tokens: int, sampling: tuple, decode) -> list[str]:
+        """One group of :meth:`generate_many`, holding the context: the prefix into sequence 0, then ``decode``."""
+        llm = self.llm
+        cuts = self._cuts(len(prompts[0]), prefix_len, boundaries)
+        first = stats[0]
+        first.load_seconds = self.load_seconds
+        t0 = time.perf_counter()
+        reused = self._keep_prefix(prompts[0], limit=prefix_len, cuts=cuts)
+        if reused:
+            first.cache = "memory"
+        disk = self._use_disk_cache(prefix_len)
+        if disk and reused < prefix_len:
+            reused = self._restore(prompts[0], cuts, reused, first)
+        first.cached_tokens = reused
+        first.notes.extend(self.notes + self._prompt_notes)
+        self._prompt_notes = []
+        self._advance(prompts[0], cuts, first, save=disk)
+        llm.synchronize()
+        first.prefill_seconds = time.perf_counter() - t0
+        first.notes.extend(self._cache_notes(prefix_len))
+        for st in stats[1:]:  # the prefix was reused from sequence 0
+            st.cached_tokens, st.cache, st.notes = prefix_len, "memory", list(self.notes)
+        try:
+            texts, held = decode(llm, prompts, stats, prefix_len=prefix_len, max_tokens=max_tokens,
+                                 n_ctx=self.n_ctx, sampling=sampling)
+        except EngineError as exc:
+            self._reset()
+            raise EngineError(f"llama.cpp failed decoding {len(prompts)} sequences together: {exc}") from None
+        self._tokens = held
+        for i, st in enumerate(stats):
+            st.prefill_tokens = len(prompts[i]) - (reused if i == 0 else prefix_len)
+            if st.prefill_seconds > 0:
+                st.prefill_tokens_per_second = st.prefill_tokens / st.prefill_seconds
+        return texts
 
     @staticmethod
     def _cuts(n_tokens: int, prefix_len: int, boundaries: Sequence[int]) -> list[int]:
@@ -560,5 +645,5 @@ def load_params(settings: EngineConfig, *, n_ctx: int, overrides: Sequence[offlo
         threads=threads, threads_batch=s.threads_batch or threads, flash_attn=s.flash_attn,
         type_k=s.type_k, type_v=s.type_v, gpu_layers=s.gpu_layers, seed=s.seed,
         mmap=s.mmap and not overrides, rope_scaling=s.rope_scaling, rope_freq_scale=s.rope_freq_scale,
-        overrides=list(overrides),
+        overrides=list(overrides), n_seq_max=max(1, s.n_seq_max),
     )
