@@ -623,6 +623,48 @@ class Pipeline:
                                      stats=stats, **extra)
         return AnswerStream(question, prompt, generation, notes, timings, finish, stops=stops.strings, cancel=cancel)
 
+    def ask_many(self, questions: Sequence[str], *, doc: Paths = None, source: Paths = None,
+                 max_tokens: int | None = None, system_prompt: str | None = None) -> list[Answer]:
+        """Answer several questions at once: those whose prompts share their prefix (the same packed
+        documents) are decoded together in one context (:meth:`~.engine.generator.Engine.generate_many`,
+        ``engine.n_seq_max`` sequences per decode), the others one after another. Greedy answers
+        are those of :meth:`ask`; this is what a server batching concurrent questions calls."""
+        from .options import AskOptions
+        from .stops import until_stop
+
+        options = AskOptions.resolve(self.config.ask, max_tokens=max_tokens, system_prompt=system_prompt)
+        built = []
+        for q in questions:
+            if not isinstance(q, str) or not q.strip():
+                from .errors import InputError
+
+                raise InputError("a question is empty")
+            timings: dict[str, float] = {}
+            built.append((q, *self._prompt(q, doc=doc, source=source, mode=options.mode, top_k=options.top_k,
+                                           timings=timings, options=options), timings))
+        engine, stops = self.engine, self.stops
+        answers: list[Answer | None] = [None] * len(built)
+        by_prefix: dict[tuple, list[int]] = {}
+        for i, (_, prompt, *_rest) in enumerate(built):
+            by_prefix.setdefault((tuple(prompt.prefix_tokens), tuple(prompt.boundaries)), []).append(i)
+        for (prefix, boundaries), members in by_prefix.items():
+            kw = dict(prefix_len=len(prefix), boundaries=boundaries, max_tokens=options.max_tokens,
+                      temperature=options.temperature, repeat_penalty=self.config.ask.repeat_penalty)
+            if hasattr(engine, "generate_many"):
+                done = engine.generate_many([built[i][1].tokens for i in members], **kw)
+            else:  # a generator without multi-sequence decoding: one after another
+                done = [_Done(g.read(), g.stats) for g in (engine.generate(built[i][1].tokens, **kw) for i in members)]
+            for i, completion in zip(members, done):
+                q, prompt, notes, finish, timings = built[i]
+                stats = AskStats(**completion.stats.__dict__, mode=prompt.mode,
+                                 sections=[p.to_dict() for p in prompt.sections])
+                if finish is not None:
+                    finish(stats)
+                text = "".join(until_stop([completion.text], stops.strings)).strip()
+                answers[i] = Answer(q, text, prompt.sources, stats, prompt.dropped, prompt.truncated,
+                                    notes + stats.notes, timings)
+        return answers  # type: ignore[return-value]
+
     # -- conversations (see .chat) ------------------------------------------------------------
 
     def chat(self, question: str, *, chat_id: str | None = None, history: Sequence[dict] | None = None,
@@ -982,6 +1024,12 @@ class Pipeline:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclass
+class _Done:
+    text: str
+    stats: EngineStats
 
 
 def _tracker(callback):

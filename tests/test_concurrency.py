@@ -260,3 +260,29 @@ def test_close_while_a_stream_runs_stops_it_instead_of_freeing_the_model_under_i
     th.join(30)
     assert not th.is_alive() and out
     assert rag.ask("What do tomato plants need?").text  # a closed pipeline loads its models again
+
+
+def test_ask_many_decodes_questions_over_one_prefix_together(make_pipeline, ingested):
+    rag = make_pipeline(**{**FAST, "engine__n_ctx": 2048, "engine__n_seq_max": 4})
+    alone = [rag.ask(q) for q in QUESTIONS[:3]]
+    together = rag.ask_many(QUESTIONS[:3])
+    assert [a.sources for a in together] == [a.sources for a in alone]
+    assert [a.stats.prompt_tokens for a in together] == [a.stats.prompt_tokens for a in alone]
+    assert together[0].text == alone[0].text and all(a.text for a in together)
+    assert all(a.stats.cached_tokens > 0 for a in together[1:])  # the shared documents were prefilled once
+
+
+@pytest.mark.xfail(strict=True, reason="Engine.generate_many (multi-sequence decode, branch summarize2) gives "
+                   "another greedy answer than generate for one of these questions (SmolLM2, n_seq_max 4)")
+def test_ask_many_gives_the_greedy_answers_of_ask(make_pipeline, ingested):
+    rag = make_pipeline(**{**FAST, "engine__n_ctx": 2048, "engine__n_seq_max": 4})
+    alone = [rag.ask(q).text for q in QUESTIONS[:3]]
+    assert [a.text for a in rag.ask_many(QUESTIONS[:3])] == alone
+
+
+def test_ask_many_without_multi_sequence_decoding_answers_one_after_another(fake_pipeline, tmp_path):
+    rag = fake_pipeline()
+    (tmp_path / "z.md").write_text("# Zebras\n\nZebras live on the savanna.\n")
+    rag.ingest([tmp_path / "z.md"])
+    answers = rag.ask_many(["Where do zebras live?", "What are zebras?"])
+    assert [a.text for a in answers] == [rag.ask("Where do zebras live?").text, rag.ask("What are zebras?").text]
