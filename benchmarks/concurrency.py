@@ -129,6 +129,50 @@ def run(ask, clients: int, n_questions: int) -> dict:
             "ttft_p50": round(percentile(ttfts, 0.5), 2), "ttft_p95": round(percentile(ttfts, 0.95), 2)}
 
 
+def gpu_model(*, gpu: str = "h100", context: int = 16384, streams=(1, 2, 4)) -> list[dict]:
+    """A model, not a measurement: decode throughput of k concurrent answers on one GPU.
+
+    Qwen3.6-35B-A3B (published shapes), all on the GPU, ``context`` tokens in each
+    sequence's cache. A decode step is bound by the bytes it reads (the planner's decode
+    model): the dense weights once, the experts the step's tokens route to, and each
+    sequence's KV cache. ``multi-seq``: k sequences in one step, so dense weights are
+    read once for all and the experts of k tokens are the expected number of distinct
+    experts ``E * (1 - (1 - used/E)**k)`` per layer. ``pool``: k contexts on one GPU,
+    each step its own (weights read k times; the GPU runs them one after another), so
+    the aggregate is about one stream's. ``serialised`` is one stream.
+    """
+    from pipeline.config import EngineConfig
+    from pipeline.engine.ggml import type_bytes
+    from pipeline.planner.hardware import get_profile
+    from pipeline.planner.memory import kv_cells
+    from pipeline.planner.spec import ModelSpec
+
+    spec, hw = ModelSpec.qwen36_35b_a3b(quant="Q6_K"), get_profile(gpu)
+    settings = EngineConfig(n_ctx=context, gpu_layers=-1, flash_attn=True)
+
+    def step_bytes(k: int) -> float:
+        total = spec.output_bytes
+        for lay in spec.layers:
+            if lay.kind == "recurrent":
+                per_seq = 2 * lay.state_bytes
+            else:
+                per_seq = min(context, kv_cells(lay, settings)) * (
+                    type_bytes(lay.n_head_kv * lay.head_dim_k, settings.type_k)
+                    + type_bytes(lay.n_head_kv * lay.head_dim_v, settings.type_v))
+            distinct = 1 - (1 - spec.n_experts_used / spec.n_experts) ** k if spec.n_experts else 1.0
+            total += lay.other_bytes + distinct * lay.expert_bytes + k * per_seq
+        return total
+
+    one = step_bytes(1) / hw.gpu_mem_bw
+    rows = []
+    for k in streams:
+        batched = step_bytes(k) / hw.gpu_mem_bw
+        for name, tps in (("serialised", 1 / one), ("pool", 1 / one), ("multi-seq", k / batched)):
+            rows.append({"streams": k, "config": name, "decode_tokens_per_s": round(tps, 1),
+                         "x_serialised": round(tps * one, 2)})
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", type=int, default=8, help="questions per configuration and client count")
@@ -136,8 +180,16 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--gpu-model", action="store_true", help="print the modelled GPU case only (no models run)")
     args = ap.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
+    if args.gpu_model:
+        print("MODEL, not measured: Qwen3.6-35B-A3B Q6_K on one H100, 16K tokens per sequence, decode only")
+        print("\n| concurrent answers | configuration | decode tokens/s (all answers) | × serialised |")
+        print("| --- | --- | --- | --- |")
+        for r in gpu_model(streams=clients):
+            print(f"| {r['streams']} | {r['config']} | {r['decode_tokens_per_s']:,.0f} | {r['x_serialised']:.2f} |")
+        return 0
 
     from pipeline import Pipeline
 

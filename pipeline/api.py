@@ -124,9 +124,14 @@ class AnswerStream:
         self._retrieval = retrieval
         self._finish = finish
         self._stops = tuple(stops)
-        self._callbacks: list[Callable[[Answer], None]] = []
+        # Filled by the iterator, which holds no reference back to the stream: a stream dropped
+        # half-way is freed (and gives the engine back) at once, not at the next cycle collection.
+        self._result: dict = {"callbacks": []}
         self._iter: Iterator[str] | None = None
-        self.answer: Answer | None = None
+
+    @property
+    def answer(self) -> "Answer | None":
+        return self._result.get("answer")
 
     @property
     def sources(self) -> list[dict]:
@@ -134,27 +139,9 @@ class AnswerStream:
 
     def __iter__(self) -> Iterator[str]:
         if self._iter is None:
-            self._iter = self._pieces()
+            self._iter = _pieces(self.question, self.prompt, self._generation, self._stops, self._notes,
+                                 self._retrieval, self._finish, self._result)
         return self._iter
-
-    def _pieces(self) -> Iterator[str]:
-        from .stops import until_stop
-
-        parts: list[str] = []
-        try:
-            for piece in until_stop(self._generation, self._stops):
-                parts.append(piece)
-                yield piece
-        finally:
-            self._generation.close()  # a stop string ends it early: the engine is given back now
-        stats = self._generation.stats
-        if self._finish is not None:
-            self._finish(stats)
-        self.answer = Answer(self.question, "".join(parts).strip(), self.prompt.sources, stats,
-                             self.prompt.dropped, self.prompt.truncated, self._notes + stats.notes,
-                             self._retrieval)
-        for callback in self._callbacks:
-            callback(self.answer)
 
     def result(self) -> Answer:
         for _ in self:
@@ -167,7 +154,7 @@ class AnswerStream:
 
     def on_complete(self, callback: Callable[[Answer], None]) -> None:
         """Call ``callback(answer)`` once the answer is complete (not if it is cancelled or fails)."""
-        self._callbacks.append(callback)
+        self._result["callbacks"].append(callback)
 
     def cancel(self) -> None:
         """Stop generating, from any thread: a waiting prompt leaves the queue, a running prefill or
@@ -185,6 +172,27 @@ class AnswerStream:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _pieces(question: str, prompt: "Prompt", generation: "Generation", stops: tuple[str, ...], notes: list[str],
+            retrieval, finish, result: dict) -> Iterator[str]:
+    """An :class:`AnswerStream`'s pieces up to the first stop string; the answer lands in ``result``."""
+    from .stops import until_stop
+
+    parts: list[str] = []
+    try:
+        for piece in until_stop(generation, stops):
+            parts.append(piece)
+            yield piece
+    finally:
+        generation.close()  # a stop string ends it early: the engine is given back now
+    stats = generation.stats
+    if finish is not None:
+        finish(stats)
+    result["answer"] = answer = Answer(question, "".join(parts).strip(), prompt.sources, stats, prompt.dropped,
+                                       prompt.truncated, notes + stats.notes, retrieval)
+    for callback in result["callbacks"]:
+        callback(answer)
 
 
 class Pipeline:
