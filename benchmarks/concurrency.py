@@ -180,8 +180,11 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--quick", action="store_true", help="4 questions per row, 1 and 2 clients")
     ap.add_argument("--gpu-model", action="store_true", help="print the modelled GPU case only (no models run)")
     args = ap.parse_args()
+    if args.quick:
+        args.questions, args.clients = 4, "1,2"
     clients = [int(c) for c in args.clients.split(",")]
     if args.gpu_model:
         print("MODEL, not measured: Qwen3.6-35B-A3B Q6_K on one H100, 16K tokens per sequence, decode only")
@@ -227,7 +230,14 @@ def main() -> int:
               f"{row['questions_per_minute'] / ref['questions_per_minute']:.2f} | {row['ttft_p50']:.2f} s | "
               f"{row['ttft_p95']:.2f} s |")
     if args.json:
-        args.json.write_text(json.dumps({"name": "concurrency", "rows": rows}, indent=2))
+        from pipeline.dev.bench import document, row
+
+        table = []
+        for r in rows:
+            at = {"clients": r["clients"], "series": r["config"]}
+            table += [row("questions_per_minute", r["questions_per_minute"], "q/min", **at),
+                      row("ttft_p50_seconds", r["ttft_p50"], "s", **at), row("ttft_p95_seconds", r["ttft_p95"], "s", **at)]
+        args.json.write_text(json.dumps(document(table, measured=rows, gpu_model=gpu_model(streams=clients)), indent=2))
     return 0
 
 

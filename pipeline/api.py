@@ -235,7 +235,11 @@ class Pipeline:
     @once
     def embedder(self):
         from .engine.embed import Embedder
+        from .engine.remote import is_remote
+        from .engine.remote_embedder import remote_embedder
 
+        if is_remote(self.config.models.embedder):
+            return remote_embedder(self.config.models.embedder, self.config.remote)
         path = models.resolve(self.config.models.embedder, home=self.config.home_path,
                               what="embedder", log=self._log)
         e = self.config.embed
@@ -252,7 +256,12 @@ class Pipeline:
     @once
     def engine(self):
         from .engine.generator import Engine
+        from .engine.remote import is_remote
+        from .engine.remote_generator import remote_generator
 
+        if is_remote(self.config.models.generator):
+            return remote_generator(self.config.models.generator, self.config.engine, self.config.remote,
+                                    log=self._log)
         path = models.resolve(self.config.models.generator, home=self.config.home_path,
                               what="generator", log=self._log)
         return self._new_engine(path)
@@ -274,8 +283,12 @@ class Pipeline:
     @once
     def _pool(self) -> EnginePool:
         """The engines answering questions: ``engine`` and, with ``engine.parallel`` > 1, more as
-        concurrent questions need them (never for an injected generator)."""
-        size = 1 if "engine" in self._given else self.config.engine.parallel
+        concurrent questions need them (never for an injected or a remote generator: servers
+        run their own slots)."""
+        from .engine.remote import is_remote
+
+        local = "engine" not in self._given and not is_remote(self.config.models.generator)
+        size = self.config.engine.parallel if local else 1
         return EnginePool(lambda: self.engine, self._new_engine, size)
 
     @once
@@ -459,6 +472,9 @@ class Pipeline:
         out = {}
         for role in ("embedder", "generator"):
             ref = getattr(self.config.models, role)
+            if ref.startswith("openai:"):
+                out[role] = models.redact(ref) + "  (a server: nothing to pull)"
+                continue
             out[role] = str(models.resolve(ref, home=self.config.home_path, what=role, log=self._log))
         return out
 
@@ -988,13 +1004,13 @@ class Pipeline:
         name = self.config.store.collection
         if not (path / "catalog.sqlite").exists():
             return CollectionStatus(collection=name, store=str(path), exists=False,
-                                    generator=self.config.models.generator)
+                                    generator=models.redact(self.config.models.generator))
         with self.store(create=False) as store:
             info = store.info
             if info is None:
                 return CollectionStatus(collection=name, store=str(path), exists=False,
                                         collections=tuple(store.catalog.collections()),
-                                        generator=self.config.models.generator)
+                                        generator=models.redact(self.config.models.generator))
             docs, chunks, tokens = store.catalog.totals(name)
             sources = tuple(
                 {"source": r.source, "format": r.format, "chunks": r.n_chunks, "tokens": r.n_tokens,
@@ -1004,7 +1020,7 @@ class Pipeline:
                 collection=name, store=str(path), exists=True, documents=docs, chunks=chunks,
                 tokens=tokens, dense_chunks=store.chunk_count(), embedder=info.embedder, dim=info.dim,
                 chunk_size=info.chunk_size, chunk_overlap=info.chunk_overlap,
-                collections=tuple(store.catalog.collections()), generator=self.config.models.generator,
+                collections=tuple(store.catalog.collections()), generator=models.redact(self.config.models.generator),
                 sources=sources)
 
     def drop(self) -> bool:

@@ -536,7 +536,7 @@ def models_list(ctx, as_json):
         _echo_json({**rows, "present": found, "available": available_builtins(home)})
         return
     for role, info in rows.items():
-        state = info["path"] if info["ready"] else f"not ready: {info['reason']}"
+        state = (info["path"] or "an OpenAI-compatible server") if info["ready"] else f"not ready: {info['reason']}"
         click.echo(f"{role:9}  {info['ref']}\n           {_printable(state)}")
     click.echo(f"\nin {_printable(str(models_dir(home)))}:" if found else f"\nno models in {models_dir(home)}")
     width = max((len(m["ref"]) for m in found), default=0)

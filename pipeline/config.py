@@ -282,6 +282,24 @@ class CacheConfig:
 
 
 @dataclass(frozen=True)
+class RemoteConfig:
+    """OpenAI-compatible servers (``models.generator``/``models.embedder = "openai:http://host:port/v1#model"``).
+
+    Timeouts in seconds: ``read_timeout`` is the longest silence a stream may have (a long
+    prompt's prefill comes before its first token). Connection errors, timeouts, 429 and 5xx
+    are retried with backoff, on the next server where there are several, for at most
+    ``max_wait`` seconds in all. ``api_key_env`` names the environment variable holding a
+    bearer token (never printed). ``embed_max_tokens`` is the longest embedder input.
+    """
+
+    connect_timeout: float = 5.0
+    read_timeout: float = 300.0
+    max_wait: float = 60.0
+    api_key_env: str = "OPENAI_API_KEY"
+    embed_max_tokens: int = 510
+
+
+@dataclass(frozen=True)
 class Config:
     """All settings. ``home`` empty means ``$RAG_HOME`` or the per-user cache directory."""
 
@@ -296,6 +314,7 @@ class Config:
     ask: AskConfig = field(default_factory=AskConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     summarize: SummarizeConfig = field(default_factory=SummarizeConfig)
+    remote: RemoteConfig = field(default_factory=RemoteConfig)
 
     @property
     def home_path(self) -> Path:
@@ -333,6 +352,12 @@ class Config:
             raise ConfigError(f"chunking.overlap must be between 0 and chunking.size - 1, got {c.overlap}")
         if c.section_tokens < 0:
             raise ConfigError(f"chunking.section_tokens must be >= 0 (0 = from engine.n_ctx), got {c.section_tokens}")
+        r = self.remote
+        if not (0 < r.connect_timeout < math.inf and 0 < r.read_timeout < math.inf and 0 <= r.max_wait < math.inf):
+            raise ConfigError("remote.connect_timeout and remote.read_timeout must be > 0 seconds, "
+                              "remote.max_wait >= 0")
+        if r.embed_max_tokens < 16:
+            raise ConfigError(f"remote.embed_max_tokens must be at least 16, got {r.embed_max_tokens}")
         if self.embed.threads < 0 or self.embed.batch_tokens < 0:
             raise ConfigError("embed.threads and embed.batch_tokens must be >= 0 (0 = automatic)")
         r = self.retrieval

@@ -31,7 +31,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from .errors import StoreError
 
@@ -50,6 +50,9 @@ CREATE TABLE IF NOT EXISTS results (
     key TEXT PRIMARY KEY, doc_key TEXT, prompt_key TEXT, source TEXT, content_hash TEXT, prompt TEXT,
     method TEXT, sections INTEGER, reduce_steps INTEGER, levels INTEGER, text TEXT, finished_at REAL);
 CREATE INDEX IF NOT EXISTS results_by_doc ON results (doc_key, prompt_key);
+CREATE TABLE IF NOT EXISTS claims (
+    job_id TEXT, item TEXT, worker TEXT, lease_until REAL, done INTEGER, attempts INTEGER,
+    PRIMARY KEY (job_id, item));
 """
 
 
@@ -173,6 +176,7 @@ class JobStore:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             self.db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+            self.db.execute("DELETE FROM claims WHERE job_id = ?", (job_id,))
             for doc_key, prompt_key in pairs:
                 for table in ("units", "results"):
                     n += self.db.execute(f"DELETE FROM {table} WHERE doc_key = ? AND prompt_key = ?",
@@ -182,6 +186,58 @@ class JobStore:
             raise
         self.db.execute("COMMIT")
         return n
+
+    # -- claims: several workers on one job -----------------------------------------------------
+
+    def claim(self, job_id: str, items: Sequence[str], *, worker: str, lease: float) -> str | None:
+        """Take the first of ``items`` that is neither done nor held under a live lease, for ``lease``
+        seconds, in one transaction (so two workers never take the same item); None if there is none.
+
+        An item whose holder stopped renewing (a crashed worker) is free again once its lease ends.
+        """
+        now = time.time()
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            held = {row[0]: row[1:] for row in self.db.execute(
+                "SELECT item, done, lease_until, attempts FROM claims WHERE job_id = ?", (job_id,))}
+            for item in items:
+                done, lease_until, attempts = held.get(item, (0, 0.0, 0))
+                if done or lease_until > now:
+                    continue
+                self.db.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, 0, ?)",
+                                (job_id, item, worker, now + lease, attempts + 1))
+                self.db.execute("COMMIT")
+                return item
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+        return None
+
+    def renew(self, job_id: str, item: str, *, worker: str, lease: float) -> bool:
+        """Extend ``worker``'s lease on ``item``; False if the item is no longer its own."""
+        return self.db.execute("UPDATE claims SET lease_until = ? WHERE job_id = ? AND item = ? AND worker = ?"
+                               " AND done = 0", (time.time() + lease, job_id, item, worker)).rowcount == 1
+
+    def release(self, job_id: str, item: str, *, worker: str, done: bool) -> None:
+        """Mark ``item`` done, or give it back (lease ended now) for another worker to take."""
+        if done:
+            self.db.execute("UPDATE claims SET done = 1 WHERE job_id = ? AND item = ? AND worker = ?",
+                            (job_id, item, worker))
+        else:
+            self.db.execute("UPDATE claims SET lease_until = 0 WHERE job_id = ? AND item = ? AND worker = ?"
+                            " AND done = 0", (job_id, item, worker))
+
+    def claims(self, job_id: str) -> dict[str, dict]:
+        """Per item: who took it last, whether it is done, how many times it was taken."""
+        return {row[0]: {"worker": row[1], "done": bool(row[2]), "attempts": row[3], "lease_until": row[4]}
+                for row in self.db.execute("SELECT item, worker, done, attempts, lease_until FROM claims"
+                                           " WHERE job_id = ?", (job_id,))}
+
+    def clear_finished_claims(self, job_id: str) -> None:
+        """Forget the claims a finished run left done (a new run: stored results decide what is left,
+        and documents that failed are tried again); live leases of other workers stay."""
+        self.db.execute("DELETE FROM claims WHERE job_id = ? AND done = 1", (job_id,))
 
     def _committed(self) -> None:
         self._commits += 1

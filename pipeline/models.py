@@ -98,6 +98,8 @@ def resolve(ref: str, *, home: Path, fetch: bool = True, what: str = "model",
             log: Callable[[str], None] | None = None) -> Path:
     """The local GGUF path for a model reference, provisioning it first when ``fetch`` allows."""
     ref = ref.strip()
+    if ref.startswith("openai:"):
+        raise ModelError(f"{what} {redact(ref)} is a server (openai:), not a model file: give a GGUF here")
     if ref.startswith("builtin:"):
         return _builtin_gguf(ref[len("builtin:"):], home=home, fetch=fetch, log=log)
     if ref.startswith("hf:"):
@@ -107,6 +109,8 @@ def resolve(ref: str, *, home: Path, fetch: bool = True, what: str = "model",
 
 def describe(ref: str, *, home: Path) -> dict[str, object]:
     """What a reference points to and whether it is ready, without fetching anything."""
+    if ref.strip().startswith("openai:"):
+        return {"ref": redact(ref), "path": None, "ready": True, "server": True}
     try:
         path = resolve(ref, home=home, fetch=False)
         return {"ref": ref, "path": str(path), "ready": True, "bytes": path.stat().st_size}

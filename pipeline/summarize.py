@@ -204,12 +204,16 @@ class Job:
             total = sum(d.n_tokens for d in self.documents)
             done_tokens = 0
             self.progress(SummaryEvent("plan", documents=len(self.documents), tokens=total))
-            for n, doc in enumerate(self.documents, start=1):
-                def tick(fraction: float, detail: str, _base=done_tokens, _doc=doc) -> None:
-                    self.progress(SummaryEvent("unit", _doc.source, n - 1, len(self.documents),
-                                               _base + int(_doc.n_tokens * min(fraction, 1.0)), total, detail))
+            workers = getattr(self.engine, "workers", None)  # several generator servers: one worker each
+            engines = workers() if workers else []
+            if len(engines) > 1:
+                from .summarize_spread import spread
 
-                for summary in self._document(doc, tick):
+                finished = spread(self, engines)
+            else:
+                finished = self._in_order(total)
+            for n, (doc, summaries) in enumerate(finished, start=1):
+                for summary in summaries:
                     self._account(summary)
                     if outputs is not None:
                         outputs.write(summary)
@@ -222,6 +226,17 @@ class Job:
             self.report.seconds = time.perf_counter() - t0
             if outputs is not None:
                 self.report.outputs = list(outputs.written)
+
+    def _in_order(self, total: int) -> Iterator[tuple["DocumentRecord", list[Summary]]]:
+        """Each document's summaries, one document after the other, with progress per unit."""
+        done_tokens = 0
+        for n, doc in enumerate(self.documents, start=1):
+            def tick(fraction: float, detail: str, _base=done_tokens, _doc=doc, _n=n) -> None:
+                self.progress(SummaryEvent("unit", _doc.source, _n - 1, len(self.documents),
+                                           _base + int(_doc.n_tokens * min(fraction, 1.0)), total, detail))
+
+            yield doc, self._document(doc, tick)
+            done_tokens += doc.n_tokens
 
     def _account(self, s: Summary) -> None:
         self.report.summaries += 1

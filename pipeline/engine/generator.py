@@ -52,6 +52,19 @@ def resolve_overrides(settings: EngineConfig, n_layers: int) -> list[offload.Ove
     return out
 
 
+def render_chat(template: str, system: str, user: str, *, bos: str = "", eos: str = "") -> str:
+    """``system`` and ``user`` through a chat template (Jinja, sandboxed), ready for the answer;
+    a plain layout where the model has no template."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if not template:
+        return f"{system}\n\n{user}\n\nAnswer:"
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                            bos_token=bos, eos_token=eos)
+
+
 class Engine:
     """One generator model in llama.cpp. The model loads on first use.
 
@@ -185,12 +198,14 @@ class Engine:
 
     def chat(self, system: str, user: str) -> str:
         """``system`` and ``user`` rendered with the model's chat template, ready for the answer."""
-        if not self.info.chat_template:
-            return f"{system}\n\n{user}\n\nAnswer:"
-        return self.render([{"role": "system", "content": system}, {"role": "user", "content": user}])
+        template = self.info.chat_template
+        if not template:
+            return render_chat("", system, user)
+        return render_chat(template, system, user, bos=self.llm.bos_text, eos=self.llm.eos_text)
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        """``messages`` rendered with the model's chat template (which must exist)."""
+        """``messages`` rendered with the model's chat template (which must exist): where the
+        default stops read the template's turn markers from (:mod:`pipeline.stops`)."""
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)

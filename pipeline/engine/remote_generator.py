@@ -1,0 +1,369 @@
+"""A generator on one or several OpenAI-compatible servers (``models.generator = "openai:..."``).
+
+It fulfils :class:`~pipeline.engine.stages.TextGenerator`, so asking, warming and
+summarising run on it unchanged. Each prompt goes to the server that owns its
+leading documents on a consistent-hash ring (:mod:`.routing`), so a server's slot
+keeps reusing the prefix it holds; when that server is down, the next one on the
+ring takes the prompt. Answers stream; a stream that breaks off is asked again
+(from the same server or the next) and continues after what was already shown,
+provided the repeated answer starts the same way (greedy decoding, or a fixed seed);
+otherwise, or once ``remote.max_wait`` has passed, the iteration raises an
+:class:`~pipeline.errors.EngineError` (exit 6), so no partial answer is ever returned
+as complete, and nothing is recorded for it.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from functools import cached_property
+from typing import Callable, Iterator, Sequence
+
+from .remote import RemoteRef, Retry, Server, TokenText, Transient, api_key, digest
+from .routing import HashRing, route_key
+from .stages import EngineStats, Generation
+from ..errors import EngineError, redact
+
+# Chat templates for servers that do not publish theirs, by the turn markers their vocabulary has.
+_TEMPLATES = {
+    "ChatML": ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
+               "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
+    "Gemma": ("{% set sys = messages[0]['content'] + '\n\n' if messages[0]['role'] == 'system' else '' %}"
+              "{% for m in messages if m['role'] != 'system' %}"
+              "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else 'user') + '\n' }}"
+              "{{ (sys if loop.first else '') + m['content'] + '<end_of_turn>\n' }}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"),
+}
+_DEFAULT_N_CTX = 2048  # llama_cpp.server's own default, where a server does not say
+
+
+class RemoteGenerator:
+    """Prompts → streamed answers on OpenAI-compatible servers; thread-safe (one HTTP client per server)."""
+
+    def __init__(self, ref: RemoteRef, settings, remote, *, log: Callable[[str], None] | None = None):
+        self.ref = ref
+        self.settings = settings  # EngineConfig: n_ctx where the server does not report it, the seed
+        self.remote = remote
+        self._log = log or (lambda message: None)
+        key = api_key(remote.api_key_env)
+        self.servers = [Server(u, connect_timeout=remote.connect_timeout, read_timeout=remote.read_timeout,
+                               api_key=key) for u in ref.urls]
+        self._by_url = {s.url: s for s in self.servers}
+        self.ring = HashRing(ref.urls)
+        self.retry = Retry(max_wait=remote.max_wait)
+        self.texts = TokenText()
+        self._last: dict[str, tuple[int, ...]] = {}  # the last prompt each server ran (what its slot holds)
+        self._lock = threading.Lock()
+        self.load_seconds = 0.0
+        self.notes: list[str] = []
+        self._pin: str | None = None  # a worker's own server (see workers)
+        self._probe_lock = threading.Lock()
+
+    # -- what the servers serve -------------------------------------------------------------------
+
+    @property
+    def _facts(self) -> dict:
+        """Dialect, model name, context length and chat template, from the first server that answers
+        (probed once, by one thread)."""
+        facts = self.__dict__.get("_probed")
+        if facts is None:
+            with self._probe_lock:
+                facts = self.__dict__.get("_probed") or self._probe()
+        return facts
+
+    def _probe(self) -> dict:
+        def probe(server: Server) -> dict:
+            names = server.models()
+            model = self.ref.model or (names[0] if names else "")
+            if self.ref.model and names and self.ref.model not in names:
+                raise EngineError(f"the server {redact(server.url)} does not serve the model {self.ref.model!r} "
+                                  f"(it serves {', '.join(names)})")
+            props = server.props
+            settings = props.get("default_generation_settings") or {}
+            n_ctx = int(settings.get("n_ctx") or props.get("n_ctx") or 0)
+            return {"dialect": server.dialect, "model": model, "n_ctx": n_ctx,
+                    "template": props.get("chat_template") or "", "bos_text": props.get("bos_token") or "",
+                    "eos_text": props.get("eos_token") or ""}
+
+        facts = self.retry.run(probe, self.servers, what="connecting to the generator server")
+        if not facts["template"]:
+            family = self._template_family(facts["dialect"])
+            facts["template"] = _TEMPLATES.get(family, "")
+            self.notes.append(
+                "the server does not publish its chat template (llama_cpp.server does not): "
+                + (f"using the {family} template its vocabulary's control tokens point to" if family
+                   else "prompts use a plain layout"))
+        if not facts["n_ctx"]:
+            facts["n_ctx"] = self.settings.n_ctx or _DEFAULT_N_CTX
+        self.__dict__["_probed"] = facts
+        return facts
+
+    def _template_family(self, dialect: str) -> str:
+        """ChatML or Gemma, where the vocabulary has that family's turn markers as single control tokens."""
+        bos = self._tokenize_raw("", special=True, add_special=True, dialect=dialect)
+        for family, marker in (("ChatML", "<|im_start|>"), ("Gemma", "<start_of_turn>")):
+            tokens = self._tokenize_raw(marker, special=True, add_special=False, dialect=dialect)
+            if len([t for t in tokens if t not in bos]) == 1:
+                return family
+        return ""
+
+    @property
+    def dialect(self) -> str:
+        return self._facts["dialect"]
+
+    @property
+    def model(self) -> str:
+        return self._facts["model"]
+
+    @property
+    def n_ctx(self) -> int:
+        return self._facts["n_ctx"]
+
+    @cached_property
+    def namespace(self) -> str:
+        return "openai-" + digest("openai", self.model, self.n_ctx)
+
+    @cached_property
+    def bos(self) -> list[int]:
+        return self._tokenize_raw("", special=True, add_special=True)
+
+    # -- text -------------------------------------------------------------------------------------
+
+    def _tokenize_raw(self, text: str, *, special: bool, add_special: bool, dialect: str = "") -> list[int]:
+        dialect = dialect or self.dialect
+
+        def call(server: Server) -> list[int]:
+            if dialect == "llama-server":
+                body = {"content": text, "add_special": add_special, "parse_special": special}
+                return list(server.post_json("/tokenize", body, root=True)["tokens"])
+            body = {"input": text}
+            if self.ref.model:
+                body["model"] = self.ref.model
+            return list(server.post_json("/extras/tokenize", body, root=True)["tokens"])
+
+        # A worker tokenizes on its own server: llama_cpp.server cuts a running stream short when
+        # another request arrives (its interrupt_requests, on by default).
+        servers = sorted(self.servers, key=lambda srv: srv.url != self._pin) if self._pin else self.servers
+        return self.retry.run(call, servers, what="tokenizing on the generator server")
+
+    def _detokenize(self, tokens: list[int]) -> str:
+        """Text for tokens this client did not tokenize (the server's detokenize drops control tokens)."""
+        body = {"tokens": tokens, **({"model": self.ref.model} if self.ref.model else {})}
+        return self.retry.run(lambda srv: srv.post_json("/extras/detokenize", body, root=True)["text"],
+                              self.servers, what="detokenizing on the generator server")
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        """Tokens of ``text`` in the server's vocabulary. llama-server parses control-token text only
+        with ``special``; llama_cpp.server always parses it (it takes text prompts only)."""
+        if not text:
+            return []
+        tokens = self._tokenize_raw(text, special=special, add_special=False)
+        bos = self.bos
+        if self.dialect != "llama-server" and bos and tokens[:len(bos)] == bos:
+            tokens = tokens[len(bos):]  # llama_cpp.server adds BOS where the model wants one
+        self.texts.remember(tokens, text)
+        return tokens
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenize(text))
+
+    def chat(self, system: str, user: str) -> str:
+        from .generator import render_chat
+
+        f = self._facts
+        return render_chat(f["template"], system, user, bos=f["bos_text"], eos=f["eos_text"])
+
+    # -- running prompts --------------------------------------------------------------------------
+
+    def route(self, tokens: Sequence[int], *, prefix_len: int = 0, boundaries: Sequence[int] = ()) -> list[Server]:
+        """The servers for this prompt, in order: its prefix's owner first (or the pinned server of a
+        worker, see :meth:`workers`), then failover order."""
+        key = route_key(tokens, prefix_len=prefix_len, boundaries=boundaries)
+        order = [self._by_url[u] for u in self.ring.preference(key)]
+        if self._pin is not None:
+            order.sort(key=lambda s: s.url != self._pin)
+        return order
+
+    def workers(self) -> list["RemoteGenerator"]:
+        """One generator per server, each sending its prompts to its own server first (failing over to
+        the others): the engines of a job spread over the servers (:mod:`pipeline.summarize_spread`).
+        They share this one's connections, token texts and server state."""
+        self._facts  # noqa: B018 - probed once, shared by the copies
+        self.namespace  # noqa: B018
+        out = []
+        for url in self.ref.urls:
+            worker = copy.copy(self)
+            worker._pin = url
+            out.append(worker)
+        return out
+
+    def _body(self, tokens: Sequence[int], *, max_tokens: int, temperature: float, repeat_penalty: float,
+              seed: int | None) -> dict:
+        if self.dialect == "llama-server":
+            prompt: object = list(tokens)
+        else:
+            body_tokens = list(tokens)
+            bos = self.bos
+            if bos and body_tokens[:len(bos)] == bos:
+                body_tokens = body_tokens[len(bos):]  # the server adds it again
+            prompt = "".join(p if isinstance(p, str) else self._detokenize(p)
+                             for p in self.texts.pieces(body_tokens))
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
+                "repeat_penalty": repeat_penalty, "stream": True, "cache_prompt": True,
+                "stream_options": {"include_usage": True}}
+        if seed is not None:
+            body["seed"] = seed
+        if self.ref.model:
+            body["model"] = self.ref.model
+        return body
+
+    def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
+                 repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
+                 boundaries: Sequence[int] = (), stats: EngineStats | None = None) -> Generation:
+        """Stream the completion of ``tokens`` from the server that owns its prefix (see :meth:`route`)."""
+        if len(tokens) + 1 > self.n_ctx:
+            raise EngineError(f"the prompt has {len(tokens):,} tokens; the server's context holds {self.n_ctx:,}")
+        stats = stats or EngineStats()
+        stats.prompt_tokens = len(tokens)
+        seed = self.settings.seed if seed is None else seed
+        body = self._body(tokens, max_tokens=max_tokens, temperature=temperature, repeat_penalty=repeat_penalty,
+                          seed=seed)
+        order = self.route(tokens, prefix_len=prefix_len, boundaries=boundaries)
+        return Generation(self._run(tuple(tokens), body, order, stats), stats)
+
+    def _run(self, tokens: tuple[int, ...], body: dict, order: list[Server], stats: EngineStats) -> Iterator[str]:
+        from tenacity import wait_exponential
+
+        backoff = wait_exponential(multiplier=0.25, max=4)
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self.remote.max_wait
+        shown = ""  # what the caller has already been given
+        last = "no attempt"
+        failures = 0
+        while True:
+            for server in self.retry.order(order):
+                got = ""
+                first = None
+                report: dict = {}
+                pieces = 0
+                try:
+                    start = time.perf_counter()
+                    for event in server.stream("/completions", body):
+                        report.update({k: event[k] for k in ("timings", "usage") if event.get(k)})
+                        choices = event.get("choices") or []
+                        if not choices:
+                            continue
+                        piece = choices[0].get("text") or ""
+                        if choices[0].get("finish_reason"):
+                            report["finish_reason"] = choices[0]["finish_reason"]
+                        if not piece:
+                            continue
+                        pieces += 1
+                        if first is None:
+                            first = time.perf_counter()
+                            if not stats.ttft_seconds:
+                                stats.ttft_seconds = first - t0
+                        got += piece
+                        if len(got) <= len(shown):
+                            if not shown.startswith(got):
+                                raise self._diverged(server)
+                            continue
+                        if not got.startswith(shown):
+                            raise self._diverged(server)
+                        new, shown = got[len(shown):], got
+                        yield new
+                    if "finish_reason" not in report:
+                        raise Transient(server.url, "the stream ended without a finish reason")
+                    if len(got) < len(shown):
+                        raise self._diverged(server)
+                except Transient as exc:
+                    self.retry.mark(server, False)
+                    failures += 1
+                    last = str(exc)
+                    self._log(f"warning: {last}: retrying")
+                    continue
+                self.retry.mark(server, True)
+                end = time.perf_counter()
+                with self._lock:
+                    self._last[server.url] = tokens
+                self._fill(stats, server, report, start=start, first=first, end=end, pieces=pieces)
+                if failures:
+                    stats.notes.append(f"answered after {failures} failed attempt(s); last: {last}")
+                return
+            if time.monotonic() + 0.01 >= deadline:
+                where = ", ".join(redact(s.url) for s in order)
+                raise EngineError(f"no generator server completed the answer within remote.max_wait = "
+                                  f"{self.remote.max_wait:g} s ({where}); last failure: {last}"
+                                  + ("; the answer shown so far is incomplete" if shown else ""))
+            delay = min(backoff(_Attempt(failures)), max(0.0, deadline - time.monotonic()))
+            time.sleep(delay)
+
+    @staticmethod
+    def _diverged(server: Server) -> EngineError:
+        return EngineError(f"the answer was cut off, and the server {redact(server.url)} answered differently "
+                           "when asked again (sampling without a fixed seed?): the answer is incomplete")
+
+    def _fill(self, stats: EngineStats, server: Server, report: dict, *, start: float, first: float | None,
+              end: float, pieces: int) -> None:
+        """The server's own figures where it reports them (llama-server: ``timings``; OpenAI: ``usage``)."""
+        timings = report.get("timings") or {}
+        usage = report.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        cached = timings.get("cache_n", details.get("cached_tokens"))
+        stats.notes.append(f"answered by {redact(server.url)} ({server.dialect})")
+        if cached is None:
+            stats.notes.append("the server does not report cached prompt tokens")
+            stats.prefill_tokens = int(usage.get("prompt_tokens") or stats.prompt_tokens)
+            stats.cache = "none"
+        else:
+            stats.cached_tokens = int(cached)
+            stats.prefill_tokens = int(timings.get("prompt_n", stats.prompt_tokens - stats.cached_tokens))
+            stats.cache = "server" if stats.cached_tokens else "miss"
+        stats.prefill_seconds = (timings["prompt_ms"] / 1000 if "prompt_ms" in timings
+                                 else (first or end) - start)
+        if stats.prefill_seconds > 0:
+            stats.prefill_tokens_per_second = stats.prefill_tokens / stats.prefill_seconds
+        stats.decode_tokens = int(timings.get("predicted_n") or usage.get("completion_tokens") or pieces)
+        stats.decode_seconds = (timings["predicted_ms"] / 1000 if "predicted_ms" in timings
+                                else end - (first or end))
+        if stats.decode_seconds > 0:
+            stats.decode_tokens_per_second = stats.decode_tokens / stats.decode_seconds
+        stats.notes.extend(self.notes)
+
+    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
+        """How much of ``tokens`` the routed server's slot holds (its last prompt), cut at a boundary."""
+        server = self.retry.order(self.route(tokens, prefix_len=prefix_len, boundaries=boundaries))[0]
+        with self._lock:
+            held = self._last.get(server.url, ())
+        n, limit = 0, min(len(held), len(tokens), prefix_len)
+        while n < limit and held[n] == tokens[n]:
+            n += 1
+        cuts = [b for b in (*boundaries, prefix_len) if 0 < b <= n]
+        return max(cuts, default=0)
+
+    def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool:
+        """Have the prefix's server prefill it (one answer token), so its slot holds it for the next question."""
+        if not prefix:
+            return False
+        self.generate(prefix, max_tokens=1, prefix_len=len(prefix), boundaries=boundaries).read()
+        return True
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+
+class _Attempt:
+    """The retry state tenacity's wait strategies read (the attempt number)."""
+
+    def __init__(self, n: int):
+        self.attempt_number = max(1, n)
+
+
+def remote_generator(ref: str, settings, remote, *, log=None) -> RemoteGenerator:
+    """The generator an ``openai:`` reference names."""
+    return RemoteGenerator(RemoteRef.parse(ref), settings, remote, log=log)
+
+
+__all__ = ["RemoteGenerator", "remote_generator"]

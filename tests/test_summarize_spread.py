@@ -1,0 +1,128 @@
+"""A summarisation job spread over several generators: claims with leases in the job store.
+
+Fast tests use the deterministic fake engine of test_summarize.py (one copy per
+worker); the slow one runs a real job over two real llama_cpp.server processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+
+import pytest
+
+from pipeline.jobs import JobStore
+from pipeline.summarize_spread import spread
+
+from test_summarize import FakeEngine, doc_chunks
+from test_summarize import fake_job as _fake_job
+
+
+def fake_job(*args, **kw):
+    """test_summarize's fake job, its in-memory catalog usable from the workers' threads (a real
+    store is opened per call, in the worker's thread; spread serialises the opens)."""
+    import sqlite3
+
+    job, jobs, engine = _fake_job(*args, **kw)
+    with job.open_store() as store:
+        shared = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        store.catalog.db.backup(shared)
+        store.catalog.db = shared
+    return job, jobs, engine
+
+
+class SharedFakeEngine(FakeEngine):
+    """The fake engine, thread-safe, with one worker copy per "server" sharing its vocabulary."""
+
+    def __init__(self, n_ctx: int, servers: int):
+        super().__init__(n_ctx)
+        self.servers = servers
+        self.lock = threading.Lock()
+
+    def tokenize(self, text, *, special=False):
+        with self.lock:
+            return super().tokenize(text, special=special)
+
+    def generate(self, tokens, **kw):
+        time.sleep(0.01)  # a server's latency: lets the workers interleave
+        with self.lock:
+            return super().generate(tokens, **kw)
+
+    def workers(self):
+        out = []
+        for _ in range(self.servers):
+            w = copy.copy(self)
+            w.prompts = []
+            out.append(w)
+        self.copies = out
+        return out
+
+
+def test_claims_never_give_one_item_to_two_workers(tmp_path):
+    path = tmp_path / "jobs.sqlite"
+    JobStore(path).close()
+    items = [f"doc-{i}" for i in range(40)]
+    taken: list[tuple[str, str]] = []
+
+    def worker(name):
+        with JobStore(path) as jobs:
+            while (item := jobs.claim("job", items, worker=name, lease=30)) is not None:
+                taken.append((item, name))
+                jobs.release("job", item, worker=name, done=True)
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(i for i, _ in taken) == sorted(items)  # every item once, none twice
+    with JobStore(path) as jobs:
+        claims = jobs.claims("job")
+    assert all(c["done"] and c["attempts"] == 1 for c in claims.values()) and len(claims) == 40
+
+
+def test_a_crashed_workers_lease_ends_and_another_takes_the_item(tmp_path):
+    with JobStore(tmp_path / "jobs.sqlite") as jobs:
+        assert jobs.claim("job", ["a"], worker="dead", lease=0.3) == "a"
+        assert jobs.claim("job", ["a"], worker="alive", lease=30) is None  # held under a live lease
+        time.sleep(0.4)
+        assert jobs.claim("job", ["a"], worker="alive", lease=30) == "a"
+        assert not jobs.renew("job", "a", worker="dead", lease=30)  # the dead one lost it
+        assert jobs.claims("job")["a"]["attempts"] == 2
+
+
+def test_a_job_over_three_workers_computes_every_unit_once_and_matches_one_worker(tmp_path):
+    docs = {f"/d/{i}.txt": doc_chunks(3 if i % 2 else 12) for i in range(6)}
+    job, jobs, _ = fake_job(tmp_path / "one", docs, n_ctx=160, prompts=("One.", "Two."))
+    with jobs:
+        alone = {(s.source, s.prompt_index): s.text for s in job.run()}
+        units_alone = job.report.units_computed
+    engine = SharedFakeEngine(160, servers=3)
+    job, jobs, _ = fake_job(tmp_path / "three", docs, n_ctx=160, prompts=("One.", "Two."), engine=engine)
+    with jobs:
+        spread_out = {(s.source, s.prompt_index): s.text for s in job.run()}
+        assert spread_out == alone  # the same summaries
+        assert job.report.units_computed == units_alone  # every unit once
+        assert jobs.db.execute("SELECT COUNT(*) FROM units").fetchone()[0] == units_alone
+        claims = jobs.claims(job.job_id)
+    assert len(claims) == 6 and all(c["done"] and c["attempts"] == 1 for c in claims.values())
+    assert len({c["worker"] for c in claims.values()}) >= 2  # the work was spread
+    assert sum(len(w.prompts) for w in engine.copies) == units_alone and engine.prompts == []
+
+
+def test_a_document_held_by_a_crashed_worker_is_finished_by_the_others(tmp_path):
+    docs = {f"/d/{i}.txt": doc_chunks(3) for i in range(4)}
+    engine = SharedFakeEngine(160, servers=2)
+    job, jobs, _ = fake_job(tmp_path, docs, n_ctx=160, engine=engine)
+    with jobs:
+        victim = job.doc_key(job.documents[0])
+        assert jobs.claim(job.job_id, [victim], worker="crashed-host:1:0", lease=0.5) == victim
+        t0 = time.monotonic()
+        finished = [doc.source for doc, summaries in spread(job, engine.workers(), poll=0.05)
+                    if all(s.ok for s in summaries)]
+        assert sorted(finished) == sorted(docs)
+        assert time.monotonic() - t0 >= 0.4  # it waited for the lease to end
+        claims = jobs.claims(job.job_id)
+    assert claims[victim]["attempts"] == 2 and claims[victim]["worker"] != "crashed-host:1:0"
+    assert all(c["done"] for c in claims.values())
