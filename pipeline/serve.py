@@ -34,7 +34,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .errors import Cancelled, ConfigError, EngineError, InputError, RagError, StoreBusyError, StoreError
 
