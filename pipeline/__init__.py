@@ -8,33 +8,50 @@ The public API::
         for hit in rag.search("what does --n-cpu-moe do?"):
             print(hit.source, hit.page, hit.score)
 
-Heavy modules (llama.cpp, Chroma) load only when first used.
+Heavy modules (llama.cpp, Chroma) load only when first used: every name below is
+imported on first access.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["Pipeline", "Config", "load_config", "RagError", "__version__"]
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "Pipeline": "api", "Answer": "api", "AnswerStream": "api", "AskStats": "api", "CollectionStatus": "api",
+    "AskOptions": "options", "AsyncAnswerStream": "aio", "CancelToken": "concurrency",
+    "PrefillProgress": "progress",
+    "Config": "config", "load_config": "config",
+    "Hit": "retrieve", "Passage": "retrieve",
+    "IngestReport": "ingest.run", "IngestEvent": "ingest.run", "FileOutcome": "ingest.run",
+    "Summary": "summarize", "SummaryEvent": "summarize", "SummaryRun": "summarize",
+    "EngineStats": "engine.stages", "TextEmbedder": "engine.stages", "TextGenerator": "engine.stages",
+    "RagError": "errors", "ConfigError": "errors", "InputError": "errors", "ModelError": "errors",
+    "StoreError": "errors", "StoreBusyError": "errors", "EngineError": "errors", "LoadError": "errors",
+    "Cancelled": "errors",
+}
+__all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
-    from .api import Pipeline
+    from .aio import AsyncAnswerStream
+    from .api import Answer, AnswerStream, AskStats, CollectionStatus, Pipeline
+    from .concurrency import CancelToken
     from .config import Config, load_config
-    from .errors import RagError
+    from .engine.stages import EngineStats, TextEmbedder, TextGenerator
+    from .errors import (Cancelled, ConfigError, EngineError, InputError, LoadError, ModelError, RagError,
+                         StoreBusyError, StoreError)
+    from .ingest.run import FileOutcome, IngestEvent, IngestReport
+    from .options import AskOptions
+    from .progress import PrefillProgress
+    from .retrieve import Hit, Passage
+    from .summarize import Summary, SummaryEvent, SummaryRun
 
 
 def __getattr__(name: str):
-    if name == "Pipeline":
-        from .api import Pipeline
-
-        return Pipeline
-    if name in ("Config", "load_config"):
-        from . import config
-
-        return getattr(config, name)
-    if name == "RagError":
-        from .errors import RagError
-
-        return RagError
-    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

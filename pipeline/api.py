@@ -3,6 +3,10 @@
 A pipeline holds settings and lazily loaded models; it opens the store (and so
 takes the store's process lock) only for the duration of each call, so a
 long-lived application does not block ``rag`` commands between calls.
+
+A pipeline is safe to share between threads: see :mod:`.concurrency` for what runs
+at the same time (retrieval beside generation, generation one prompt at a time per
+engine, first come first served) and how calls are cancelled.
 """
 
 from __future__ import annotations
@@ -10,22 +14,26 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from . import models
+from .concurrency import CancelToken, EnginePool, once
 from .config import ASK_MODES, Config, load_config
 from .engine.stages import EngineStats
 from .ingest.run import IngestReport, Progress, ingest
 from .ingest.scan import scan, source_names
 from .retrieve import Hit, search
+from .store.shared import SharedStore
 from .store.store import Store
 
 if TYPE_CHECKING:
     from .context import Prompt
     from .engine.stages import Generation, TextEmbedder, TextGenerator
+    from .aio import AsyncAnswerStream
     from .evaluate import EvalReport, Question
+    from .options import AskOptions
+    from .progress import PrefillProgress
     from .summarize import SummaryRun
     from .summary import SummaryEvent
 
@@ -89,44 +97,102 @@ class Answer:
     retrieval: dict[str, float] | None = None  # seconds per retrieval stage (see Pipeline.search)
 
     def to_dict(self) -> dict:
-        return {"question": self.question, "answer": self.text, "sources": self.sources,
+        return {"question": self.question, "text": self.text, "sources": self.sources,
                 "stats": self.stats.to_dict(), "dropped_passages": self.dropped_passages,
                 "truncated": self.truncated, "notes": list(self.notes or []),
                 "retrieval_seconds": {k: round(v, 6) for k, v in (self.retrieval or {}).items()}}
 
 
 class AnswerStream:
-    """Text pieces as the model writes them; ``answer`` is complete once iteration ends."""
+    """Text pieces as the model writes them; ``answer`` is complete once iteration ends.
+
+    Iterating holds the engine (other prompts wait, first come first served) from the
+    first piece until the stream is exhausted, closed or garbage-collected: use it in a
+    ``with`` block, or call :meth:`close`, to give the engine back at a known moment.
+    The answer ends at the first stop string (``stops``), which is not part of it.
+    """
 
     def __init__(self, question: str, prompt: "Prompt", generation: "Generation", notes: list[str],
                  retrieval: dict[str, float] | None = None,
-                 finish: Callable[[AskStats], None] | None = None):
+                 finish: Callable[[AskStats], None] | None = None, *, stops: Sequence[str] = (),
+                 cancel: CancelToken | None = None):
         self.question = question
         self.prompt = prompt
+        self.cancel_token = cancel or CancelToken()
         self._generation = generation
         self._notes = notes
         self._retrieval = retrieval
         self._finish = finish
-        self.answer: Answer | None = None
+        self._stops = tuple(stops)
+        # Filled by the iterator, which holds no reference back to the stream: a stream dropped
+        # half-way is freed (and gives the engine back) at once, not at the next cycle collection.
+        self._result: dict = {"callbacks": []}
+        self._iter: Iterator[str] | None = None
+
+    @property
+    def answer(self) -> "Answer | None":
+        return self._result.get("answer")
 
     @property
     def sources(self) -> list[dict]:
         return self.prompt.sources
 
     def __iter__(self) -> Iterator[str]:
-        yield from self._generation
-        stats = self._generation.stats
-        if self._finish is not None:
-            self._finish(stats)
-        self.answer = Answer(self.question, self._generation.text.strip(), self.prompt.sources, stats,
-                             self.prompt.dropped, self.prompt.truncated, self._notes + stats.notes,
-                             self._retrieval)
+        if self._iter is None:
+            self._iter = _pieces(self.question, self.prompt, self._generation, self._stops, self._notes,
+                                 self._retrieval, self._finish, self._result)
+        return self._iter
 
     def result(self) -> Answer:
         for _ in self:
             pass
-        assert self.answer is not None
+        if self.answer is None:
+            from .errors import Cancelled
+
+            raise Cancelled("the stream was closed before the answer was complete")
         return self.answer
+
+    def on_complete(self, callback: Callable[[Answer], None]) -> None:
+        """Call ``callback(answer)`` once the answer is complete (not if it is cancelled or fails)."""
+        self._result["callbacks"].append(callback)
+
+    def cancel(self) -> None:
+        """Stop generating, from any thread: a waiting prompt leaves the queue, a running prefill or
+        decode stops within one micro-batch (iteration raises :class:`~pipeline.errors.Cancelled`)."""
+        self.cancel_token.cancel()
+
+    def close(self) -> None:
+        """Stop (if running) and give the engine back."""
+        if self._iter is not None:
+            self._iter.close()
+        self._generation.close()
+
+    def __enter__(self) -> "AnswerStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _pieces(question: str, prompt: "Prompt", generation: "Generation", stops: tuple[str, ...], notes: list[str],
+            retrieval, finish, result: dict) -> Iterator[str]:
+    """An :class:`AnswerStream`'s pieces up to the first stop string; the answer lands in ``result``."""
+    from .stops import until_stop
+
+    parts: list[str] = []
+    try:
+        for piece in until_stop(generation, stops):
+            parts.append(piece)
+            yield piece
+    finally:
+        generation.close()  # a stop string ends it early: the engine is given back now
+    stats = generation.stats
+    if finish is not None:
+        finish(stats)
+    result["answer"] = answer = Answer(question, "".join(parts).strip(), prompt.sources, stats, prompt.dropped,
+                                       prompt.truncated, notes + stats.notes, retrieval)
+    for callback in result["callbacks"]:
+        callback(answer)
 
 
 class Pipeline:
@@ -143,6 +209,8 @@ class Pipeline:
         self.config = config.validate()
         self._log = log
         self._given: set[str] = set()
+        c = self.config.store
+        self._stores = SharedStore(self.config.store_path, wait=c.wait, url=c.url, catalog_url=c.catalog_url)
         if embedder is not None:
             self.__dict__["embedder"] = embedder  # fills the cached property
             self._given.add("embedder")
@@ -165,7 +233,7 @@ class Pipeline:
 
     # -- resources ----------------------------------------------------------------------------
 
-    @cached_property
+    @once
     def embedder(self):
         from .engine.embed import Embedder
         from .engine.remote import is_remote
@@ -179,14 +247,14 @@ class Pipeline:
         return Embedder(path, threads=e.threads, flash_attn=e.flash_attn, gpu_layers=e.gpu_layers,
                         batch_tokens=e.batch_tokens)
 
-    @cached_property
+    @once
     def chunker(self):
         from .ingest.chunking import for_embedder
 
         c = self.config.chunking
         return for_embedder(self.embedder, size=c.size, overlap=c.overlap, contextual=c.contextual)
 
-    @cached_property
+    @once
     def engine(self):
         from .engine.generator import Engine
         from .engine.remote import is_remote
@@ -197,9 +265,39 @@ class Pipeline:
                                     log=self._log)
         path = models.resolve(self.config.models.generator, home=self.config.home_path,
                               what="generator", log=self._log)
-        return Engine(path, self.engine_settings(path), log=self._log, cache=self.prefix_cache,
+        return self._new_engine(path)
+
+    def _new_engine(self, path: Path | None = None):
+        import dataclasses
+
+        from .engine.generator import Engine
+        from .engine.host import usable_cpus
+
+        path = path or self.engine.model_path
+        settings = self.engine_settings(path)
+        if self.config.engine.parallel > 1 and settings.threads == 0:  # engines share the cores
+            settings = dataclasses.replace(settings, threads=max(1, usable_cpus() // self.config.engine.parallel))
+        return Engine(path, settings, log=self._log, cache=self.prefix_cache,
                       cache_min_tokens=self.config.cache.min_tokens,
                       boundary_states=self.config.cache.boundary_states)
+
+    @once
+    def _pool(self) -> EnginePool:
+        """The engines answering questions: ``engine`` and, with ``engine.parallel`` > 1, more as
+        concurrent questions need them (never for an injected or a remote generator: servers
+        run their own slots)."""
+        from .engine.remote import is_remote
+
+        local = "engine" not in self._given and not is_remote(self.config.models.generator)
+        size = self.config.engine.parallel if local else 1
+        return EnginePool(lambda: self.engine, self._new_engine, size)
+
+    @once
+    def stops(self):
+        """The default stops (a :class:`~.stops.Stops`): the chat template's turn markers and the new-turn guard."""
+        from .stops import template_stops
+
+        return template_stops(self.engine)
 
     @property
     def section_tokens(self) -> int:
@@ -223,21 +321,27 @@ class Pipeline:
                 pass
         return target_tokens(n_ctx, chunk_size=c.chunking.size)
 
-    @cached_property
+    @once
     def _layout(self):
+        return self._layout_for(self.config.ask.system_prompt)
+
+    def _layout_for(self, system: str):
+        """The prompt layout with ``system`` as its system prompt (made once per system prompt)."""
         from .context import Layout
 
-        engine = self.engine
-        return Layout.make(chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
-                           system=self.config.ask.system_prompt)
+        layouts = self.__dict__.setdefault("_layouts", {})
+        if system not in layouts:
+            engine = self.engine
+            layouts[system] = Layout.make(chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos, system=system)
+        return layouts[system]
 
-    @cached_property
+    @once
     def _section_tokens(self):
         from .packing import SectionTokens
 
         return SectionTokens(self.engine.tokenize)
 
-    @cached_property
+    @once
     def pack_history(self):
         """The packs recent questions used (beside the prefix cache; in memory when it is off)."""
         from .packing import PackHistory
@@ -339,7 +443,7 @@ class Pipeline:
             return hw_mod.load_profile(profile)
         return hw_mod.get_profile(str(profile))
 
-    @cached_property
+    @once
     def prefix_cache(self):
         """The on-disk prefix KV cache, or None when ``cache.enabled`` is off."""
         if not self.config.cache.enabled:
@@ -352,11 +456,11 @@ class Pipeline:
     def store(self, *, create: bool = True) -> Iterator[Store]:
         """The collection's store, open and locked for the duration of the ``with`` block.
 
-        ``create=False`` (every read) refuses to open a store that does not exist yet.
+        ``create=False`` (every read) refuses to open a store that does not exist yet. The
+        threads of this pipeline share one open store and one process lock, so searches go
+        on while this pipeline ingests; another process waits ``store.wait`` seconds.
         """
-        c = self.config.store
-        with Store(self.config.store_path, c.collection, wait=c.wait, create=create, url=c.url,
-                   catalog_url=c.catalog_url) as s:
+        with self._stores.open(self.config.store.collection, create=create) as s:
             yield s
 
     def _check_embedder(self, store: Store) -> None:
@@ -474,41 +578,161 @@ class Pipeline:
             store.require()
             return template(store, per_document=per_document)
 
-    def _pack(self, passages, question: str) -> "Prompt":
+    def _pack(self, passages, question: str, options: "AskOptions | None" = None) -> "Prompt":
         """``passages`` and ``question`` as a prompt for the generator (:func:`.context.pack`)."""
         from .context import pack
 
-        engine, a = self.engine, self.config.ask
+        engine, a = self.engine, options or self.config.ask
         return pack(passages, question, chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
                     n_ctx=engine.n_ctx, reserve=a.max_tokens, system=a.system_prompt)
 
     def ask(self, question: str, *, doc: Paths = None, source: Paths = None, mode: str | None = None,
-            top_k: int | None = None) -> Answer:
+            top_k: int | None = None, temperature: float | None = None, max_tokens: int | None = None,
+            system_prompt: str | None = None, stop: str | Sequence[str] | None = None,
+            cancel: CancelToken | None = None, progress: "Callable[[PrefillProgress], None] | None" = None
+            ) -> Answer:
         """Answer ``question`` from the collection, or from the documents ``doc`` and those under ``source``.
 
         ``mode`` (default ``ask.mode``): "auto" packs every selected document whole when they
         fit the context, else the best fixed sections, in canonical order so that questions
         share their prompt's prefix; "passages" packs retrieved passages. The packing used,
         the tokens reused and why some were not are in ``Answer.stats`` (:class:`AskStats`).
+
+        Options left at None come from ``[ask]`` (see :class:`~.options.AskOptions`); ``stop``
+        strings are added to the defaults (the chat template's turn markers, a guard against
+        invented "Question:" turns). ``cancel`` stops the call from another thread
+        (:class:`~pipeline.errors.Cancelled`); ``progress`` receives a
+        :class:`~.progress.PrefillProgress` after each prefilled piece. Safe to call from many
+        threads (see :mod:`.concurrency`).
         """
-        return self.ask_stream(question, doc=doc, source=source, mode=mode, top_k=top_k).result()
+        with self.ask_stream(question, doc=doc, source=source, mode=mode, top_k=top_k, temperature=temperature,
+                             max_tokens=max_tokens, system_prompt=system_prompt, stop=stop, cancel=cancel,
+                             progress=progress) as stream:
+            return stream.result()
 
     def ask_stream(self, question: str, *, doc: Paths = None, source: Paths = None, mode: str | None = None,
-                   top_k: int | None = None) -> AnswerStream:
-        """Like :meth:`ask`, streaming: iterate the result for text pieces as they are generated."""
-        from .errors import InputError
+                   top_k: int | None = None, temperature: float | None = None, max_tokens: int | None = None,
+                   system_prompt: str | None = None, stop: str | Sequence[str] | None = None,
+                   cancel: CancelToken | None = None, progress: "Callable[[PrefillProgress], None] | None" = None,
+                   history: Sequence[dict] | None = None) -> AnswerStream:
+        """Like :meth:`ask`, streaming: iterate the result for text pieces as they are generated.
 
-        if not question.strip():
+        Retrieval and packing happen here, beside any running generation; the engine is
+        taken when iteration starts (see :class:`AnswerStream`). ``history`` (earlier
+        ``{"role": "user" | "assistant", "content": ...}`` turns) makes it a follow-up: see :meth:`chat`.
+        """
+        from .errors import InputError
+        from .options import AskOptions
+
+        if not isinstance(question, str) or not question.strip():
             raise InputError("the question is empty")
+        options = AskOptions.resolve(self.config.ask, temperature=temperature, max_tokens=max_tokens,
+                                     system_prompt=system_prompt, stop=stop, top_k=top_k, mode=mode)
+        text, query = question, None
+        if history:
+            from . import chat
+
+            text, query = chat.transcript(history, question), chat.condense(history, question)
         timings: dict[str, float] = {}
-        prompt, notes, finish = self._prompt(question, doc=doc, source=source, mode=mode, top_k=top_k,
-                                             timings=timings)
-        a = self.config.ask
+        prompt, notes, finish = self._prompt(text, doc=doc, source=source, mode=options.mode, top_k=options.top_k,
+                                             timings=timings, options=options, query=query)
         stats = AskStats(mode=prompt.mode, sections=[p.to_dict() for p in prompt.sections])
-        generation = self.engine.generate(prompt.tokens, max_tokens=a.max_tokens, temperature=a.temperature,
-                                          repeat_penalty=a.repeat_penalty, prefix_len=len(prompt.prefix_tokens),
-                                          boundaries=prompt.boundaries, stats=stats)
-        return AnswerStream(question, prompt, generation, notes, timings, finish)
+        stops = self.stops.with_strings(options.stop)
+        engine = self._pool.pick()
+        extra = _supported(engine, stop_tokens=stops.tokens, cancel=cancel,
+                           progress=_tracker(progress) if progress else None)
+        cancel = extra.get("cancel") or cancel
+        generation = engine.generate(prompt.tokens, max_tokens=options.max_tokens, temperature=options.temperature,
+                                     repeat_penalty=self.config.ask.repeat_penalty,
+                                     prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries,
+                                     stats=stats, **extra)
+        return AnswerStream(question, prompt, generation, notes, timings, finish, stops=stops.strings, cancel=cancel)
+
+    def ask_many(self, questions: Sequence[str], *, doc: Paths = None, source: Paths = None,
+                 max_tokens: int | None = None, system_prompt: str | None = None) -> list[Answer]:
+        """Answer several questions at once: those whose prompts share their prefix (the same packed
+        documents) are decoded together in one context (:meth:`~.engine.generator.Engine.generate_many`,
+        ``engine.n_seq_max`` sequences per decode), the others one after another. Greedy answers
+        are those of :meth:`ask`; this is what a server batching concurrent questions calls."""
+        from .options import AskOptions
+        from .stops import until_stop
+
+        options = AskOptions.resolve(self.config.ask, max_tokens=max_tokens, system_prompt=system_prompt)
+        built = []
+        for q in questions:
+            if not isinstance(q, str) or not q.strip():
+                from .errors import InputError
+
+                raise InputError("a question is empty")
+            timings: dict[str, float] = {}
+            built.append((q, *self._prompt(q, doc=doc, source=source, mode=options.mode, top_k=options.top_k,
+                                           timings=timings, options=options), timings))
+        engine, stops = self.engine, self.stops
+        answers: list[Answer | None] = [None] * len(built)
+        by_prefix: dict[tuple, list[int]] = {}
+        for i, (_, prompt, *_rest) in enumerate(built):
+            by_prefix.setdefault((tuple(prompt.prefix_tokens), tuple(prompt.boundaries)), []).append(i)
+        for (prefix, boundaries), members in by_prefix.items():
+            kw = dict(prefix_len=len(prefix), boundaries=boundaries, max_tokens=options.max_tokens,
+                      temperature=options.temperature, repeat_penalty=self.config.ask.repeat_penalty)
+            if hasattr(engine, "generate_many"):
+                done = engine.generate_many([built[i][1].tokens for i in members], **kw)
+            else:  # a generator without multi-sequence decoding: one after another
+                done = [_Done(g.read(), g.stats) for g in (engine.generate(built[i][1].tokens, **kw) for i in members)]
+            for i, completion in zip(members, done):
+                q, prompt, notes, finish, timings = built[i]
+                stats = AskStats(**completion.stats.__dict__, mode=prompt.mode,
+                                 sections=[p.to_dict() for p in prompt.sections])
+                if finish is not None:
+                    finish(stats)
+                text = "".join(until_stop([completion.text], stops.strings)).strip()
+                answers[i] = Answer(q, text, prompt.sources, stats, prompt.dropped, prompt.truncated,
+                                    notes + stats.notes, timings)
+        return answers  # type: ignore[return-value]
+
+    # -- conversations (see .chat) ------------------------------------------------------------
+
+    def chat(self, question: str, *, chat_id: str | None = None, history: Sequence[dict] | None = None,
+             **options: Any) -> Answer:
+        """Answer a follow-up in a conversation: ``chat_id`` keeps the turns on disk (``chats/`` in the
+        store directory), or pass ``history`` yourself. Retrieval uses a condensed standalone query;
+        earlier turns sit after the documents, so the documents' prefix stays cached from turn to
+        turn. Other options as for :meth:`ask`."""
+        with self.chat_stream(question, chat_id=chat_id, history=history, **options) as stream:
+            return stream.result()
+
+    def chat_stream(self, question: str, *, chat_id: str | None = None, history: Sequence[dict] | None = None,
+                    **options: Any) -> AnswerStream:
+        """:meth:`chat`, streaming. With ``chat_id``, the turn is saved once the answer is complete."""
+        from .chat import ChatStore
+
+        store = ChatStore(self.config.store_path / "chats") if chat_id else None
+        if store is not None and history is None:
+            history = store.history(chat_id)
+        stream = self.ask_stream(question, history=history, **options)
+        if store is not None:
+            stream.on_complete(lambda answer: store.append(chat_id, question, answer.text))
+        return stream
+
+    # -- asyncio (see .aio) -------------------------------------------------------------------
+
+    async def aask(self, question: str, **options: Any) -> Answer:
+        """:meth:`ask` for asyncio: the loop never blocks; cancelling the task cancels the call."""
+        from .aio import aask
+
+        return await aask(self, question, **options)
+
+    def aask_stream(self, question: str, **options: Any) -> "AsyncAnswerStream":
+        """:meth:`ask_stream` for asyncio: ``async for piece in rag.aask_stream(q)``, then ``.answer``."""
+        from .aio import AsyncAnswerStream
+
+        return AsyncAnswerStream(lambda cancel: self.ask_stream(question, cancel=cancel, **options))
+
+    async def asearch(self, query: str, **options: Any) -> list[Hit]:
+        """:meth:`search` in a worker thread (it never waits for the engine)."""
+        import asyncio
+
+        return await asyncio.to_thread(self.search, query, **options)
 
     @staticmethod
     def _selection(store: Store, doc: Paths, source: Paths) -> list[str] | None:
@@ -551,12 +775,16 @@ class Pipeline:
         return expand(hits, store=store, neighbours=a.neighbours) if expand_passages else hits
 
     def _prompt(self, question: str, *, doc: Paths, source: Paths, mode: str | None, top_k: int | None,
-                timings: dict[str, float] | None = None
-                ) -> "tuple[Prompt, list[str], Callable[[AskStats], None] | None]":
+                timings: dict[str, float] | None = None, options: "AskOptions | None" = None,
+                query: str | None = None) -> "tuple[Prompt, list[str], Callable[[AskStats], None] | None]":
+        """The packed prompt for ``question`` (what goes last in it); retrieval uses ``query``
+        (default: the question). ``options`` set the system prompt and the answer's room."""
         from . import packing
         from .errors import ConfigError
 
         a, r = self.config.ask, self.config.retrieval
+        o = options or a
+        query = query or question
         mode = mode or a.mode
         if mode not in ASK_MODES:
             raise ConfigError(f"mode must be one of {', '.join(ASK_MODES)}, got {mode!r}")
@@ -569,14 +797,15 @@ class Pipeline:
             history = self.pack_history.recent(namespace, self.config.store.collection)
             with self._reading() as store:
                 selection = self._selection(store, doc, source)
-                hits = self._retrieve(question, store, k=2 * r.candidates, sources=selection, expand_passages=False,
+                hits = self._retrieve(query, store, k=2 * r.candidates, sources=selection, expand_passages=False,
                                      timings=timings)
                 shelf = packing.gather(store, sources=selection, target=self.section_tokens, hits=hits,
                                        fetch_tokens=3 * engine.n_ctx, also={key for p in history[:16] for key in p})
             # The store is released: tokenising (and loading the generator) happens from here on.
             prompt = packing.plan(
-                shelf, question, layout=self._layout, tokenize=engine.tokenize, memo=self._section_tokens,
-                n_ctx=engine.n_ctx, reserve=a.max_tokens, tolerance=a.reuse_tolerance, history=history,
+                shelf, question, layout=self._layout_for(o.system_prompt), tokenize=engine.tokenize,
+                memo=self._section_tokens, n_ctx=engine.n_ctx, reserve=o.max_tokens, tolerance=a.reuse_tolerance,
+                history=history,
                 reusable=lambda p: engine.reusable(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries),
                 top_k=k, neighbours=a.neighbours)
             if prompt is not None:
@@ -596,7 +825,8 @@ class Pipeline:
                 return prompt, notes, finish
             notes.append(f"not even one section fits the context of {engine.n_ctx:,} tokens: answering from "
                          "retrieved passages (sections were cut for a longer context; see chunking.section_tokens)")
-        return self._passages_prompt(question, doc=doc, source=source, k=k, notes=notes, timings=timings)
+        return self._passages_prompt(question, doc=doc, source=source, k=k, notes=notes, timings=timings,
+                                     options=options, query=query)
 
     @contextmanager
     def _reading(self) -> Iterator[Store]:
@@ -611,7 +841,8 @@ class Pipeline:
             yield store
 
     def _passages_prompt(self, question: str, *, doc: Paths, source: Paths, k: int, notes: list[str],
-                         timings: dict[str, float] | None = None):
+                         timings: dict[str, float] | None = None, options: "AskOptions | None" = None,
+                         query: str | None = None):
         from .retrieve import whole_document
 
         engine = self.engine
@@ -621,12 +852,13 @@ class Pipeline:
             if selection is not None and len(selection) == 1 and doc is not None and source is None:
                 whole = whole_document(selection[0], store=store)  # `--doc FILE`: the whole of it, if it fits
                 n_tokens = store.documents()[selection[0]].n_tokens
-                passages = self._retrieve(question, store, k=max(4 * k, 16), sources=selection, timings=timings)
+                passages = self._retrieve(query or question, store, k=max(4 * k, 16), sources=selection,
+                                          timings=timings)
             else:
-                passages = self._retrieve(question, store, k=k, sources=selection, timings=timings)
+                passages = self._retrieve(query or question, store, k=k, sources=selection, timings=timings)
 
         def packed(ps):
-            return self._pack(ps, question)
+            return self._pack(ps, question, options)
 
         prompt = None
         if whole is not None:
@@ -808,6 +1040,9 @@ class Pipeline:
             return True
 
     def close(self) -> None:
+        pool = self.__dict__.pop("_pool", None)
+        if pool is not None:
+            pool.close_extra()
         for name in ("embedder", "engine", "prefix_cache", "pack_history"):
             resource = self.__dict__.pop(name, None)
             if resource is not None and name not in self._given:
@@ -819,3 +1054,35 @@ class Pipeline:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@dataclass
+class _Done:
+    text: str
+    stats: EngineStats
+
+
+def _tracker(callback):
+    from .progress import tracker
+
+    return tracker(callback)
+
+
+_OPTIONAL = ("stop_tokens", "progress", "cancel")
+
+
+def _supported(generator, **kwargs) -> dict:
+    """The optional ``generate`` arguments (see :class:`~.engine.stages.TextGenerator`) that
+    ``generator`` takes and that are set; an unset ``cancel`` is made where it is taken, so a
+    stream can always be cancelled."""
+    import inspect
+
+    try:
+        params = inspect.signature(generator.generate).parameters
+    except (TypeError, ValueError):
+        return {}
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    out = {k: v for k, v in kwargs.items() if (takes_all or k in params) and k in _OPTIONAL}
+    if "cancel" in out and out["cancel"] is None:
+        out["cancel"] = CancelToken()
+    return {k: v for k, v in out.items() if v is not None and v != frozenset()}

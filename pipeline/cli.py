@@ -64,11 +64,15 @@ def _pipeline(ctx: click.Context, **overrides: Any):
 
 
 def handles_errors(fn: Callable) -> Callable:
+    """A :class:`RagError` becomes its message on stderr and its exit status; with ``--json``, also
+    ``{"schema": 1, "error": {...}, "exit_code": N}`` on stdout (see :mod:`.schemas`)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except RagError as err:
+            if kwargs.get("as_json"):
+                _echo_json({"error": {"message": str(err), "type": type(err).__name__}, "exit_code": err.exit_code})
             raise UserError(err) from None
     return wrapper
 
@@ -90,6 +94,11 @@ def _store_overrides(collection: str | None, store_path: Path | None) -> dict[st
 
 
 def _echo_json(data: Any) -> None:
+    """One JSON output; objects carry the schema version (see docs/json.md)."""
+    from .schemas import versioned
+
+    if isinstance(data, dict):
+        data = versioned(data)
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
@@ -312,9 +321,7 @@ def search(ctx, query, top_k, dense, lexical, rerank, show_stats, collection, st
     if show_stats and not as_json:
         click.echo(_retrieval_line(timings), err=True)
     if as_json:
-        _echo_json([{"source": h.source, "page": h.page, "score": h.score, "text": h.text,
-                     "found_by": list(h.found_by), "chunk": h.index, "dense_rank": h.dense_rank,
-                     "lexical_rank": h.lexical_rank} for h in hits])
+        _echo_json({"query": query, "hits": [h.to_dict() for h in hits]})
         return
     if not hits:
         click.echo("no matches", err=True)
@@ -371,11 +378,17 @@ def _indent(text: str, width: int = 600) -> str:
 @click.option("--stats", "show_stats", is_flag=True, help="Print the engine's figures (prefill, TTFT, reuse, decode).")
 @click.option("--ctx", "n_ctx", type=click.IntRange(min=0), help="Context length in tokens (engine.n_ctx).")
 @click.option("--max-tokens", type=click.IntRange(min=1), help="Longest answer in tokens (ask.max_tokens).")
+@click.option("--temperature", type=click.FloatRange(0, 5), help="Sampling temperature; 0 is greedy (ask.temperature).")
+@click.option("--system", "system_prompt", help="System prompt for this question (ask.system_prompt).")
+@click.option("--stop", multiple=True, help="End the answer at this text (repeatable; added to the template's stops).")
+@click.option("--chat", "chat_id", help="Continue (or start) the conversation ID: a follow-up keeps the documents' "
+              "cached prefix, earlier turns go after them.")
 @store_options
 @json_option
 @click.pass_context
 @handles_errors
-def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens, collection, store_path, as_json):
+def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens, temperature, system_prompt, stop,
+        chat_id, collection, store_path, as_json):
     """Answer QUESTION from the collection, streaming the answer, then its sources.
 
     By default (auto) the prompt holds every document whole when they fit the context,
@@ -384,17 +397,27 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
     marked in the prompt; sources list the pages that matched best.
     A QUESTION that starts with a dash goes after --.
     """
+    from .concurrency import iterate_interruptibly
+    from .errors import Cancelled
+
     overrides = _store_overrides(collection, store_path)
     overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
     with _pipeline(ctx, **overrides) as rag:
-        stream = rag.ask_stream(question, doc=list(docs) or None, source=list(sources) or None, mode=mode,
-                                top_k=top_k)
-        if as_json:
-            _echo_json(stream.result().to_dict())
-            return
-        for piece in stream:
-            click.echo(piece, nl=False)
+        options = dict(doc=list(docs) or None, source=list(sources) or None, mode=mode, top_k=top_k,
+                       temperature=temperature, system_prompt=system_prompt, stop=list(stop) or None,
+                       progress=_PrefillLine() if not as_json and sys.stderr.isatty() else None)
+        stream = rag.chat_stream(question, chat_id=chat_id, **options) if chat_id else \
+            rag.ask_stream(question, **options)
+        try:  # generated in a worker thread: Ctrl-C stops a prefill within one micro-batch
+            for piece in iterate_interruptibly(stream):
+                if not as_json:
+                    click.echo(piece, nl=False)
+        except KeyboardInterrupt:
+            raise UserError(Cancelled("interrupted")) from None
         answer = stream.answer
+        if as_json:
+            _echo_json(answer.to_dict())
+            return
     click.echo()
     if answer.sources:
         click.echo("\nSources:")
@@ -416,6 +439,19 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
             click.echo(_retrieval_line(answer.retrieval), err=True)
         if st.reuse_lost:
             click.echo(f"reuse: {st.reuse_lost}", err=True)
+
+
+class _PrefillLine:
+    """Prefill progress on one stderr line, shown once a prefill has taken more than a second."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, p) -> None:
+        if p.seconds < 1.0 and not self.shown:
+            return
+        self.shown = True
+        click.echo("\r\033[K" + p.describe() + ("\n" if p.finished else ""), err=True, nl=False)
 
 
 def _pages(pages: list[int]) -> str:
@@ -853,6 +889,33 @@ class _SummaryBar:
         if self.bar is not None:
             self.bar.__exit__(None, None, None)
             self.bar = None
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (keep 127.0.0.1 unless a token is set and the network is trusted).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True, help="TCP port.")
+@click.option("--max-body", type=click.IntRange(min=1024), default=1 << 20, show_default=True,
+              help="Largest request body in bytes.")
+@store_options
+@click.pass_context
+@handles_errors
+def serve(ctx, host, port, max_body, collection, store_path):
+    """Serve the collection over HTTP: OpenAI-compatible /v1/chat/completions with sources,
+    /search, /ingest, /status, /health. Set RAG_SERVE_TOKEN to require a bearer token.
+
+    This process owns the store and the models; ingests posted to it run in its own
+    writer while searches and answers go on.
+    """
+    import os
+
+    from .serve import TOKEN_ENV, run
+
+    token = os.environ.get(TOKEN_ENV) or None
+    if host not in ("127.0.0.1", "localhost", "::1") and not token:
+        click.echo(f"warning: listening on {host} without {TOKEN_ENV}: anyone who can reach it can use it", err=True)
+    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+        run(rag, host=host, port=port, token=token, max_body=max_body, log=lambda m: click.echo(m, err=True))
 
 
 @cli.command("config")

@@ -26,7 +26,8 @@ from .store.vectors import check_store_urls
 ENV_PREFIX = "RAG_"
 # Variables with a meaning of their own, not "section_key" overrides.
 _ENV_RESERVED = {"RAG_HOME", "RAG_CONFIG", "RAG_TEST_MINILM_DIR", "RAG_LLAMA_CMAKE_ARGS",
-                 "RAG_STORE_TOKEN"}  # the Chroma server's token: read by pipeline.store.vectors, never a setting
+                 "RAG_STORE_TOKEN",  # the Chroma server's token: read by pipeline.store.vectors, never a setting
+                 "RAG_SERVE_TOKEN"}  # the token of `rag serve`: a secret, never a setting
 _ENV_RESERVED_PREFIXES = ("RAG_TEST_",)  # the test suite's own knobs
 
 
@@ -159,6 +160,7 @@ class EngineConfig:
     seed: int = 0
     n_seq_max: int = 1
     tuned: bool = True
+    parallel: int = 1  # engines (llama.cpp contexts) answering concurrent questions in one process
 
     def validate(self) -> "EngineConfig":
         """Refuse settings llama.cpp cannot run, naming the setting and the cause; return ``self``."""
@@ -174,6 +176,8 @@ class EngineConfig:
             raise ConfigError(f"engine.n_ubatch ({self.n_ubatch}) cannot exceed engine.n_batch ({self.n_batch})")
         if self.cpu_moe_from not in ("first", "last"):
             raise ConfigError(f"engine.cpu_moe_from must be 'first' or 'last', got {self.cpu_moe_from!r}")
+        if not 1 <= self.parallel <= 64:
+            raise ConfigError(f"engine.parallel must be between 1 and 64 (got {self.parallel})")
         if self.rope_scaling not in ("", "none", "linear", "yarn"):
             raise ConfigError(f"engine.rope_scaling must be '', 'linear' or 'yarn', got {self.rope_scaling!r}")
         if self.n_seq_max < 1:

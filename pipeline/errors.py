@@ -74,3 +74,9 @@ class EngineError(RagError):
     """llama.cpp could not load a model or run a prompt with the given settings."""
 
     exit_code = 6
+
+
+class Cancelled(RagError):
+    """The call was cancelled (a cancel token, an asyncio cancellation, Ctrl-C) before it finished."""
+
+    exit_code = 130

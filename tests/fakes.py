@@ -79,6 +79,7 @@ class EchoGenerator:
 
     def __init__(self, *, n_ctx: int = 4096, saved: set[tuple[int, ...]] | None = None, min_tokens: int = 16):
         self.n_ctx = n_ctx
+        self.delay = 0.0  # seconds per generated word
         self.saved = saved if saved is not None else set()  # prefixes "on disk"
         self.min_tokens = min_tokens
         self.prompts: list[list[int]] = []  # every prompt generated from, in order
@@ -133,7 +134,8 @@ class EchoGenerator:
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 boundaries: Sequence[int] = (), stats: EngineStats | None = None) -> Generation:
+                 boundaries: Sequence[int] = (), stats: EngineStats | None = None, stop_tokens: Sequence[int] = (),
+                 progress=None, cancel=None) -> Generation:
         from pipeline.errors import EngineError
 
         if len(tokens) + 1 > self.n_ctx:
@@ -158,10 +160,19 @@ class EchoGenerator:
         stats.prefill_tokens_per_second = 1e5
         found = _QUESTION.search(self.detokenize(tokens[prefix_len:]))
         words = ["You", " asked:"] + [" " + w for w in (found.group(1) if found else "").split()]
-        return Generation(self._stream(words[:max_tokens], stats), stats)
+        if progress is not None:
+            progress(0, stats.prefill_tokens)
+            progress(stats.prefill_tokens, stats.prefill_tokens)
+        return Generation(self._stream(words[:max_tokens], stats, cancel), stats)
 
-    def _stream(self, words: list[str], stats: EngineStats) -> Iterator[str]:
+    def _stream(self, words: list[str], stats: EngineStats, cancel=None) -> Iterator[str]:
+        from pipeline.errors import Cancelled
+
         for word in words:
+            if cancel is not None and cancel.cancelled:
+                raise Cancelled("cancelled while generating")
+            if self.delay:
+                time.sleep(self.delay)
             stats.decode_tokens += 1
             yield word
 

@@ -95,7 +95,7 @@ def test_cli_ask_streams_then_lists_sources(store_dir, ingested, monkeypatch):
     assert "prefill" in result.output and "TTFT" in result.output
     assert "retrieval: embed query" in result.output and "| rerank " in result.output
     data = json.loads(runner.invoke(cli, ["ask", "Where do tomatoes grow best?", "--json"]).output)
-    assert set(data) >= {"answer", "sources", "stats"}
+    assert set(data) >= {"text", "sources", "stats"}
     assert set(data["retrieval_seconds"]) == {"embed_query", "dense", "lexical", "fuse", "rerank"}
     assert data["stats"]["prompt_tokens"] > 0 and data["sources"][0]["n"] >= 1
     assert data["stats"]["mode"] == "whole" and len(data["stats"]["sections"]) == 4

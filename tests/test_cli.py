@@ -51,7 +51,7 @@ def test_ingest_search_status_round_trip(store_dir, corpus):
     again = run("ingest", str(corpus))
     assert "0 new, 0 changed, 4 unchanged, 1 skipped, 0 failed; nothing to embed" in again.output
 
-    hits = json.loads(run("search", "ERR_SOCKET_ZX81", "--top-k", "2", "--json").output)
+    hits = json.loads(run("search", "ERR_SOCKET_ZX81", "--top-k", "2", "--json").output)["hits"]
     assert len(hits) == 2
     assert set(hits[0]) >= {"source", "page", "score", "text", "found_by"}
     assert hits[0]["source"].endswith("notes.txt") and "lexical" in hits[0]["found_by"]

@@ -80,7 +80,7 @@ def test_the_same_file_goes_into_two_collections_of_one_store(store_dir, docs):
     for name in ("aaa", "bbb"):
         st = status(name)
         assert st["chunks"] == st["dense_chunks"]
-        hits = json.loads(run("search", "stripes confuse flies", "--collection", name, "--json").output)
+        hits = json.loads(run("search", "stripes confuse flies", "--collection", name, "--json").output)["hits"]
         assert Path(hits[0]["source"]).name == "zebra.md"
     assert run("drop", "--collection", "aaa", "--yes").exit_code == 0
     assert status("bbb")["documents"] == 2  # the other collection keeps its chunks
@@ -227,7 +227,7 @@ def test_a_full_disk_is_a_clear_error_and_the_next_run_recovers(tmp_path, docs, 
     filler.unlink()
     after = status()
     assert after["documents"] == before["documents"] and after["chunks"] == before["chunks"]
-    assert json.loads(run("search", "stripes confuse flies", "--json").output)[0]["source"].endswith("zebra.md")
+    assert json.loads(run("search", "stripes confuse flies", "--json").output)["hits"][0]["source"].endswith("zebra.md")
     again = run("ingest", docs)
     assert again.exit_code == 0 and "1 new" in again.output, again.output
     final = status()
@@ -338,7 +338,7 @@ def test_utf16_without_a_bom_is_text(store_dir, docs):
     data = json.loads(result.output)
     outcome = {Path(f["path"]).name: f["status"] for f in data["files"]}
     assert outcome["notes16.txt"] == outcome["big16.txt"] == "new"
-    hits = json.loads(run("search", "narwhal nerve endings", "--json", "--no-dense").output)
+    hits = json.loads(run("search", "narwhal nerve endings", "--json", "--no-dense").output)["hits"]
     assert Path(hits[0]["source"]).name == "notes16.txt" and "Narwhal tusks" in hits[0]["text"]
 
 
@@ -413,7 +413,7 @@ def test_text_by_content_gzip_and_globs(store_dir, docs):
         assert outcome[name][0] == "new", (name, outcome[name])
     assert outcome["blob"] == ("skipped", "not a text file (binary content)")
     assert outcome["photo.png"] == ("skipped", "unsupported file type")
-    hits = json.loads(run("search", "echidnas", "--json", "--no-dense").output)
+    hits = json.loads(run("search", "echidnas", "--json", "--no-dense").output)["hits"]
     assert Path(hits[0]["source"]).name == "NEWS.Debian.gz"
     with_title = {s["source"]: s["title"] for s in status()["sources"]}
     assert with_title[str(docs / "guide.md.gz")] == "Guide"

@@ -79,9 +79,9 @@ def test_a_version_1_store_opens_migrated_with_its_documents_searchable(store_di
     st = json.loads(run("status", "--json").output)
     assert st["documents"] == 4 and st["chunks"] == len(rows["chunks"]) == st["dense_chunks"]
     assert st["collections"] == ["default"]  # the name Chroma refused is gone
-    lexical = json.loads(run("search", "ERR_SOCKET_ZX81", "--json", "--no-dense").output)
+    lexical = json.loads(run("search", "ERR_SOCKET_ZX81", "--json", "--no-dense").output)["hits"]
     assert lexical[0]["source"].endswith("notes.txt")  # the full-text index survived the rebuild
-    dense = json.loads(run("search", "which fruit is rich in potassium?", "--json", "--no-lexical").output)
+    dense = json.loads(run("search", "which fruit is rich in potassium?", "--json", "--no-lexical").output)["hits"]
     assert dense[0]["source"].endswith("manual.pdf")
 
     db = sqlite3.connect(store_dir / "catalog.sqlite")

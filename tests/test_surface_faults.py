@@ -173,7 +173,7 @@ def test_control_characters_in_file_names_are_escaped(store_dir, tmp_path, monke
     assert not any(line.startswith("failed:") or line.startswith("[1] fake") for line in hits.splitlines())
     status = rag("status").stdout.splitlines()
     assert "  'docs/x.txt\\nfailed: passwd: pwned\\n[1] fake.txt'  (text, 1 chunks)" in status
-    data = json.loads(rag("search", "bananas", "-k", "1", "--json").stdout)
+    data = json.loads(rag("search", "bananas", "-k", "1", "--json").stdout)["hits"]
     assert data[0]["source"].endswith(FORGED)  # JSON keeps the exact name
 
 

@@ -350,6 +350,7 @@ class Model:
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_batch = int(llm.n_batch)
         self._views: tuple | None = None
+        self._abort: AbortFlag | None = None
         _models.add(self)
 
     # -- facts ----------------------------------------------------------------------------------
@@ -457,8 +458,16 @@ class Model:
 
     def _decode(self) -> None:
         rc = llama_cpp.llama_decode(self._ctx, self._batch.batch)
+        if rc == 2 and self._abort is not None and self._abort.is_set:
+            raise Aborted("the decode was aborted")
         if rc != 0:
             raise EngineError(f"llama_decode returned {rc}")
+
+    def abort_flag(self) -> "AbortFlag":
+        """This context's abort flag (made once): set, it stops the running decode within one micro-batch."""
+        if self._abort is None:
+            self._abort = AbortFlag(self._ctx)
+        return self._abort
 
     def decode(self, tokens: Any, pos: int) -> None:
         """Decode ``tokens`` (an int32 array of at most ``n_batch``) at positions ``pos..`` of
@@ -594,6 +603,40 @@ class Model:
         if llm is not None:
             self._views = None
             llm.close()
+
+
+class Aborted(EngineError):
+    """A decode stopped by its context's :class:`AbortFlag` (llama.cpp dropped the unfinished micro-batch)."""
+
+
+class AbortFlag:
+    """llama.cpp's abort callback on one context, driven by a flag that is read without the GIL.
+
+    ``llama_set_abort_callback`` makes the CPU backend call ``cb(data)`` between graph
+    operations (hundreds per micro-batch), on a ggml worker thread. A Python callback
+    would take the GIL each time, so a busy Python thread elsewhere in the process (a
+    web server, retrieval) would stall every ggml barrier. The callback is therefore
+    libc's ``strlen`` over a two-byte buffer: ``"\\0\\0"`` reads as length 0 (false: go
+    on), ``"\\1\\0"`` as 1 (true: abort). The signatures differ only in the return
+    width, which the x86-64 and AArch64 ABIs pass in the same register, low byte first.
+    An aborted ``llama_decode`` returns 2.
+    """
+
+    def __init__(self, ctx) -> None:
+        libc = ctypes.CDLL(None)
+        self._buf = ctypes.create_string_buffer(2)  # kept alive as long as the context uses it
+        self._callback = ctypes.cast(libc.strlen, llama_cpp.ggml_abort_callback)
+        llama_cpp.llama_set_abort_callback(ctx, self._callback, ctypes.cast(self._buf, ctypes.c_void_p))
+
+    def set(self) -> None:
+        self._buf[0] = 1
+
+    def clear(self) -> None:
+        self._buf[0] = 0
+
+    @property
+    def is_set(self) -> bool:
+        return self._buf.raw[0] == 1
 
 
 class Sampler:

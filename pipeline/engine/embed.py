@@ -18,6 +18,7 @@ from typing import Sequence
 import numpy as np  # light (~0.1 s); llama_cpp loads only with the model
 
 from .host import usable_cpus
+from .turns import once
 from ..errors import EngineError, ModelError
 
 # Tokens per decode when chunks are packed on a GPU.
@@ -59,7 +60,7 @@ class Embedder:
             return self._batch_tokens
         return GPU_GROUP_TOKENS if self.gpu else 0
 
-    @cached_property
+    @once  # two threads' first calls must not load it twice
     def llm(self):
         """The model in llama.cpp (a :class:`._llama.Model`), loaded on first use."""
         from ._llama import ModelLoadError, load

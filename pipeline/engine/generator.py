@@ -32,11 +32,12 @@ from . import offload
 from .host import detect_ram, usable_cpus
 from .model_info import ModelInfo
 from .stages import EngineStats, Generation
+from .turns import CancelToken, FairLock, once
 
 if TYPE_CHECKING:
     from .multiseq import Completion
 from ..config import EngineConfig
-from ..errors import ConfigError, EngineError
+from ..errors import Cancelled, ConfigError, EngineError
 
 
 def resolve_overrides(settings: EngineConfig, n_layers: int) -> list[offload.Override]:
@@ -67,10 +68,11 @@ def render_chat(template: str, system: str, user: str, *, bos: str = "", eos: st
 class Engine:
     """One generator model in llama.cpp. The model loads on first use.
 
-    Safe to share between threads: prompts take turns on the one llama.cpp context (a
-    stream holds it from its first piece until it ends, is closed or is garbage-collected),
-    and a thread that starts a second prompt while it still reads the first gets an
-    :class:`~pipeline.errors.EngineError` instead of a deadlock.
+    Safe to share between threads: prompts take turns on the one llama.cpp context, first
+    come first served (a stream holds it from its first piece until it ends, is closed or
+    is garbage-collected; see :mod:`.turns`), and a thread that starts a second prompt while
+    it still reads the first gets an :class:`~pipeline.errors.EngineError` instead of a
+    deadlock. A ``cancel`` token stops a waiting prompt, or a running one within one micro-batch.
     """
 
     def __init__(self, model_path: Path, settings: EngineConfig, *, log: Callable[[str], None] | None = None,
@@ -87,8 +89,12 @@ class Engine:
         self._prompt_notes: list[str] = []  # about the prompt being run: reported with it only
         # One llama.cpp context must never be used by two threads at once (llama.cpp aborts the
         # process): prompts take turns, each from its first token until its stream ends or closes.
-        self._turns = threading.Lock()
+        self._turns = FairLock()
         self._holder: int | None = None
+        self._progress: Callable[[int], None] | None = None  # the running turn's prefill hook
+        self._cancel: CancelToken | None = None  # the running turn's cancel token
+        self._active = False  # a turn is computing now (not paused between two pieces)
+        self._closing = False
 
     # -- model facts and settings ---------------------------------------------------------------
 
@@ -137,7 +143,7 @@ class Engine:
                 f"the {avail / 2**30:.1f} GiB of memory available: lower engine.n_ctx, or set engine.type_k "
                 "and engine.type_v to q8_0 (half the size) or q4_0")
 
-    @cached_property
+    @once  # two threads' first calls must not load it twice
     def llm(self):
         """The model in llama.cpp (a :class:`._llama.Model`), loaded on first use."""
         from ._llama import ModelLoadError, load
@@ -197,6 +203,16 @@ class Engine:
             return render_chat("", system, user)
         return render_chat(template, system, user, bos=self.llm.bos_text, eos=self.llm.eos_text)
 
+    def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
+        """``messages`` rendered with the model's chat template (which must exist): where the
+        default stops read the template's turn markers from (:mod:`pipeline.stops`)."""
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        return env.from_string(self.info.chat_template).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=self.llm.bos_text, eos_token=self.llm.eos_text)
+
     # -- running prompts ----------------------------------------------------------------------
 
     def _reset(self) -> None:
@@ -240,13 +256,23 @@ class Engine:
                 llm.decode(all_tokens[lo:hi], lo)
             except EngineError as exc:
                 self._reset()
+                if self._stopping():
+                    raise Cancelled(f"cancelled during the prefill, at token {lo:,}") from None
                 raise EngineError(f"llama.cpp failed during prefill at token {lo}: {exc}") from None
             self._tokens.extend(tokens[lo:hi])
+            if self._progress is not None:
+                self._progress(len(self._tokens))
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 boundaries: Sequence[int] = (), stats: EngineStats | None = None) -> Generation:
+                 boundaries: Sequence[int] = (), stats: EngineStats | None = None,
+                 stop_tokens: Sequence[int] = (), progress: Callable[[int, int], None] | None = None,
+                 cancel: CancelToken | None = None) -> Generation:
         """Stream the completion of ``tokens``.
+
+        Generation ends at an end-of-generation token or one of ``stop_tokens``;
+        ``progress(done, total)`` is called after each prefilled piece (tokens not reused);
+        ``cancel`` takes the prompt out of the engine's queue, or stops its decode.
 
         ``tokens[:prefix_len]`` is the part shared with other prompts, and ``boundaries``
         the earlier positions where a shared part may end (document and section ends).
@@ -261,7 +287,8 @@ class Engine:
         stats.prompt_tokens = len(tokens)
         sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
         cuts = self._cuts(len(tokens), prefix_len, boundaries)
-        return Generation(self._run(list(tokens), max_tokens, sampling, stats, cuts), stats)
+        return Generation(self._run(list(tokens), max_tokens, sampling, stats, cuts, frozenset(stop_tokens),
+                                    progress, cancel), stats)
 
     @property
     def n_seq_max(self) -> int:
@@ -455,18 +482,31 @@ class Engine:
         return entry.n_tokens if entry is not None else memory
 
     @contextmanager
-    def _turn(self) -> Iterator[None]:
-        """Hold the llama.cpp context: other threads wait; the holding thread may not start a second prompt."""
+    def _turn(self, cancel: CancelToken | None = None) -> Iterator[None]:
+        """Hold the llama.cpp context: other threads wait (first come, first served); the holding
+        thread may not start a second prompt. ``cancel`` aborts what runs in the turn."""
         me = threading.get_ident()
         if self._holder == me:
             raise EngineError("this thread is still reading an earlier answer from this engine: finish it "
                               "(or close its stream) before starting another")
-        with self._turns:
-            self._holder = me
-            try:
-                yield
-            finally:
-                self._holder = None
+        self._turns.acquire(cancel=cancel)
+        self._holder, self._cancel = me, cancel
+        flag = self.llm.abort_flag() if cancel is not None else None
+        unregister = cancel.on_cancel(flag.set) if flag is not None else (lambda: None)
+        try:
+            yield
+        finally:
+            unregister()
+            if flag is not None:
+                flag.clear()
+            self._holder = self._cancel = None
+            self._progress = None
+            self._turns.release()
+
+    @property
+    def waiting(self) -> int:
+        """Prompts queued for this engine, the running one included (what a pool balances by)."""
+        return self._turns.waiting + self._turns.locked
 
     def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool:
         """Prefill ``prefix`` and save its state (and states at ``boundaries``, as :meth:`generate`
@@ -485,12 +525,32 @@ class Engine:
             return len(prefix) in self._advance(prefix, cuts, stats, save=True)
 
     def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
-             cuts: list[int]) -> Iterator[str]:
-        with self._turn():  # from the first piece until the stream ends, is closed or is collected
-            yield from self._run_turn(tokens, max_tokens, sampling, stats, cuts)
+             cuts: list[int], stop_tokens: frozenset[int] = frozenset(),
+             progress: Callable[[int, int], None] | None = None,
+             cancel: CancelToken | None = None) -> Iterator[str]:
+        with self._turn(cancel):  # from the first piece until the stream ends, is closed or is collected
+            try:
+                self._active = True  # False while the stream is paused at a piece (see close)
+                for piece in self._run_turn(tokens, max_tokens, sampling, stats, cuts, stop_tokens, progress):
+                    self._active = False
+                    yield piece
+                    self._active = True
+            except EngineError:
+                if self._stopping():
+                    self._reset()  # the aborted micro-batch left the memory unknown
+                    raise Cancelled("cancelled while generating" if not self._closing
+                                    else "the engine was closed while generating") from None
+                raise
+            finally:
+                self._active = False
+
+    def _stopping(self) -> bool:
+        """Whether the running turn was asked to stop (its cancel token, or :meth:`close`)."""
+        return self._closing or (self._cancel is not None and self._cancel.cancelled)
 
     def _run_turn(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
-                  cuts: list[int]) -> Iterator[str]:
+                  cuts: list[int], stop_tokens: frozenset[int] = frozenset(),
+                  progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
         llm = self.llm
         stats.load_seconds = self.load_seconds
         t0 = time.perf_counter()
@@ -512,8 +572,12 @@ class Engine:
         llm.synchronize()  # anything pending is booked before the counters restart
         llm.reset_timings()
         t_prefill = time.perf_counter()
+        if progress is not None:
+            self._progress = lambda position: progress(position - reused, len(tokens) - reused)
+            progress(0, len(tokens) - reused)
         self._advance(tokens, cuts, stats, save=disk)
         self.prefill(tokens, start=len(self._tokens))
+        self._progress = None
         stats.prefill_tokens = len(tokens) - reused
         stats.notes.extend(self._cache_notes(prefix_len))
 
@@ -533,7 +597,7 @@ class Engine:
                                              else t_first - t_prefill)
                     if stats.prefill_seconds > 0:
                         stats.prefill_tokens_per_second = stats.prefill_tokens / stats.prefill_seconds
-                if llm.is_eog(token):
+                if llm.is_eog(token) or token in stop_tokens:
                     break
                 n_out += 1
                 text = decoder.decode(llm.piece(token))
@@ -555,11 +619,22 @@ class Engine:
                 stats.decode_tokens_per_second = perf.eval_tokens / (perf.eval_ms / 1000)
 
     def close(self) -> None:
-        if self._holder == threading.get_ident():  # an unfinished stream of this thread: it cannot run on
-            self._close()
-            return
-        if not self._turns.acquire(timeout=30):  # another thread's answer is still running: leave it the model
-            return
+        """Free the model. A prompt running in another thread is aborted first (within one
+        micro-batch; it raises :class:`~pipeline.errors.Cancelled`); one paused at a piece for
+        30 s is left the model."""
+        if self._turns.locked and "llm" in self.__dict__:
+            if self._holder == threading.get_ident() and not self._active:
+                self._close()  # an unfinished stream of this thread, paused: it cannot run on
+                return
+            self._closing = True
+            self.llm.abort_flag().set()
+        try:
+            if not self._turns.acquire(timeout=30):  # still held (a paused stream): leave it the model
+                return
+        finally:
+            if "llm" in self.__dict__ and self._closing:
+                self.llm.abort_flag().clear()
+            self._closing = False
         try:
             self._close()
         finally:

@@ -64,6 +64,12 @@ class Generation:
             pass
         return self.text
 
+    def close(self) -> None:
+        """Stop generating now: the generator gives its context back and settles its figures."""
+        close = getattr(self._pieces, "close", None)
+        if close is not None:
+            close()
+
 
 @runtime_checkable
 class TextEmbedder(Protocol):
@@ -110,6 +116,10 @@ class TextGenerator(Protocol):
     much it would reuse now, without running anything (what a packer weighs candidate
     prompts by); ``warm(prefix)`` saves a prefix's state ahead of the first question
     (True if it was saved now). ``namespace`` names the model and settings states belong to.
+
+    Optional keyword arguments of ``generate``, passed only to a generator whose
+    signature has them: ``stop_tokens`` (ids that end the answer), ``progress(done,
+    total)`` (after each prefilled piece) and ``cancel`` (a :class:`~.turns.CancelToken`).
     """
 
     @property

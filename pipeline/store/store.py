@@ -81,20 +81,24 @@ class Store:
     """One collection's store. Use as a context manager.
 
     Embedded, the store is the directory ``path``, opened by one process at a time. ``url``
-    (a Chroma server) and ``catalog_url`` (a PostgreSQL catalog), both given, make it
-    shared: no directory and no lock, and any number of processes open it at once.
+    (a Chroma server) and ``catalog_url`` (a PostgreSQL catalog), both given, put it on
+    servers: no directory and no lock, and any number of processes open it at once.
     """
 
     def __init__(self, path: Path, collection: str, *, wait: float = 10.0, create: bool = True,
-                 url: str = "", catalog_url: str = ""):
-        """``create=False`` opens an existing store only: reads never create one."""
+                 url: str = "", catalog_url: str = "", shared=None):
+        """``create=False`` opens an existing store only: reads never create one. ``shared`` (a
+        :class:`~.shared.SharedStore`) supplies the process lock and Chroma client of this process's
+        threads (embedded stores only)."""
         self.path = Path(path)
         self.create = create
         self.name = check_collection_name(collection)
         self.url = url
         self.catalog_url = catalog_url
-        self.shared = bool(url and catalog_url)
-        self._lock = None if self.shared else StoreLock(self.path, wait=wait)
+        self.on_servers = bool(url and catalog_url)
+        self._lock = None if self.on_servers else StoreLock(self.path, wait=wait)
+        self._shared = None if self.on_servers else shared
+        self._entered = False
         self._client = None
         self._collection = None
         self._max_batch: int | None = None
@@ -110,7 +114,7 @@ class Store:
     # -- lifecycle --------------------------------------------------------------------------
 
     def open(self) -> "Store":
-        if not self.shared:
+        if not self.on_servers:
             self._open_directory()
         try:
             if self.catalog_url:
@@ -119,7 +123,8 @@ class Store:
                 self.catalog = PostgresCatalog(self.catalog_url)
             else:
                 self.catalog = Catalog(self.path / "catalog.sqlite")
-            if self.catalog.collection(self.name) is not None:
+            if self.catalog.collection(self.name) is not None and (
+                    self._shared is None or self._shared.first_view(self.name)):
                 with self._writing():
                     self._finish_pending()
         except BaseException:
@@ -138,9 +143,22 @@ class Store:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create the store directory {self.path}: {exc.strerror}") from None
-        self._lock.acquire()
+        if self._shared is not None:
+            self._shared.enter()
+        else:
+            self._lock.acquire()
+        self._entered = True
 
     def close(self) -> None:
+        if self._shared is not None:  # the client and the lock are the shared store's
+            self._client = self._collection = None
+            if self.catalog is not None:
+                self.catalog.close()
+                self.catalog = None
+            if self._entered:
+                self._entered = False
+                self._shared.leave()
+            return
         if self._client is not None:
             try:
                 self._client.close()
@@ -150,7 +168,8 @@ class Store:
         if self.catalog is not None:
             self.catalog.close()
             self.catalog = None
-        if self._lock is not None:
+        if self._lock is not None and self._entered:
+            self._entered = False
             self._lock.release()
 
     def __enter__(self) -> "Store":
@@ -170,13 +189,15 @@ class Store:
             # Chroma (embedded or its HTTP client), PostgreSQL: the store's state; anything else is a bug.
             if not type(exc).__module__.startswith(("chromadb", "psycopg", "httpx")):
                 raise
-            if self.shared:
+            if self.on_servers:
                 raise StoreError(f"writing to the store {self.where} failed: "
                                  f"{' '.join(str(exc).split())[:300] or type(exc).__name__}") from None
             raise storage_error(exc, self.path) from None
 
     @property
     def _chroma(self):
+        if self._client is None and self._shared is not None:
+            self._client = self._shared.client()
         if self._client is None:
             self._client = vector_client(path=self.path, url=self.url)
         return self._client

@@ -190,8 +190,8 @@ def write_corpus(root: Path, version: int, n: int = 6) -> None:
 def snapshot(d: Drill, env: dict) -> dict:
     """What a collection holds, as a user can see it: documents, chunk counts, vectors, hits."""
     st = json.loads(clean(d.rag("status", "--json", env=env), codes={0}).out)
-    hits = [[(h["source"], h["chunk"], h["text"], round(h["score"], 4)) for h in
-             json.loads(clean(d.rag("search", "-k", "8", "--json", q, env=env), codes={0}).out)]
+    hits = [[(h["source"], h["index"], h["text"], round(h["score"], 4)) for h in
+             json.loads(clean(d.rag("search", "-k", "8", "--json", q, env=env), codes={0}).out)["hits"]]
             for q in QUERIES]
     return {"documents": st["documents"], "chunks": st["chunks"], "vectors": st["dense_chunks"],
             "sources": [(s["source"], s["chunks"], s["tokens"]) for s in st["sources"]], "hits": hits}
@@ -304,7 +304,7 @@ def _file_probe(make: Callable[[Path, Path], None], *, want: str, timeout: float
                 raise Defect(f"expected the file ingested as a document: {others}")
         if searchable:
             hits = json.loads(clean(d.rag("search", "--no-dense", "-k", "3", "--json", searchable, env=env),
-                                    codes={0}).out)
+                                    codes={0}).out)["hits"]
             if not any(searchable.split()[0].lower() in h["text"].lower() for h in hits):
                 raise Defect(f"its text is not found by search: {searchable!r}")
     return check
@@ -457,8 +457,8 @@ def _cache_probe(fault: Callable[[Path], Path], *, after: bool = True, non_root:
         _, first = _ask(d, cache)
         where = fault(cache)
         _, second = _ask(d, where)
-        if second["answer"] != first["answer"]:
-            raise Defect(f"the answer changed after the fault: {first['answer']!r} vs {second['answer']!r}")
+        if second["text"] != first["text"]:
+            raise Defect(f"the answer changed after the fault: {first['text']!r} vs {second['text']!r}")
         if after:
             _cache_cmds(d, where, codes=codes)
     return check

@@ -1,0 +1,107 @@
+"""What may run at the same time inside one ``Pipeline``, and how waiting and cancelling work.
+
+The policy (also in the README):
+
+- **Generation is serialised per engine, first come first served.** One llama.cpp
+  context must never run two prompts at once (llama.cpp aborts the process); every
+  prefill, decode, warm-up and prefix-state restore holds the engine's turn
+  (:mod:`.engine.turns`), and waiters are served in arrival order. With
+  ``engine.parallel = N`` the pipeline keeps up to N engines (each its own context;
+  loaded as concurrent questions need them) and gives each question the one with
+  the shortest queue.
+- **A stream holds its engine while it is being iterated**: from its first piece
+  until it is exhausted, closed or garbage-collected. Use it in a ``with`` block (or
+  call ``close()``) to give the engine back at a known moment.
+- **Retrieval runs beside generation.** Embedding a query, dense and lexical search,
+  tokenising and packing touch no generator context.
+- **Reads go on during the pipeline's own ingest**: the threads of one pipeline share
+  one open store (one process lock), each with its own SQLite connection; readers
+  see committed documents only. Across processes the store is one process at a time.
+- **Cancelling** (:class:`CancelToken`) a call that waits for the engine takes it out
+  of the queue; cancelling one that runs sets llama.cpp's abort flag, which stops the
+  running decode within one micro-batch (:class:`~pipeline.errors.Cancelled` is raised).
+- **Models load once**, however many threads ask for them first (:class:`once`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Iterator
+
+from .engine.turns import CancelToken, FairLock, once
+
+__all__ = ["CancelToken", "FairLock", "once", "EnginePool", "iterate_interruptibly"]
+
+
+class EnginePool:
+    """Up to ``size`` engines for concurrent questions; the first is made by ``first()``, the others
+    by ``make()`` when every engine already has a prompt running or queued."""
+
+    def __init__(self, first: Callable[[], Any], make: Callable[[], Any], size: int):
+        self._first, self._make, self.size = first, make, max(1, size)
+        self._extra: list[Any] = []
+        self._mu = threading.Lock()
+
+    @property
+    def engines(self) -> list[Any]:
+        with self._mu:
+            return [self._first(), *self._extra]
+
+    def pick(self) -> Any:
+        """The engine with the shortest queue (a new one while all are busy and the pool has room)."""
+        engines = self.engines
+        load = [getattr(e, "waiting", 0) for e in engines]
+        if min(load) == 0 or len(engines) >= self.size:
+            return engines[load.index(min(load))]
+        with self._mu:
+            if len(self._extra) + 1 < self.size:
+                self._extra.append(self._make())
+                return self._extra[-1]
+        return self.pick()
+
+    def close_extra(self) -> None:
+        with self._mu:
+            extra, self._extra = self._extra, []
+        for e in extra:
+            e.close()
+
+
+def iterate_interruptibly(stream) -> Iterator[str]:
+    """The pieces of an :class:`~pipeline.api.AnswerStream`, generated in a worker thread, so that
+    Ctrl-C in the main thread is seen at once (a signal reaches Python only between bytecodes,
+    never inside a ``llama_decode``) and cancels it: the decode stops within one micro-batch."""
+    import queue as queue_mod
+
+    q: queue_mod.Queue = queue_mod.Queue(maxsize=64)
+    end = object()
+
+    def work() -> None:
+        try:
+            with stream:
+                for piece in stream:
+                    q.put(piece)
+            q.put(end)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            q.put(exc)
+
+    worker = threading.Thread(target=work, name="rag-ask", daemon=True)
+    worker.start()
+    try:
+        while True:
+            try:
+                item = q.get(timeout=0.1)
+            except queue_mod.Empty:
+                continue
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    except (KeyboardInterrupt, GeneratorExit):
+        stream.cancel()
+        while worker.is_alive():  # drain so the worker is never stuck on a full queue
+            try:
+                q.get(timeout=0.05)
+            except queue_mod.Empty:
+                pass
+        raise

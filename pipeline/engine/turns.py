@@ -1,0 +1,145 @@
+"""Taking turns on one llama.cpp context: a first-come-first-served lock, and cancelling a turn.
+
+One llama.cpp context holds one KV cache and one batch; two threads decoding in it
+at once corrupt it (llama.cpp aborts the process with ``GGML_ASSERT(n_outputs_prev
++ n_outputs <= n_outputs_all)``). The engine therefore runs one prompt at a time,
+each holding a :class:`FairLock` from its first token until its stream ends or is
+closed; waiters are served in arrival order (``threading.Lock`` promises no order,
+so a thread asking in a loop could starve the others). A :class:`CancelToken`
+takes a waiting call out of the queue, and stops a running one: the engine sets
+llama.cpp's abort flag, which ends the running decode within one micro-batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from contextlib import contextmanager
+from functools import cached_property
+from typing import Any, Callable, Iterator
+
+from ..errors import Cancelled
+
+
+class CancelToken:
+    """Cancels one call, from any thread: while it waits for the engine, or while it runs in it."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._callbacks: list[Callable[[], None]] = []
+        self._mu = threading.Lock()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def cancel(self) -> None:
+        with self._mu:
+            if self._event.is_set():
+                return
+            self._event.set()
+            callbacks = list(self._callbacks)
+        for cb in callbacks:
+            cb()
+
+    def on_cancel(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when cancelled (now, if already); returns a function that unregisters it."""
+        with self._mu:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return lambda: self._remove(callback)
+        callback()
+        return lambda: None
+
+    def _remove(self, callback) -> None:
+        with self._mu:
+            try:
+                self._callbacks.remove(callback)
+            except ValueError:
+                pass
+
+    def raise_if_cancelled(self) -> None:
+        if self._event.is_set():
+            raise Cancelled("cancelled")
+
+
+class FairLock:
+    """A lock granted in arrival order (FIFO); it may be released by a thread other than its holder
+    (a stream garbage-collected on another thread gives the engine back)."""
+
+    def __init__(self) -> None:
+        self._mu = threading.Lock()
+        self._held = False
+        self._queue: deque[threading.Event] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    @property
+    def locked(self) -> bool:
+        return self._held
+
+    def acquire(self, *, cancel: CancelToken | None = None, timeout: float | None = None) -> bool:
+        """Wait for the lock in arrival order; False after ``timeout`` seconds without it,
+        :class:`~pipeline.errors.Cancelled` if ``cancel`` fires first."""
+        with self._mu:
+            if not self._held and not self._queue and not (cancel is not None and cancel.cancelled):
+                self._held = True
+                return True
+            turn = threading.Event()
+            self._queue.append(turn)
+        unregister = cancel.on_cancel(turn.set) if cancel else (lambda: None)
+        try:
+            turn.wait(timeout)
+        finally:
+            unregister()
+        with self._mu:
+            granted = turn not in self._queue  # release() pops a turn when it hands the lock over
+            if not granted:  # woken by the cancel or the timeout, still waiting: leave the queue
+                self._queue.remove(turn)
+        if cancel is not None and cancel.cancelled:
+            if granted:
+                self.release()
+            raise Cancelled("cancelled while waiting for the engine")
+        return granted
+
+    def release(self) -> None:
+        with self._mu:
+            if not self._held:
+                raise RuntimeError("release of an unheld FairLock")
+            if self._queue:
+                self._queue.popleft().set()  # ownership passes straight to the next in line
+            else:
+                self._held = False
+
+    @contextmanager
+    def held(self, *, cancel: CancelToken | None = None) -> Iterator[None]:
+        self.acquire(cancel=cancel)
+        try:
+            yield
+        finally:
+            self.release()
+
+
+class once(cached_property):
+    """``functools.cached_property`` that computes its value once even when threads race for it.
+
+    (Python 3.12 dropped cached_property's lock.) The value lands in the instance's
+    ``__dict__``, so a value put there beforehand (an injected stage) wins, as before.
+    """
+
+    def __init__(self, func: Callable[[Any], Any]):
+        super().__init__(func)
+        self._mu = threading.RLock()
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        cache = instance.__dict__
+        if self.attrname in cache:
+            return cache[self.attrname]
+        with self._mu:
+            if self.attrname not in cache:
+                cache[self.attrname] = self.func(instance)
+            return cache[self.attrname]

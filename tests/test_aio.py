@@ -1,0 +1,119 @@
+"""The asyncio API on real models: a responsive event loop under 8 concurrent questions, prompt cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import pytest
+
+from pipeline.errors import Cancelled, InputError
+
+FAST = {"engine__n_ctx": 768, "ask__max_tokens": 8, "ask__top_k": 2, "ask__neighbours": 0}
+QUESTIONS = [
+    "Which fruit is rich in potassium?",
+    "What does --n-cpu-moe do?",
+    "What does flash attention reduce?",
+    "When does ERR_SOCKET_ZX81 appear?",
+]
+
+
+@pytest.fixture
+def ingested(make_pipeline, corpus):
+    make_pipeline().ingest([corpus])
+    return corpus
+
+
+def test_eight_concurrent_aask_keep_the_loop_responsive(make_pipeline, ingested):
+    rag = make_pipeline(**FAST)
+    expected = {q: rag.ask(q).text for q in QUESTIONS}
+
+    async def main():
+        delays: list[float] = []
+        stop = asyncio.Event()
+
+        async def heartbeat():
+            while not stop.is_set():
+                t = time.perf_counter()
+                await asyncio.sleep(0.01)
+                delays.append(time.perf_counter() - t - 0.01)
+
+        beat = asyncio.create_task(heartbeat())
+        answers = await asyncio.gather(*(rag.aask(QUESTIONS[i % 4]) for i in range(8)))
+        hits = await rag.asearch("tomato", top_k=1)
+        pieces = [p async for p in rag.aask_stream(QUESTIONS[0])]
+        stop.set()
+        await beat
+        return answers, hits, pieces, delays
+
+    answers, hits, pieces, delays = asyncio.run(main())
+    assert [a.text for a in answers] == [expected[QUESTIONS[i % 4]] for i in range(8)]
+    assert hits and "".join(pieces).strip() == expected[QUESTIONS[0]]
+    assert len(delays) > 20 and max(delays) < 0.1, f"the event loop stalled {max(delays) * 1000:.0f} ms"
+
+
+def _doc(path, topic: str, n: int = 60):
+    path.write_text("\n\n".join(f"Note {i} on {topic}: the {topic} index of item {i} is {i * 7}, "
+                                f"recorded by station {i % 5}." for i in range(n)))
+    return path
+
+
+def test_cancelling_a_stream_stops_its_prefill_within_one_micro_batch(make_pipeline, tmp_path):
+    a, b = _doc(tmp_path / "a.md", "granite", 24), _doc(tmp_path / "b.md", "basalt", 24)
+    make_pipeline().ingest([a, b])
+    ubatch = 16
+    rag = make_pipeline(engine__n_ctx=1024, engine__n_batch=1024, engine__n_ubatch=ubatch, engine__threads=1,
+                        ask__max_tokens=2, cache__enabled=False)
+    full = rag.ask("What is the index of item 3?", doc=a)  # one uncancelled prefill, for its pace
+    per_ubatch = full.stats.prefill_seconds / math.ceil(full.stats.prefill_tokens / ubatch)
+    assert full.stats.prefill_tokens > 10 * ubatch
+
+    async def main():
+        stream = rag.aask_stream("What is the index of item 3?", doc=b)
+
+        async def consume():
+            return [p async for p in stream]
+
+        task = asyncio.create_task(consume())
+        while not rag.engine._turns.locked:  # retrieval done, the stream has the engine: prefill begins
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(3 * per_ubatch)  # a few micro-batches into a prefill of dozens
+        assert not task.done()
+        t_cancel = time.perf_counter()
+        task.cancel()
+        await asyncio.to_thread(stream.finished.wait, 60)
+        latency = time.perf_counter() - t_cancel
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = await rag.aask("What is the index of item 4?", doc=a)  # the engine is free again
+        return stream, latency, after
+
+    stream, latency, after = asyncio.run(main())
+    assert stream.answer is None and after.text
+    # Most of the prefill was left; it stopped within one micro-batch's time (plus thread wake-ups).
+    assert latency < per_ubatch + 0.1, f"stopped after {latency:.3f} s; a micro-batch takes {per_ubatch:.3f} s"
+
+
+def test_cancel_token_on_a_sync_call_and_errors_reach_the_awaiting_task(make_pipeline, ingested):
+    rag = make_pipeline(**FAST)
+
+    async def main():
+        with pytest.raises(InputError):
+            await rag.aask("   ")
+        stream = rag.aask_stream(QUESTIONS[1])
+        got = []
+        async for piece in stream:
+            got.append(piece)
+            await stream.aclose()  # leaving early cancels the call and gives the engine back
+        await asyncio.to_thread(stream.finished.wait, 30)
+        return got, await rag.aask(QUESTIONS[1])
+
+    got, again = asyncio.run(main())
+    assert len(got) == 1 and again.text.startswith(got[0].strip())
+    with pytest.raises(Cancelled):
+        from pipeline.concurrency import CancelToken
+
+        token = CancelToken()
+        token.cancel()
+        rag.ask(QUESTIONS[0], cancel=token)
