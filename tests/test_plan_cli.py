@@ -148,10 +148,11 @@ def test_plan_fuzz_no_traceback_and_fitting_plans_fit(store_dir, tmp_path):
         assert "Traceback" not in out.output, (args, out.output)
         assert out.exit_code in (0, 2), (args, out.output)
         seen[out.exit_code] += 1
-        if out.exit_code == 2:
-            assert len(out.output.strip().splitlines()) == 1, (args, out.output)
+        if out.exit_code == 2:  # --json: the error as JSON on stdout, the message as one line on stderr
+            assert json.loads(out.stdout)["exit_code"] == 2, (args, out.output)
+            assert len(out.stderr.strip().splitlines()) == 1, (args, out.output)
             continue
-        data = json.loads(out.output)
+        data = json.loads(out.stdout)
         spec = qwen if use_qwen else specs[target[0]]
         hw = HardwareProfile.from_dict(data["hardware"])
         for result in filter(None, [data["plan"], data["llama_cpp_fit"], *data.get("compare", [])]):

@@ -222,12 +222,12 @@ def test_cli_search_ask_and_summarize_while_rag_ingest_runs(store_dir, tmp_path,
     try:
         search = _rag("search", "ERR_SOCKET_ZX81", "--json", env=env)
         assert search.returncode == 0, search.stderr
-        assert json.loads(search.stdout)[0]["source"] == str(small / "notes.md")
+        assert json.loads(search.stdout)["hits"][0]["source"] == str(small / "notes.md")
         ask = _rag("ask", "What does ERR_SOCKET_ZX81 mean?", "--mode", "passages", "-k", "2", "--ctx", "1024",
                    "--max-tokens", "8", "--json", env=env)
         assert ask.returncode == 0, ask.stderr
         answer = json.loads(ask.stdout)
-        assert answer["answer"].strip() and str(small / "notes.md") in [s["source"] for s in answer["sources"]]
+        assert answer["text"].strip() and str(small / "notes.md") in [s["source"] for s in answer["sources"]]
         assert ingest.poll() is None, "the ingest ended before the questions: nothing was tested (enlarge the corpus)"
     finally:
         out = ingest.communicate(timeout=600)[0].decode()
