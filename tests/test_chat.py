@@ -54,3 +54,25 @@ def test_cli_ask_chat_continues_a_conversation(store_dir, corpus, tmp_path, monk
     assert stats["cache"] == "disk" and stats["cached_tokens"] > 0
     bad = runner.invoke(cli, ["ask", "x", "--chat", "../escape"])
     assert bad.exit_code == 2 and "invalid chat id" in bad.output
+
+
+def test_a_follow_up_retrieves_with_the_condensed_query(fake_pipeline, tmp_path):
+    """Retrieval sees the earlier question with the follow-up (a bare "And how is it invalidated?"
+    names nothing to find)."""
+    (tmp_path / "a.md").write_text("# Cache\n\nThe prefix cache is keyed by a hash of the tokens.\n")
+    (tmp_path / "b.md").write_text("# Pumps\n\nThe pump pressure rises while the valve stays closed.\n")
+    rag = fake_pipeline()
+    rag.ingest([tmp_path])
+    queries = []
+    real = rag._search
+
+    def spy(store, query, **kw):
+        queries.append(query)
+        return real(store, query, **kw)
+
+    rag._search = spy
+    first = rag.chat("How is the prefix cache keyed?", chat_id="c")
+    queries.clear()
+    follow = rag.chat("And how is it invalidated?", chat_id="c")
+    assert queries and all(q == "How is the prefix cache keyed?\nAnd how is it invalidated?" for q in queries)
+    assert first.text and follow.question == "And how is it invalidated?"
