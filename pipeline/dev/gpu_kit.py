@@ -230,6 +230,9 @@ def check(*, cuda: str, archs: tuple[str, ...] = ARCHS, python: str = sys.execut
     root = toolchain(cuda, python=python)
     site = rag_home() / "cuda" / f"cu{cuda}" / "check-site"
     _install([wheel], site, python=python, offline=True)
+    # the pure-Python wheels the kit carries too, so the import works with any interpreter here
+    subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                    "--only-binary", ":all:", "--target", str(site), *EXTRA_WHEELS], check=True)
     info = probe(site, [root / "lib"], python=python)
     if "CUDA" not in info["backends"]:
         raise SystemExit(f"llama.cpp lists no CUDA backend: {info['backends']}")
