@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "Pipeline": "api", "Answer": "api", "AnswerStream": "api", "AskStats": "api", "CollectionStatus": "api",
+    "Pipeline": "api", "CollectionStatus": "api", "Answer": "answer", "AnswerStream": "answer", "AskStats": "answer",
     "AskOptions": "options", "AsyncAnswerStream": "aio", "CancelToken": "concurrency",
     "PrefillProgress": "progress",
     "Config": "config", "load_config": "config",
@@ -37,7 +37,8 @@ __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
     from .aio import AsyncAnswerStream
-    from .api import Answer, AnswerStream, AskStats, CollectionStatus, Pipeline
+    from .answer import Answer, AnswerStream, AskStats
+    from .api import CollectionStatus, Pipeline
     from .concurrency import CancelToken
     from .config import Config, load_config
     from .engine.stages import EngineStats, TextEmbedder, TextGenerator

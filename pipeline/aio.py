@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .concurrency import CancelToken
 from .errors import Cancelled
 
-# The objects are pipeline.api's (Pipeline, AnswerStream, Answer), named in strings only:
-# api imports this module, so importing api here would make the two one.
+if TYPE_CHECKING:
+    from .answer import Answer, AnswerStream
+
+# Pipeline is named in strings only: api imports this module, so importing api here would make the two one.
 
 
 class AsyncAnswerStream:
