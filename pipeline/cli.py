@@ -922,10 +922,17 @@ def serve(ctx, host, port, max_body, collection, store_path):
 @click.pass_context
 @handles_errors
 def show_config(ctx):
-    """Print the effective settings as TOML, with the home, store and cache paths resolved."""
-    from .config import to_toml
+    """Print the effective settings as TOML, with the home, store and cache paths resolved.
 
-    click.echo(to_toml(_pipeline(ctx).config.resolved()), nl=False)
+    Credentials in URLs (``user:pass@``, ``?token=``) are printed as ``***``."""
+    from .config import to_toml
+    from .errors import redact
+
+    text = to_toml(_pipeline(ctx).config.resolved())
+    shown = redact(text)
+    if shown != text:
+        shown = "# credentials in URLs are shown as ***\n" + shown
+    click.echo(shown, nl=False)
 
 
 def main() -> None:

@@ -145,6 +145,15 @@ def test_config_prints_effective_settings(tmp_store, monkeypatch):
     assert "top_k = 9" in out and f'path = "{tmp_store}"' in out
 
 
+def test_config_never_prints_credentials_in_urls(tmp_store, monkeypatch):
+    monkeypatch.setenv("RAG_MODELS_GENERATOR", "openai:http://alice:s3cret@127.0.0.1:9/v1#m")
+    out = run("config")
+    assert out.exit_code == 0, out.output
+    assert "s3cret" not in out.output and "alice" not in out.output
+    assert 'generator = "openai:http://***@127.0.0.1:9/v1#m"' in out.output
+    assert out.output.startswith("# credentials in URLs are shown as ***")
+
+
 def test_python_dash_m_works(tmp_store):
     import subprocess
     import sys
