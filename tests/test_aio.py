@@ -10,19 +10,10 @@ import pytest
 
 from pipeline.errors import Cancelled, InputError
 
-FAST = {"engine__n_ctx": 768, "ask__max_tokens": 8, "ask__top_k": 2, "ask__neighbours": 0}
-QUESTIONS = [
-    "Which fruit is rich in potassium?",
-    "What does --n-cpu-moe do?",
-    "What does flash attention reduce?",
-    "When does ERR_SOCKET_ZX81 appear?",
-]
+from test_concurrency import FAST, ingested  # noqa: F401 (a fixture)
+from test_concurrency import QUESTIONS as ALL_QUESTIONS
 
-
-@pytest.fixture
-def ingested(make_pipeline, corpus):
-    make_pipeline().ingest([corpus])
-    return corpus
+QUESTIONS = ALL_QUESTIONS[:4]
 
 
 def test_eight_concurrent_aask_keep_the_loop_responsive(make_pipeline, ingested):
