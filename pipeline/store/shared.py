@@ -28,9 +28,11 @@ from .vectors import client as vector_client
 class SharedStore:
     """The store directory ``path``, held open while any thread uses it."""
 
-    def __init__(self, path: Path, *, wait: float = 10.0, url: str = "", catalog_url: str = ""):
+    def __init__(self, path: Path, *, wait: float = 10.0, url: str = "", catalog_url: str = "",
+                 catalog_pool: int = 8):
         """``url`` and ``catalog_url`` as for :class:`~.store.Store`; with both, every view is a
-        store on servers of its own (no process lock to share)."""
+        store on servers of its own (no process lock to share). Views on a PostgreSQL catalog
+        borrow connections from the process's pool for it (at most ``catalog_pool``)."""
         self.path = Path(path)
         self.wait = wait
         self.url = url
@@ -40,6 +42,18 @@ class SharedStore:
         self._lock: StoreLock | None = None
         self._client = None
         self._cleaned: set[str] = set()
+        self._pg = None
+        if catalog_url:  # the process's connections to the catalog, kept between views
+            from .pg_pool import pool
+
+            self._pg = pool(catalog_url, size=catalog_pool, wait=wait)
+            self._pg.enter()
+
+    def close(self) -> None:
+        """This pipeline is done with the store: the last one using a PostgreSQL catalog closes its pool."""
+        pg, self._pg = self._pg, None
+        if pg is not None:
+            pg.leave()
 
     @contextmanager
     def open(self, collection: str, *, create: bool = True) -> Iterator[Store]:
