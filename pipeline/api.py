@@ -512,7 +512,7 @@ class Pipeline:
                                              timings=timings, options=options, query=query)
         stats = AskStats(mode=prompt.mode, sections=[p.to_dict() for p in prompt.sections])
         stops = self.stops.with_strings(options.stop)
-        engine = self._pool.pick()
+        engine = self._pool.pick(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries)
         extra = _supported(engine, stop_tokens=stops.tokens, cancel=cancel,
                            progress=_tracker(progress) if progress else None)
         cancel = extra.get("cancel") or cancel
@@ -680,7 +680,8 @@ class Pipeline:
                 shelf, question, layout=self._layout_for(o.system_prompt), tokenize=engine.tokenize,
                 memo=self._section_tokens, n_ctx=engine.n_ctx, reserve=o.max_tokens, tolerance=a.reuse_tolerance,
                 history=history,
-                reusable=lambda p: engine.reusable(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries),
+                reusable=lambda p: self._pool.reusable(p.tokens, prefix_len=len(p.prefix_tokens),
+                                                       boundaries=p.boundaries),
                 top_k=k, neighbours=a.neighbours)
             if prompt is not None:
                 if prompt.mode == "sections":

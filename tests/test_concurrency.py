@@ -365,3 +365,23 @@ def test_close_with_an_aask_stream_waiting_behind_a_paused_stream_ends_both(make
     assert "llm" not in engine.__dict__
     with pytest.raises(EngineClosed):
         next(it)
+
+
+def test_an_engine_pool_routes_a_question_to_the_engine_holding_its_documents(make_pipeline, ingested):
+    """Two engines, each left holding another document; a new question on the second document goes
+    to the second engine and reuses its memory (the probe used to ask only the first engine)."""
+    rag = make_pipeline(**FAST, engine__parallel=2, cache__enabled=False)  # memory only: no disk states
+    first = rag.ask_stream("What does --n-cpu-moe do?", doc=ingested / "guide.md")
+    it = iter(first)
+    next(it)  # the first engine is busy with guide.md
+    second = rag.ask_stream("When does ERR_SOCKET_ZX81 appear?", doc=ingested / "notes.txt")
+    assert second.result().text  # answered by a second engine, loaded for it
+    rest = "".join(it)
+    assert first.answer is not None and rest is not None
+    a, b = rag._pool.engines
+    assert a is not b
+    again = rag.ask("Which client runs Chroma as a server?", doc=ingested / "notes.txt")
+    assert again.stats.cached_tokens >= len(second.prompt.prefix_tokens) > 0  # notes.txt's prefix, reused
+    assert b.waiting == 0 and a.held(second.prompt.tokens, prefix_len=len(second.prompt.prefix_tokens)) == 0
+    back = rag.ask("What does flash attention reduce?", doc=ingested / "guide.md")
+    assert back.stats.cached_tokens >= len(first.prompt.prefix_tokens) > 0

@@ -469,18 +469,30 @@ class Engine:
                 saved.add(cut)
         return saved
 
+    def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
+        """How many tokens of this prompt this engine's KV memory holds now, up to a point where
+        :meth:`generate` may reuse them (the disk cache aside): what a pool routes prompts by.
+        Safe beside a running prompt: it reads a copy of what the memory holds."""
+        return self._held(list(self._tokens), tokens, self._cuts(len(tokens), prefix_len, boundaries))
+
+    def _held(self, memory: list[int], tokens: Sequence[int], cuts: Sequence[int]) -> int:
+        if not cuts:
+            return 0
+        n, limit = 0, min(len(memory), cuts[-1])
+        while n < limit and memory[n] == tokens[n]:
+            n += 1
+        reuse = max((c for c in cuts if c <= n), default=0)
+        if reuse != len(memory) and "llm" in self.__dict__ and not self.can_trim:
+            return 0
+        return reuse
+
     def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
         """How many tokens of this prompt :meth:`generate` would reuse now (memory or disk), without
         running anything or loading the model: what a packer weighs candidate prompts by."""
         cuts = self._cuts(len(tokens), prefix_len, boundaries)
         if not cuts:
             return 0
-        n, limit = 0, min(len(self._tokens), cuts[-1])
-        while n < limit and self._tokens[n] == tokens[n]:
-            n += 1
-        memory = max((c for c in cuts if c <= n), default=0)
-        if memory != len(self._tokens) and "llm" in self.__dict__ and not self.can_trim:
-            memory = 0
+        memory = self._held(list(self._tokens), tokens, cuts)  # a copy: a running prompt may change it
         if self.cache is None or cuts[-1] < self.cache_min_tokens or memory == cuts[-1]:
             return memory
         entry = self.cache.lookup(self.namespace, tokens, max_tokens=cuts[-1], lengths=set(cuts),
