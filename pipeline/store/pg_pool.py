@@ -27,10 +27,24 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from ..errors import StoreBusyError
+from ..errors import StoreBusyError, StoreError
 from .vectors import redact
 
 DEFAULT_SIZE = 8
+
+
+def connect(url: str):
+    """An autocommit psycopg connection, or a :class:`StoreError` naming the server (never its password)."""
+    try:
+        import psycopg
+    except ImportError:
+        raise StoreError("store.catalog_url needs the psycopg package: pip install 'psycopg[binary]' "
+                         "(./setup.sh installs it)") from None
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise StoreError(f"cannot connect to the PostgreSQL catalog {redact(url)}: {detail}") from None
 
 
 class ConnectionPool:
@@ -80,8 +94,6 @@ class ConnectionPool:
 
     def acquire(self):
         """A checked connection: an idle one that still answers, or a new one while there is room."""
-        from .postgres import connect
-
         deadline = time.monotonic() + self.wait
         while True:
             with self._cv:

@@ -57,20 +57,6 @@ def _clean(text: str | None) -> str | None:
     return text.replace("\x00", " ") if text else text
 
 
-def connect(url: str):
-    """An autocommit psycopg connection, or a :class:`StoreError` naming the server (never its password)."""
-    try:
-        import psycopg
-    except ImportError:
-        raise StoreError("store.catalog_url needs the psycopg package: pip install 'psycopg[binary]' "
-                         "(./setup.sh installs it)") from None
-    try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=10)
-    except psycopg.Error as exc:
-        detail = " ".join(str(exc).split())[:300]
-        raise StoreError(f"cannot connect to the PostgreSQL catalog {redact(url)}: {detail}") from None
-
-
 class PostgresCatalog:
     """The catalog of one store in a PostgreSQL database. See :class:`~.catalog.Catalog` for each method."""
 
