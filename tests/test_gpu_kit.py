@@ -104,3 +104,22 @@ def test_a_damaged_or_partial_kit_is_refused(tmp_path) -> None:
     archive.unlink()
     with pytest.raises(SystemExit, match="is missing: copy the whole kit folder"):
         gpu_kit.install_kit(kit, tmp_path / "site")
+
+
+def test_gpu_prefill_measures_every_configuration_on_the_smoke_model(tmp_path) -> None:
+    """The benchmark the kit runs, end to end on a tiny model of the same architecture (here on the CPU):
+    the model is written, each configuration loads and prefills, and the JSON holds measured next to estimated."""
+    import subprocess
+
+    root = Path(gpu_kit.__file__).resolve().parents[2]
+    out = tmp_path / "smoke.json"
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_prefill.py"), "--smoke", "--skip-build",
+                           "--work", str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(out.read_text())
+    rows = data["measurements"]
+    assert data["smoke"] is True and {r["config"] for r in rows} == {"recipe", "plan for 24 GiB", "all on GPU"}
+    assert sorted({r["prompt_tokens"] for r in rows}) == [504, 1016]
+    assert all(r["measured_tok_s"] > 0 and r["estimated_tok_s"] > 0 for r in rows)
+    assert "| recipe | 504 |" in done.stdout

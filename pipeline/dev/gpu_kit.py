@@ -26,7 +26,8 @@ Four steps, one command each (``python pipeline/dev/gpu_kit.py STEP``):
 ``run`` (on the GPU machine, from the repository root)
     Installs the kit into ``gpu-kit/site`` (``pip --no-index --target`` for the
     wheels, then the archive: nothing is fetched), finds the CUDA runtime libraries
-    of the kit's CUDA major version there, checks that llama.cpp sees a GPU, and runs
+    of the kit's CUDA major version there, checks that llama.cpp sees a GPU, runs
+    ``benchmarks/gpu_prefill.py --smoke`` (a tiny model, seconds) and then
     ``benchmarks/gpu_prefill.py --skip-build`` under a time limit.
 
 Why the Python version does not matter: llama-cpp-python reaches llama.cpp through
@@ -394,8 +395,21 @@ def run(*, kit: Path, json_out: Path, seconds: float = 450.0, extra: list[str] |
     if not info["gpu_offload"]:
         print(info["log"][-2000:], file=sys.stderr)
         raise SystemExit("llama.cpp sees no GPU with this kit")
-    cmd = [python, str(ROOT / "benchmarks" / "gpu_prefill.py"), "--skip-build", "--json", str(json_out),
-           "--max-seconds", str(max(60.0, seconds - 150.0)), *(extra or [])]
+    bench = str(ROOT / "benchmarks" / "gpu_prefill.py")
+    # First the same path on a tiny model (seconds): a broken import or CUDA setup shows before the 30 GiB model
+    # is written.
+    smoke = [python, bench, "--skip-build", "--smoke", "--json", str(json_out.with_suffix(".smoke.json")),
+             "--work", str(Path(os.environ.get("TMPDIR", "/tmp")) / "gpu-prefill-smoke")]
+    print("[kit] " + " ".join(smoke), flush=True)
+    try:
+        rc = subprocess.run(smoke, env=_site_env(site, libs), timeout=120).returncode
+    except subprocess.TimeoutExpired:
+        rc = 124
+    if rc != 0:
+        print(f"[kit] the smoke run failed (exit {rc}): not starting the full benchmark", file=sys.stderr)
+        return rc
+    cmd = [python, bench, "--skip-build", "--json", str(json_out),
+           "--max-seconds", str(max(60.0, seconds - 150.0 - (time.perf_counter() - t0))), *(extra or [])]
     print("[kit] " + " ".join(cmd), flush=True)
     try:
         rc = subprocess.run(cmd, env=_site_env(site, libs), timeout=max(1.0, seconds - (time.perf_counter() - t0))
