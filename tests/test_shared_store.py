@@ -143,6 +143,34 @@ def test_postgres_catalog_behaves_like_sqlite(fake_pipeline, corpus, pg_url, tmp
     assert rag.drop() and not rag.status().exists
 
 
+def test_postgres_lexical_ranking_splits_at_punctuation_and_weights_rare_words_as_sqlite_does(
+        fake_pipeline, pg_url, tmp_path, monkeypatch):
+    """PostgreSQL's parser keeps `audio/midi` and `bug-libtasn1@gnu.org` as one lexeme, and ts_rank has no
+    idf: both cost the held-out set questions until the index split at punctuation and terms were
+    weighted. The rare word's chunk now ranks first, as with SQLite's BM25."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "mime.txt").write_text("The type audio/midi has the alias audio/x-midi in this database.\n")
+    (docs / "bugs.txt").write_text("Report bugs to bug-libtasn1@gnu.org with a short test case.\n")
+    for i in range(6):  # chatter full of the question's common words
+        (docs / f"chatter{i}.txt").write_text("What does it have? What does it have, and what does it do? " * 4 + "\n")
+    question, bugs = "What alias does audio/midi have?", "Where should bugs in libtasn1 be reported?"
+    embedded = fake_pipeline()
+    embedded.ingest([docs])
+    monkeypatch.setenv("RAG_STORE_PATH", str(tmp_path / "store-pg"))
+    shared = fake_pipeline(store__catalog_url=pg_url)
+    shared.ingest([docs])
+    for rag in (embedded, shared):
+        with rag.store(create=False) as store:
+            hits = store.lexical(question, limit=3)
+            assert hits[0][0].source == str(docs / "mime.txt"), [h.source for h, _ in hits]
+            assert store.lexical(bugs, limit=1)[0][0].source == str(docs / "bugs.txt")
+            assert store.lexical("midi", limit=5)[0][0].source == str(docs / "mime.txt")
+            assert store.lexical("x-midi libtasn1", limit=5) and store.lexical("gnu.org", limit=5)
+            scores = store.catalog.bm25(store.name, question, [h.chunk_id for h, _ in hits])
+            assert len(scores) == len(hits)
+
+
 def _snapshot_after_ingest(fake_pipeline, corpus) -> dict:
     rag = fake_pipeline()
     rag.ingest([corpus])
