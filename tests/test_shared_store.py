@@ -186,10 +186,15 @@ def test_postgres_schema_version_and_migrations(pg_url):
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert pg_schema.upgrade(conn, where="test", target=1) is None  # a version-1 catalog, as rag wrote it
         conn.execute("INSERT INTO collections VALUES ('kept', 'e', 'id', 8, 16, 0, 0)")
+        conn.execute("INSERT INTO documents (collection, source, content_hash, n_chunks) VALUES ('kept', '/m', 'h', 1)")
+        conn.execute("INSERT INTO chunks (collection, chunk_id, source, content_hash, idx, text)"
+                     " VALUES ('kept', 'c1', '/m', 'h', 0, 'the type audio/midi')")
     catalog = PostgresCatalog(pg_url)  # migrates 1 -> current in one transaction
     try:
         assert catalog.migrated_from == 1
         assert catalog.collections() == ["kept"]
+        # schema 3 regenerated the index of the rows already there: words split at punctuation
+        assert [c.chunk_id for c, _ in catalog.search("kept", "midi", limit=5)] == ["c1"]
         assert catalog._rows("SELECT value FROM meta WHERE key = 'schema'") == [(str(pg_schema.SCHEMA_VERSION),)]
         assert catalog._rows("SELECT to_regclass('units') IS NOT NULL") == [(True,)]
     finally:
