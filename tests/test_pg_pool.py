@@ -116,3 +116,18 @@ def test_a_bad_pool_size_is_a_config_error():
 
     with pytest.raises(ConfigError, match="store.catalog_pool"):
         load_config(None, environ={}, overrides={"store.catalog_pool": 0})
+
+
+def test_a_pipeline_used_again_after_close_pools_again(fake_pipeline, pg_url):
+    rag = fake_pipeline(store__catalog_url=pg_url)
+    with rag.store() as store:
+        store.catalog.collections()
+    rag.close()
+    assert _sessions(pg_url) == set()
+    pids = set()
+    for _ in range(5):
+        with rag.store() as store:
+            pids.add(store.catalog.conn.info.backend_pid)
+    assert len(pids) == 1 and len(_sessions(pg_url)) == 1  # pooled again, not one connection per call
+    rag.close()
+    assert _sessions(pg_url) == set()

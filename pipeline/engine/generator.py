@@ -639,7 +639,7 @@ class Engine:
         """Free the model, ending this engine's unfinished streams first, on any thread: one paused
         between two pieces (or not started yet) ends now; a running prefill or decode stops within
         one micro-batch; a prompt queued for the engine leaves the queue. Each raises
-        :class:`~pipeline.errors.Cancelled` at its next read. Called from inside a running turn of
+        :class:`~pipeline.errors.EngineClosed` (a :class:`~pipeline.errors.Cancelled`) at its next read. Called from inside a running turn of
         this thread (a progress callback), it cannot wait for that turn and leaves the model."""
         self._epoch += 1
         self._closing = True
