@@ -24,8 +24,6 @@ import atexit
 import os
 import threading
 import time
-from contextlib import contextmanager
-from typing import Iterator
 
 from ..errors import StoreBusyError, StoreError
 from .vectors import redact
@@ -64,11 +62,6 @@ class ConnectionPool:
     def open_connections(self) -> int:
         with self._cv:
             return self._open
-
-    @property
-    def idle_connections(self) -> int:
-        with self._cv:
-            return len(self._idle)
 
     # -- users --------------------------------------------------------------------------------
 
@@ -131,14 +124,6 @@ class ConnectionPool:
                 return
         _close_quietly(conn)
         self._forget()
-
-    @contextmanager
-    def connection(self) -> Iterator:
-        conn = self.acquire()
-        try:
-            yield conn
-        finally:
-            self.release(conn)
 
     def close(self) -> None:
         """Close the idle connections now; lent ones are closed when they come back."""
