@@ -67,14 +67,18 @@ def test_a_turn_never_started_is_ended_without_running():
 
 
 class _ClosedMidway:
-    """An AnswerStream stand-in whose engine is closed after two pieces."""
+    """An AnswerStream stand-in whose engine is closed after two pieces, once ``gate`` is set."""
 
     sources: list = []
     answer = None
 
+    def __init__(self):
+        self.gate = threading.Event()
+
     def __iter__(self):
         yield "one"
         yield "two"
+        self.gate.wait(5)
         raise EngineClosed("closed while generating")
 
     def __enter__(self):
@@ -86,8 +90,10 @@ class _ClosedMidway:
 
 def test_an_async_stream_raises_at_its_next_read_once_the_engine_was_closed():
     async def main():
-        stream = AsyncAnswerStream(lambda token: _ClosedMidway())
+        fake = _ClosedMidway()
+        stream = AsyncAnswerStream(lambda token: fake)
         first = await stream.__anext__()
+        fake.gate.set()  # the engine is closed now, after the first piece was read
         await asyncio.to_thread(stream.finished.wait, 5)  # the worker saw the close; "two" waits unread
         with pytest.raises(EngineClosed):
             await stream.__anext__()
