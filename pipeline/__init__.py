@@ -31,7 +31,7 @@ _EXPORTS = {
     "EngineStats": "engine.stages", "TextEmbedder": "engine.stages", "TextGenerator": "engine.stages",
     "RagError": "errors", "ConfigError": "errors", "InputError": "errors", "ModelError": "errors",
     "StoreError": "errors", "StoreBusyError": "errors", "EngineError": "errors", "LoadError": "errors",
-    "Cancelled": "errors",
+    "Cancelled": "errors", "EngineClosed": "errors",
 }
 __all__ = [*_EXPORTS, "__version__"]
 
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from .concurrency import CancelToken
     from .config import Config, load_config
     from .engine.stages import EngineStats, TextEmbedder, TextGenerator
-    from .errors import (Cancelled, ConfigError, EngineError, InputError, LoadError, ModelError, RagError,
-                         StoreBusyError, StoreError)
+    from .errors import (Cancelled, ConfigError, EngineClosed, EngineError, InputError, LoadError, ModelError,
+                         RagError, StoreBusyError, StoreError)
     from .ingest.run import FileOutcome, IngestEvent, IngestReport
     from .options import AskOptions
     from .progress import PrefillProgress

@@ -18,7 +18,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 from .concurrency import CancelToken
-from .errors import Cancelled
+from .errors import Cancelled, EngineClosed
 
 if TYPE_CHECKING:
     from .answer import Answer, AnswerStream
@@ -37,12 +37,17 @@ class AsyncAnswerStream:
         self._queue: asyncio.Queue | None = None
         self._thread: threading.Thread | None = None
         self._done = False
+        self._closed: BaseException | None = None  # the pipeline was closed under it: the next read says so
         self.finished = threading.Event()  # set when the worker thread has given the engine back
 
     def __aiter__(self) -> "AsyncAnswerStream":
         return self
 
     async def __anext__(self) -> str:
+        if self._closed is not None:
+            self._done = True
+            closed, self._closed = self._closed, None
+            raise closed
         if self._done:
             raise StopAsyncIteration
         if self._queue is None:
@@ -61,6 +66,7 @@ class AsyncAnswerStream:
         if kind == "done":
             self.answer = value
             raise StopAsyncIteration
+        self._closed = None
         raise value
 
     def _launch(self) -> None:
@@ -86,6 +92,9 @@ class AsyncAnswerStream:
                             raise Cancelled("cancelled")
                         put(("piece", piece))
                 put(("done", stream.answer))
+            except EngineClosed as exc:  # pieces not read yet are void: the next read raises
+                self._closed = exc
+                put(("error", exc))
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
                 put(("error", exc))
             finally:

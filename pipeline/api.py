@@ -80,7 +80,8 @@ class Pipeline:
         self._log = log
         self._given: set[str] = set()
         c = self.config.store
-        self._stores = SharedStore(self.config.store_path, wait=c.wait, url=c.url, catalog_url=c.catalog_url)
+        self._stores = SharedStore(self.config.store_path, wait=c.wait, url=c.url, catalog_url=c.catalog_url,
+                                   catalog_pool=c.catalog_pool)
         if embedder is not None:
             self.__dict__["embedder"] = embedder  # fills the cached property
             self._given.add("embedder")
@@ -701,6 +702,7 @@ class Pipeline:
             if resource is not None and name not in self._given:
                 resource.close()
         self._given.clear()
+        self._stores.close()  # the PostgreSQL connections, when this was the last pipeline using them
 
     def __enter__(self) -> "Pipeline":
         return self

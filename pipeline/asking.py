@@ -55,7 +55,7 @@ def ask_stream(rag: "Pipeline", question: str, *, doc: Paths = None, source: Pat
                                          top_k=options.top_k, timings=timings, options=options, query=query)
     stats = AskStats(mode=prompt.mode, sections=[p.to_dict() for p in prompt.sections])
     stops = rag.stops.with_strings(options.stop)
-    engine = rag._pool.pick()
+    engine = rag._pool.pick(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries)
     extra = _supported(engine, stop_tokens=stops.tokens, cancel=cancel,
                        progress=_tracker(progress) if progress else None)
     cancel = extra.get("cancel") or cancel
@@ -153,7 +153,8 @@ def build_prompt(rag: "Pipeline", question: str, *, doc: Paths, source: Paths, m
             shelf, question, layout=rag._layout_for(o.system_prompt), tokenize=engine.tokenize,
             memo=rag._section_tokens, n_ctx=engine.n_ctx, reserve=o.max_tokens, tolerance=a.reuse_tolerance,
             history=history,
-            reusable=lambda p: engine.reusable(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries),
+            reusable=lambda p: rag._pool.reusable(p.tokens, prefix_len=len(p.prefix_tokens),
+                                                  boundaries=p.boundaries),
             top_k=k, neighbours=a.neighbours)
         if prompt is not None:
             if prompt.mode == "sections":

@@ -7,8 +7,8 @@ The policy (also in the README):
   prefill, decode, warm-up and prefix-state restore holds the engine's turn
   (:mod:`.engine.turns`), and waiters are served in arrival order. With
   ``engine.parallel = N`` the pipeline keeps up to N engines (each its own context;
-  loaded as concurrent questions need them) and gives each question the one with
-  the shortest queue.
+  loaded as concurrent questions need them) and gives each question the one whose
+  memory holds the longest prefix of its prompt (ties, and none: the shortest queue).
 - **A stream holds its engine while it is being iterated**: from its first piece
   until it is exhausted, closed or garbage-collected. Use it in a ``with`` block (or
   call ``close()``) to give the engine back at a known moment.
@@ -26,7 +26,7 @@ The policy (also in the README):
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from .engine.turns import CancelToken, FairLock, once
 
@@ -47,10 +47,23 @@ class EnginePool:
         with self._mu:
             return [self._first(), *self._extra]
 
-    def pick(self) -> Any:
-        """The engine with the shortest queue (a new one while all are busy and the pool has room)."""
+    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
+        """The most of this prompt any engine of the pool would reuse now (memory or disk): what
+        :meth:`pick` then routes it to, and what a packer weighs candidate prompts by."""
+        return max(e.reusable(tokens, prefix_len=prefix_len, boundaries=boundaries) for e in self.engines)
+
+    def pick(self, tokens: Sequence[int] | None = None, *, prefix_len: int = 0,
+             boundaries: Sequence[int] = ()) -> Any:
+        """The engine for a prompt: the one whose memory holds the longest reusable prefix of
+        ``tokens`` (ties: the shortest queue); where none holds any, the one with the shortest
+        queue, or a new one while all are busy and the pool has room."""
         engines = self.engines
         load = [getattr(e, "waiting", 0) for e in engines]
+        if tokens is not None and len(engines) > 1:
+            held = [_held(e, tokens, prefix_len, boundaries) for e in engines]
+            best = max(held)
+            if best > 0:
+                return engines[min((i for i, n in enumerate(held) if n == best), key=load.__getitem__)]
         if min(load) == 0 or len(engines) >= self.size:
             return engines[load.index(min(load))]
         with self._mu:
@@ -64,6 +77,13 @@ class EnginePool:
             extra, self._extra = self._extra, []
         for e in extra:
             e.close()
+
+
+def _held(engine: Any, tokens: Sequence[int], prefix_len: int, boundaries: Sequence[int]) -> int:
+    """What ``engine`` holds in memory of the prompt (:meth:`~.engine.generator.Engine.held`); for a
+    generator without that probe, what it would reuse from anywhere."""
+    probe = getattr(engine, "held", None) or engine.reusable
+    return probe(tokens, prefix_len=prefix_len, boundaries=boundaries)
 
 
 def iterate_interruptibly(stream) -> Iterator[str]:

@@ -88,7 +88,8 @@ class StoreConfig:
     (``postgresql://...``) the catalog, full-text index and job state in PostgreSQL; with
     both, many processes share the collection (see :mod:`pipeline.store.store`). A Chroma
     token comes from ``RAG_STORE_TOKEN`` only, a PostgreSQL password from the URL or libpq's
-    own ``PGPASSWORD`` / ``~/.pgpass``.
+    own ``PGPASSWORD`` / ``~/.pgpass``. ``catalog_pool`` bounds the PostgreSQL connections
+    one process keeps to the catalog (see :mod:`pipeline.store.pg_pool`).
     """
 
     path: str = ""
@@ -96,6 +97,7 @@ class StoreConfig:
     wait: float = 10.0
     url: str = ""
     catalog_url: str = ""
+    catalog_pool: int = 8
 
 
 @dataclass(frozen=True)
@@ -387,6 +389,8 @@ class Config:
             raise ConfigError("retrieval.rerank_candidates must be >= 1 and retrieval.rerank_dense_weight in [0, 1]")
         if self.store.wait < 0:
             raise ConfigError("store.wait must be >= 0 seconds")
+        if self.store.catalog_pool < 1:
+            raise ConfigError("store.catalog_pool must be >= 1 connection")
         check_store_urls(self.store.url, self.store.catalog_url)
         self.engine.validate()
         a = self.ask

@@ -80,3 +80,8 @@ class Cancelled(RagError):
     """The call was cancelled (a cancel token, an asyncio cancellation, Ctrl-C) before it finished."""
 
     exit_code = 130
+
+
+class EngineClosed(Cancelled):
+    """The pipeline (its engine) was closed while this answer was unfinished: a stream's next read
+    raises it at once, whether the stream was running, paused or not started yet."""

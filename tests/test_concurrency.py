@@ -291,3 +291,97 @@ def test_ask_many_without_multi_sequence_decoding_answers_one_after_another(fake
     rag.ingest([tmp_path / "z.md"])
     answers = rag.ask_many(["Where do zebras live?", "What are zebras?"])
     assert [a.text for a in answers] == [rag.ask("Where do zebras live?").text, rag.ask("What are zebras?").text]
+
+
+def test_close_with_a_stream_paused_on_another_thread_ends_it_and_frees_the_model(make_pipeline, ingested):
+    """A web app's handler left a stream unread on its thread: close() must not wait for it (it
+    waited 30 s and then left the model loaded); the stream's next read is a clear error of ours."""
+    from pipeline.errors import EngineClosed
+
+    rag = make_pipeline(**{**FAST, "ask__max_tokens": 32})
+    engine = rag.engine
+    paused, resume = threading.Event(), threading.Event()
+    out: dict = {}
+
+    def handler() -> None:
+        stream = rag.ask_stream("What does --n-cpu-moe do?")
+        it = iter(stream)
+        out["first"] = next(it)  # holds the engine, then pauses between two tokens
+        paused.set()
+        resume.wait(60)
+        try:
+            out["rest"] = "".join(it)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            out["error"] = exc
+
+    th = threading.Thread(target=handler)
+    th.start()
+    assert paused.wait(120)
+    queued = rag.ask_stream("What do tomato plants need?")  # made before close, never read
+    t0 = time.monotonic()
+    rag.close()
+    took = time.monotonic() - t0
+    assert took < 10, f"close() waited {took:.1f} s for a paused stream"
+    assert "llm" not in engine.__dict__ and not engine._turns.locked  # the model is freed, the engine free
+    resume.set()
+    th.join(30)
+    assert not th.is_alive()
+    assert isinstance(out.get("error"), EngineClosed) and "closed" in str(out["error"]), out
+    with pytest.raises(EngineClosed):
+        queued.result()
+    assert rag.ask("What do tomato plants need?").text  # a closed pipeline loads its models again
+
+
+def test_close_with_an_aask_stream_waiting_behind_a_paused_stream_ends_both(make_pipeline, ingested):
+    """The asyncio side of the same: an aask_stream queued for the engine while a stream holds it
+    paused; close() returns at once and the async stream's next read raises EngineClosed."""
+    import asyncio
+
+    from pipeline.errors import EngineClosed
+
+    rag = make_pipeline(**{**FAST, "ask__max_tokens": 32})
+    held = rag.ask_stream("What does --n-cpu-moe do?")
+    it = iter(held)
+    next(it)  # this thread holds the engine, paused
+
+    async def main():
+        stream = rag.aask_stream("What do tomato plants need?")
+        reading = asyncio.ensure_future(stream.__anext__())
+        await asyncio.sleep(0.5)
+        while rag.engine._turns.waiting == 0:  # its worker waits for the engine now
+            await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        await asyncio.to_thread(rag.close)
+        took = time.monotonic() - t0
+        with pytest.raises(EngineClosed):
+            await asyncio.wait_for(reading, 30)
+        with pytest.raises(StopAsyncIteration):  # ended, once the error was read
+            await stream.__anext__()
+        return took
+
+    engine = rag.engine
+    took = asyncio.run(main())
+    assert took < 10, f"close() waited {took:.1f} s"
+    assert "llm" not in engine.__dict__
+    with pytest.raises(EngineClosed):
+        next(it)
+
+
+def test_an_engine_pool_routes_a_question_to_the_engine_holding_its_documents(make_pipeline, ingested):
+    """Two engines, each left holding another document; a new question on the second document goes
+    to the second engine and reuses its memory (the probe used to ask only the first engine)."""
+    rag = make_pipeline(**FAST, engine__parallel=2, cache__enabled=False)  # memory only: no disk states
+    first = rag.ask_stream("What does --n-cpu-moe do?", doc=ingested / "guide.md")
+    it = iter(first)
+    next(it)  # the first engine is busy with guide.md
+    second = rag.ask_stream("When does ERR_SOCKET_ZX81 appear?", doc=ingested / "notes.txt")
+    assert second.result().text  # answered by a second engine, loaded for it
+    rest = "".join(it)
+    assert first.answer is not None and rest is not None
+    a, b = rag._pool.engines
+    assert a is not b
+    again = rag.ask("Which client runs Chroma as a server?", doc=ingested / "notes.txt")
+    assert again.stats.cached_tokens >= len(second.prompt.prefix_tokens) > 0  # notes.txt's prefix, reused
+    assert b.waiting == 0 and a.held(second.prompt.tokens, prefix_len=len(second.prompt.prefix_tokens)) == 0
+    back = rag.ask("What does flash attention reduce?", doc=ingested / "guide.md")
+    assert back.stats.cached_tokens >= len(first.prompt.prefix_tokens) > 0

@@ -291,48 +291,6 @@ def test_job_state_in_postgres_resumes_and_restarts_like_sqlite(pg_url, tmp_path
         assert job.forget() > 0 and job.status()["state"] == "not started"
 
 
-def test_job_claims_in_postgres_give_each_item_to_one_worker(pg_url):
-    """The JobStore claim/renew/release interface on PostgreSQL: workers in parallel take every item
-    exactly once; a released item goes back; a lease that ends frees the item of a dead worker."""
-    import threading
-
-    from pipeline.store.pg_jobs import PostgresJobStore
-
-    items = [f"doc{i}" for i in range(20)]
-    taken: list[tuple[str, str]] = []
-
-    def worker(name: str) -> None:
-        with PostgresJobStore(pg_url) as jobs:
-            while (item := jobs.claim("job", items, worker=name, lease=60)) is not None:
-                taken.append((name, item))
-                jobs.release("job", item, worker=name, done=True)
-
-    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(i for _, i in taken) == sorted(items)  # each once
-    with PostgresJobStore(pg_url) as jobs, PostgresJobStore(pg_url) as other:
-        assert all(c["done"] and c["attempts"] == 1 for c in jobs.claims("job").values())
-        assert jobs.claim("other", ["a", "b"], worker="x", lease=60) == "a"
-        assert other.claim("other", ["a", "b"], worker="y", lease=60) == "b"  # a is held
-        assert other.claim("other", ["a", "b"], worker="y", lease=60) is None
-        jobs.release("other", "a", worker="x", done=False)  # given back
-        assert other.claim("other", ["a"], worker="y", lease=0.01) == "a"
-        assert not jobs.renew("other", "a", worker="x", lease=60)  # no longer x's
-        import time
-
-        time.sleep(0.05)  # y "dies": its lease ends
-        assert jobs.claim("other", ["a"], worker="x", lease=60) == "a"
-        assert jobs.claims("other")["a"]["attempts"] == 3
-        jobs.release("other", "a", worker="x", done=True)
-        jobs.clear_finished_claims("other")
-        assert set(jobs.claims("other")) == {"b"}
-        with jobs.reopen() as again:
-            assert again.claims("other").keys() == {"b"}
-
-
 def test_a_job_spread_over_three_workers_shares_its_state_in_postgres(tmp_path, pg_url):
     """summarize_spread's workers (threads standing for servers) on the PostgreSQL job store:
     the same summaries as one worker, every unit computed once, every document claimed once."""

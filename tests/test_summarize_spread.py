@@ -15,6 +15,7 @@ import pytest
 from pipeline.jobs import JobStore
 from pipeline.summarize_spread import spread
 
+from servers import pg_cluster, pg_url  # noqa: F401  (fixtures, for the PostgreSQL job store)
 from test_summarize import FakeEngine, doc_chunks
 from test_summarize import fake_job as _fake_job
 
@@ -59,14 +60,28 @@ class SharedFakeEngine(FakeEngine):
         return out
 
 
-def test_claims_never_give_one_item_to_two_workers(tmp_path):
-    path = tmp_path / "jobs.sqlite"
-    JobStore(path).close()
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
+def job_stores(request, tmp_path):
+    """A function opening a new connection to one job store: ``jobs.sqlite`` or the PostgreSQL catalog
+    (a fresh database in the cluster of ``servers.py``)."""
+    if request.param == "sqlite":
+        path = tmp_path / "jobs.sqlite"
+        JobStore(path).close()
+        return lambda: JobStore(path)
+    from pipeline.store.pg_jobs import PostgresJobStore
+
+    url = request.getfixturevalue("pg_url")
+    return lambda: PostgresJobStore(url)
+
+
+def test_claims_give_each_item_to_one_worker(job_stores):
+    """The JobStore claim/renew/release interface, on each backend: workers in parallel take every item
+    exactly once; a released item goes back; a lease that ends frees the item of a dead worker."""
     items = [f"doc-{i}" for i in range(40)]
     taken: list[tuple[str, str]] = []
 
     def worker(name):
-        with JobStore(path) as jobs:
+        with job_stores() as jobs:
             while (item := jobs.claim("job", items, worker=name, lease=30)) is not None:
                 taken.append((item, name))
                 jobs.release("job", item, worker=name, done=True)
@@ -77,19 +92,25 @@ def test_claims_never_give_one_item_to_two_workers(tmp_path):
     for t in threads:
         t.join()
     assert sorted(i for i, _ in taken) == sorted(items)  # every item once, none twice
-    with JobStore(path) as jobs:
+    with job_stores() as jobs, job_stores() as other:
         claims = jobs.claims("job")
-    assert all(c["done"] and c["attempts"] == 1 for c in claims.values()) and len(claims) == 40
-
-
-def test_a_crashed_workers_lease_ends_and_another_takes_the_item(tmp_path):
-    with JobStore(tmp_path / "jobs.sqlite") as jobs:
-        assert jobs.claim("job", ["a"], worker="dead", lease=0.3) == "a"
-        assert jobs.claim("job", ["a"], worker="alive", lease=30) is None  # held under a live lease
-        time.sleep(0.4)
-        assert jobs.claim("job", ["a"], worker="alive", lease=30) == "a"
-        assert not jobs.renew("job", "a", worker="dead", lease=30)  # the dead one lost it
-        assert jobs.claims("job")["a"]["attempts"] == 2
+        assert all(c["done"] and c["attempts"] == 1 for c in claims.values()) and len(claims) == 40
+        assert jobs.claim("other", ["a", "b"], worker="x", lease=60) == "a"
+        assert other.claim("other", ["a", "b"], worker="y", lease=60) == "b"  # a is held
+        assert other.claim("other", ["a", "b"], worker="y", lease=60) is None
+        jobs.release("other", "a", worker="x", done=False)  # given back
+        assert other.claim("other", ["a"], worker="y", lease=0.3) == "a"
+        assert jobs.claim("other", ["a"], worker="x", lease=60) is None  # held under a live lease
+        assert not jobs.renew("other", "a", worker="x", lease=60)  # not x's
+        time.sleep(0.4)  # y "dies": its lease ends
+        assert jobs.claim("other", ["a"], worker="x", lease=60) == "a"
+        assert not other.renew("other", "a", worker="y", lease=60)  # the dead one lost it
+        assert jobs.claims("other")["a"]["attempts"] == 3
+        jobs.release("other", "a", worker="x", done=True)
+        jobs.clear_finished_claims("other")
+        assert set(jobs.claims("other")) == {"b"}
+        with jobs.reopen() as again:
+            assert again.claims("other").keys() == {"b"}
 
 
 def test_a_job_over_three_workers_computes_every_unit_once_and_matches_one_worker(tmp_path):

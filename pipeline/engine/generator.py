@@ -23,6 +23,7 @@ from __future__ import annotations
 import codecs
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
@@ -32,12 +33,12 @@ from . import offload
 from .host import detect_ram, usable_cpus
 from .model_info import ModelInfo
 from .stages import EngineStats, Generation
-from .turns import CancelToken, FairLock, once
+from .turns import CancelToken, FairLock, Revocable, once
 
 if TYPE_CHECKING:
     from .multiseq import Completion
 from ..config import EngineConfig
-from ..errors import Cancelled, ConfigError, EngineError
+from ..errors import Cancelled, ConfigError, EngineClosed, EngineError
 
 
 def resolve_overrides(settings: EngineConfig, n_layers: int) -> list[offload.Override]:
@@ -93,8 +94,10 @@ class Engine:
         self._holder: int | None = None
         self._progress: Callable[[int], None] | None = None  # the running turn's prefill hook
         self._cancel: CancelToken | None = None  # the running turn's cancel token
-        self._active = False  # a turn is computing now (not paused between two pieces)
         self._closing = False
+        self._epoch = 0  # how many times close() ran: a stream made before a close never runs after it
+        self._streams: "weakref.WeakSet[Revocable]" = weakref.WeakSet()  # what close() ends
+        self._streams_mu = threading.Lock()
 
     # -- model facts and settings ---------------------------------------------------------------
 
@@ -287,8 +290,11 @@ class Engine:
         stats.prompt_tokens = len(tokens)
         sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
         cuts = self._cuts(len(tokens), prefix_len, boundaries)
-        return Generation(self._run(list(tokens), max_tokens, sampling, stats, cuts, frozenset(stop_tokens),
-                                    progress, cancel), stats)
+        pieces = Revocable(self._run(list(tokens), max_tokens, sampling, stats, cuts, frozenset(stop_tokens),
+                                     progress, cancel, self._epoch), _CLOSED)
+        with self._streams_mu:
+            self._streams.add(pieces)
+        return Generation(pieces, stats)
 
     @property
     def n_seq_max(self) -> int:
@@ -463,18 +469,30 @@ class Engine:
                 saved.add(cut)
         return saved
 
+    def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
+        """How many tokens of this prompt this engine's KV memory holds now, up to a point where
+        :meth:`generate` may reuse them (the disk cache aside): what a pool routes prompts by.
+        Safe beside a running prompt: it reads a copy of what the memory holds."""
+        return self._held(list(self._tokens), tokens, self._cuts(len(tokens), prefix_len, boundaries))
+
+    def _held(self, memory: list[int], tokens: Sequence[int], cuts: Sequence[int]) -> int:
+        if not cuts:
+            return 0
+        n, limit = 0, min(len(memory), cuts[-1])
+        while n < limit and memory[n] == tokens[n]:
+            n += 1
+        reuse = max((c for c in cuts if c <= n), default=0)
+        if reuse != len(memory) and "llm" in self.__dict__ and not self.can_trim:
+            return 0
+        return reuse
+
     def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
         """How many tokens of this prompt :meth:`generate` would reuse now (memory or disk), without
         running anything or loading the model: what a packer weighs candidate prompts by."""
         cuts = self._cuts(len(tokens), prefix_len, boundaries)
         if not cuts:
             return 0
-        n, limit = 0, min(len(self._tokens), cuts[-1])
-        while n < limit and self._tokens[n] == tokens[n]:
-            n += 1
-        memory = max((c for c in cuts if c <= n), default=0)
-        if memory != len(self._tokens) and "llm" in self.__dict__ and not self.can_trim:
-            memory = 0
+        memory = self._held(list(self._tokens), tokens, cuts)  # a copy: a running prompt may change it
         if self.cache is None or cuts[-1] < self.cache_min_tokens or memory == cuts[-1]:
             return memory
         entry = self.cache.lookup(self.namespace, tokens, max_tokens=cuts[-1], lengths=set(cuts),
@@ -482,14 +500,18 @@ class Engine:
         return entry.n_tokens if entry is not None else memory
 
     @contextmanager
-    def _turn(self, cancel: CancelToken | None = None) -> Iterator[None]:
+    def _turn(self, cancel: CancelToken | None = None, epoch: int | None = None) -> Iterator[None]:
         """Hold the llama.cpp context: other threads wait (first come, first served); the holding
-        thread may not start a second prompt. ``cancel`` aborts what runs in the turn."""
+        thread may not start a second prompt. ``cancel`` aborts what runs in the turn; a stream
+        made before the engine was closed (``epoch``) never gets a turn after it."""
         me = threading.get_ident()
         if self._holder == me:
             raise EngineError("this thread is still reading an earlier answer from this engine: finish it "
                               "(or close its stream) before starting another")
         self._turns.acquire(cancel=cancel)
+        if self._closing or (epoch is not None and epoch != self._epoch):
+            self._turns.release()
+            raise EngineClosed(_CLOSED)
         self._holder, self._cancel = me, cancel
         flag = self.llm.abort_flag() if cancel is not None else None
         unregister = cancel.on_cancel(flag.set) if flag is not None else (lambda: None)
@@ -497,7 +519,7 @@ class Engine:
             yield
         finally:
             unregister()
-            if flag is not None:
+            if flag is not None and not self._closing:  # close() keeps it set until it holds the context
                 flag.clear()
             self._holder = self._cancel = None
             self._progress = None
@@ -527,22 +549,17 @@ class Engine:
     def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
              cuts: list[int], stop_tokens: frozenset[int] = frozenset(),
              progress: Callable[[int, int], None] | None = None,
-             cancel: CancelToken | None = None) -> Iterator[str]:
-        with self._turn(cancel):  # from the first piece until the stream ends, is closed or is collected
+             cancel: CancelToken | None = None, epoch: int | None = None) -> Iterator[str]:
+        with self._turn(cancel, epoch):  # from the first piece until the stream ends, is closed or is collected
             try:
-                self._active = True  # False while the stream is paused at a piece (see close)
-                for piece in self._run_turn(tokens, max_tokens, sampling, stats, cuts, stop_tokens, progress):
-                    self._active = False
-                    yield piece
-                    self._active = True
+                yield from self._run_turn(tokens, max_tokens, sampling, stats, cuts, stop_tokens, progress)
             except EngineError:
                 if self._stopping():
                     self._reset()  # the aborted micro-batch left the memory unknown
-                    raise Cancelled("cancelled while generating" if not self._closing
-                                    else "the engine was closed while generating") from None
+                    if self._closing:
+                        raise EngineClosed(_CLOSED) from None
+                    raise Cancelled("cancelled while generating") from None
                 raise
-            finally:
-                self._active = False
 
     def _stopping(self) -> bool:
         """Whether the running turn was asked to stop (its cancel token, or :meth:`close`)."""
@@ -619,20 +636,28 @@ class Engine:
                 stats.decode_tokens_per_second = perf.eval_tokens / (perf.eval_ms / 1000)
 
     def close(self) -> None:
-        """Free the model. A prompt running in another thread is aborted first (within one
-        micro-batch; it raises :class:`~pipeline.errors.Cancelled`); one paused at a piece for
-        30 s is left the model."""
-        if self._turns.locked and "llm" in self.__dict__:
-            if self._holder == threading.get_ident() and not self._active:
-                self._close()  # an unfinished stream of this thread, paused: it cannot run on
-                return
-            self._closing = True
+        """Free the model, ending this engine's unfinished streams first, on any thread: one paused
+        between two pieces (or not started yet) ends now; a running prefill or decode stops within
+        one micro-batch; a prompt queued for the engine leaves the queue. Each raises
+        :class:`~pipeline.errors.EngineClosed` (a :class:`~pipeline.errors.Cancelled`) at its next read. Called from inside a running turn of
+        this thread (a progress callback), it cannot wait for that turn and leaves the model."""
+        self._epoch += 1
+        self._closing = True
+        if "llm" in self.__dict__:
             self.llm.abort_flag().set()
         try:
-            if not self._turns.acquire(timeout=30):  # still held (a paused stream): leave it the model
-                return
+            deadline = time.monotonic() + 30
+            while True:
+                with self._streams_mu:
+                    streams = list(self._streams)
+                for stream in streams:
+                    stream.revoke()  # a paused one gives the context back here, in this thread
+                if self._turns.acquire(timeout=0.05):
+                    break
+                if self._holder == threading.get_ident() or time.monotonic() > deadline:
+                    return
         finally:
-            if "llm" in self.__dict__ and self._closing:
+            if "llm" in self.__dict__:
                 self.llm.abort_flag().clear()
             self._closing = False
         try:
@@ -645,6 +670,10 @@ class Engine:
         self._tokens = []
         if llm is not None:
             llm.close()
+
+
+_CLOSED = ("the engine was closed (Pipeline.close) before this answer was finished; "
+           "ask again with an open pipeline")
 
 
 def load_params(settings: EngineConfig, *, n_ctx: int, overrides: Sequence[offload.Override] = ()) -> dict:

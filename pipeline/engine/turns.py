@@ -7,7 +7,9 @@ each holding a :class:`FairLock` from its first token until its stream ends or i
 closed; waiters are served in arrival order (``threading.Lock`` promises no order,
 so a thread asking in a loop could starve the others). A :class:`CancelToken`
 takes a waiting call out of the queue, and stops a running one: the engine sets
-llama.cpp's abort flag, which ends the running decode within one micro-batch.
+llama.cpp's abort flag, which ends the running decode within one micro-batch. A
+stream paused between two pieces runs nothing, so closing the engine ends its turn
+from the closing thread (:class:`Revocable`) instead of waiting for it.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import threading
 from collections import deque
 from contextlib import contextmanager
 from functools import cached_property
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
-from ..errors import Cancelled
+from ..errors import Cancelled, EngineClosed
 
 
 class CancelToken:
@@ -143,3 +145,46 @@ class once(cached_property):
             if self.attrname not in cache:
                 cache[self.attrname] = self.func(instance)
             return cache[self.attrname]
+
+
+class Revocable:
+    """The pieces of one turn (a generator holding the engine), which another thread may end while
+    it is paused between two pieces: :meth:`revoke` closes the generator there and then (its
+    ``finally`` gives the engine back), and the next read raises :class:`~pipeline.errors.EngineClosed`
+    with ``message``. A read in progress is never interrupted: :meth:`revoke` then returns False."""
+
+    def __init__(self, pieces: Generator[str, None, None], message: str):
+        self._pieces = pieces
+        self._message = message
+        self._mu = threading.Lock()  # held while a piece is computed
+        self._revoked = False
+        self._done = False
+
+    def __iter__(self) -> "Revocable":
+        return self
+
+    def __next__(self) -> str:
+        with self._mu:
+            if self._revoked:
+                raise EngineClosed(self._message)
+            try:
+                return next(self._pieces)
+            except BaseException:
+                self._done = True  # finished, failed or stopped: nothing left to revoke
+                raise
+
+    def close(self) -> None:
+        with self._mu:
+            self._pieces.close()
+
+    def revoke(self) -> bool:
+        """End the turn now unless a piece is being computed; True when it is ended."""
+        if not self._mu.acquire(blocking=False):
+            return False
+        try:
+            if not self._done:
+                self._revoked = True
+                self._pieces.close()
+        finally:
+            self._mu.release()
+        return True

@@ -18,12 +18,14 @@ from typing import Iterable, Sequence
 
 from ..jobs import KILL_HOOK, JobStore, StoredResult, Unit
 from .pg_schema import upgrade
-from .postgres import _key, connect
+from .pg_pool import pool
+from .postgres import _key
 from .vectors import redact
 
 
 class PostgresJobStore(JobStore):
-    """:class:`~pipeline.jobs.JobStore` on PostgreSQL. One connection per instance; not shared between threads."""
+    """:class:`~pipeline.jobs.JobStore` on PostgreSQL. One connection per instance, lent by the
+    process's pool (:mod:`.pg_pool`) until :meth:`close`; not shared between threads."""
 
     def __init__(self, url: str):
         self._url = url
@@ -31,15 +33,19 @@ class PostgresJobStore(JobStore):
         self._commits = 0
         kill = os.environ.get(KILL_HOOK, "")
         self._kill_after = int(kill) if kill.isdigit() else 0
-        self.conn = connect(url)
+        self._pool = pool(url)
+        self.conn = self._pool.acquire()
         try:
             upgrade(self.conn, where=self.path)
         except BaseException:
-            self.conn.close()
+            self.close()
             raise
 
     def close(self) -> None:
-        self.conn.close()
+        """Give the connection back to the pool (once)."""
+        pool_, self._pool = self._pool, None
+        if pool_ is not None:
+            pool_.release(self.conn)
 
     def reopen(self) -> "PostgresJobStore":
         return PostgresJobStore(self._url)

@@ -13,8 +13,10 @@ and their full-text entries), with what SQLite's single-writer file cannot give:
   per collection (creating or dropping it);
 - an explicit schema version with migrations (:mod:`.pg_schema`).
 
-One connection per instance, in autocommit mode; transactions are explicit. Not shared
-between threads, like the SQLite catalog.
+One connection per instance, in autocommit mode, lent by this process's pool for the URL
+(:mod:`.pg_pool`) until :meth:`PostgresCatalog.close`; transactions are explicit and
+advisory locks are released before the connection goes back. Not shared between
+threads, like the SQLite catalog.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from ..errors import StoreError
 from .catalog import _WORD, CollectionInfo, DocumentRecord, StoredChunk
+from .pg_pool import pool
 from .pg_schema import LEXEMES, upgrade
 from .sections import Section
 from .vectors import redact
@@ -58,20 +61,6 @@ def _clean(text: str | None) -> str | None:
     return text.replace("\x00", " ") if text else text
 
 
-def connect(url: str):
-    """An autocommit psycopg connection, or a :class:`StoreError` naming the server (never its password)."""
-    try:
-        import psycopg
-    except ImportError:
-        raise StoreError("store.catalog_url needs the psycopg package: pip install 'psycopg[binary]' "
-                         "(./setup.sh installs it)") from None
-    try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=10)
-    except psycopg.Error as exc:
-        detail = " ".join(str(exc).split())[:300]
-        raise StoreError(f"cannot connect to the PostgreSQL catalog {redact(url)}: {detail}") from None
-
-
 class PostgresCatalog:
     """The catalog of one store in a PostgreSQL database. See :class:`~.catalog.Catalog` for each method."""
 
@@ -83,18 +72,22 @@ class PostgresCatalog:
         self.url = url
         self.where = redact(url)
         self.path = self.where  # what messages name
-        self.conn = connect(url)
+        self._pool = pool(url)
+        self.conn = self._pool.acquire()
         self._error = psycopg.Error
         try:
             self.migrated_from = upgrade(self.conn, where=self.where)
         except BaseException as exc:
-            self.conn.close()
+            self.close()
             if isinstance(exc, psycopg.Error):
                 raise StoreError(f"opening the PostgreSQL catalog {self.where} failed: {exc}") from None
             raise
 
     def close(self) -> None:
-        self.conn.close()
+        """Give the connection back to the pool (once)."""
+        pool_, self._pool = self._pool, None
+        if pool_ is not None:
+            pool_.release(self.conn)
 
     def _rows(self, sql: str, args: Sequence = ()) -> list[tuple]:
         with self.conn.cursor() as cur:

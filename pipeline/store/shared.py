@@ -28,9 +28,11 @@ from .vectors import client as vector_client
 class SharedStore:
     """The store directory ``path``, held open while any thread uses it."""
 
-    def __init__(self, path: Path, *, wait: float = 10.0, url: str = "", catalog_url: str = ""):
+    def __init__(self, path: Path, *, wait: float = 10.0, url: str = "", catalog_url: str = "",
+                 catalog_pool: int = 8):
         """``url`` and ``catalog_url`` as for :class:`~.store.Store`; with both, every view is a
-        store on servers of its own (no process lock to share)."""
+        store on servers of its own (no process lock to share). Views on a PostgreSQL catalog
+        borrow connections from the process's pool for it (at most ``catalog_pool``)."""
         self.path = Path(path)
         self.wait = wait
         self.url = url
@@ -40,10 +42,27 @@ class SharedStore:
         self._lock: StoreLock | None = None
         self._client = None
         self._cleaned: set[str] = set()
+        self.catalog_pool = catalog_pool
+        self._pg = None  # the process's pool of connections to the catalog, while this store uses it
+
+    def close(self) -> None:
+        """This pipeline is done with the store: the last one using a PostgreSQL catalog closes its
+        pool's connections (a later view uses the pool again)."""
+        with self._mu:
+            pg, self._pg = self._pg, None
+        if pg is not None:
+            pg.leave()
 
     @contextmanager
     def open(self, collection: str, *, create: bool = True) -> Iterator[Store]:
         """A view of ``collection`` for this thread, open for the ``with`` block (see :class:`~.store.Store`)."""
+        if self.catalog_url:
+            with self._mu:
+                if self._pg is None:
+                    from .pg_pool import pool
+
+                    self._pg = pool(self.catalog_url, size=self.catalog_pool, wait=self.wait)
+                    self._pg.enter()
         store = Store(self.path, collection, wait=self.wait, create=create, url=self.url,
                       catalog_url=self.catalog_url, shared=self)
         with store:
