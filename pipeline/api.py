@@ -677,7 +677,7 @@ class Pipeline:
             # The store is released: tokenising (and loading the generator) happens from here on.
             prompt = packing.plan(
                 shelf, question, layout=self._layout_for(o.system_prompt), tokenize=engine.tokenize,
-                memo=self._section_tokens, n_ctx=engine.n_ctx, reserve=o.max_tokens, tolerance=a.reuse_tolerance,
+                memo=self._section_tokens, n_ctx=engine.n_ctx, reserve=self._reserve(o.max_tokens), tolerance=a.reuse_tolerance,
                 history=history,
                 reusable=lambda p: engine.reusable(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries),
                 top_k=k, neighbours=a.neighbours)
@@ -756,6 +756,13 @@ class Pipeline:
 
         return prompt, notes, finish
 
+    def _reserve(self, max_tokens: int | None = None) -> int:
+        """The answer room every layout decision holds back (:func:`.packing.layout_reserve`)."""
+        from .packing import layout_reserve
+
+        c = self.config
+        return layout_reserve(self.engine.n_ctx, c.ask.max_tokens, c.summarize.max_tokens, max_tokens)
+
     def warm(self, *, progress: Callable[[str, str], None] | None = None) -> dict:
         """Prefill and save the prefixes the next questions will hit (``ask`` in auto mode).
 
@@ -779,7 +786,7 @@ class Pipeline:
             store.require()
             shelf = packing.gather(store, sources=None, target=self.section_tokens, fetch_tokens=2**62)
         plans = packing.warm_plans(shelf, layout=self._layout, tokenize=engine.tokenize, memo=self._section_tokens,
-                                   n_ctx=engine.n_ctx, reserve=a.max_tokens)
+                                   n_ctx=engine.n_ctx, reserve=self._reserve())
         mode = "whole" if plans and plans[0][1] is not None and plans[0][1].mode == "whole" else "sections"
         items = []
         for name, prompt in plans:
@@ -865,7 +872,8 @@ class Pipeline:
                     failed = [{"source": s, "error": "not ingested"} for s in wanted if s not in known]
         s = self.engine.settings
         settings = Settings(max_tokens=max_tokens or m.max_tokens, temperature=m.temperature,
-                            repeat_penalty=m.repeat_penalty, seed=s.seed, system=self.config.ask.system_prompt)
+                            repeat_penalty=m.repeat_penalty, seed=s.seed, system=self.config.ask.system_prompt,
+                            reserve=self._reserve(max_tokens))
         if self.config.store.catalog_url:  # job state lives with the shared catalog
             from .store.pg_jobs import PostgresJobStore
 

@@ -178,6 +178,23 @@ def number(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens) -> list
 # --------------------------------------------------------------------------- choosing
 
 
+def layout_reserve(n_ctx: int, ask_max_tokens: int, summarize_max_tokens: int, max_tokens: int | None = None) -> int:
+    """The tokens every layout decision holds back for the answer: the larger of ``ask.max_tokens``
+    and ``summarize.max_tokens``, at most a quarter of the context; a call's own ``max_tokens``
+    only where it is larger still.
+
+    ``ask``, ``warm`` and ``summarize`` decide with this one figure whether a document goes
+    whole, which sections fit and where a map-reduce run ends, so a document is laid out the
+    same way by all three and they share its prefix (with each its own reserve, a document
+    between the two edges went whole in one and map-reduce in the other). Generation then
+    uses its own ``max_tokens`` within it, so a shorter answer never changes the layout. The
+    quarter keeps a small context usable for questions when summaries are configured long:
+    a call that needs more than the shared figure holds back its own and may lay out differently.
+    """
+    shared = min(max(ask_max_tokens, summarize_max_tokens), n_ctx // 4)
+    return max(shared, max_tokens or 0)
+
+
 def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens, n_ctx: int,
          reserve: int, tolerance: float = 0.2, history: Sequence[Sequence[Key]] = (),
          reusable: Callable[[Prompt], int] | None = None, top_k: int = 8, neighbours: int = 1) -> Prompt | None:

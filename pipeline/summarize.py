@@ -100,6 +100,13 @@ class Settings:
     repeat_penalty: float
     seed: int
     system: str
+    reserve: int = 0
+    """The answer room the layout decision holds back (whole or map-reduce, where runs end): the one
+    ``ask`` and ``warm`` use (:func:`.packing.layout_reserve`); 0 = ``max_tokens``."""
+
+    @property
+    def layout_reserve(self) -> int:
+        return max(self.reserve, self.max_tokens)
 
 
 # Engines with a job running: one llama.cpp context must never be used by two threads at once.
@@ -283,9 +290,10 @@ class Job:
                     reserve=self.settings.max_tokens, system=self.settings.system)
 
     def _budget(self, instruction: str) -> int:
-        """Tokens left for sections in a prompt with this instruction last (as ``ask`` counts them)."""
+        """Tokens left for sections in a prompt with this instruction last (as ``ask`` counts them, with
+        the same reserve: a document ``ask`` packs whole is summarised whole, over the same prefix)."""
         suffix = self.layout.suffix(instruction, self.engine.tokenize)
-        return self.layout.budget(n_ctx=self.engine.n_ctx, reserve=self.settings.max_tokens,
+        return self.layout.budget(n_ctx=self.engine.n_ctx, reserve=self.settings.layout_reserve,
                                   suffix_tokens=len(suffix))
 
     def _reduce_room(self, prompt: str, name: str) -> int:
