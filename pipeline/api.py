@@ -882,7 +882,9 @@ class Pipeline:
             jobs = JobStore(self.config.store_path / "jobs.sqlite")
         job = Job(engine=self.engine, jobs=jobs, open_store=self.store, collection=self.config.store.collection,
                   documents=documents, prompts=prompts, settings=settings, section_target=self.section_tokens,
-                  memo=self._section_tokens)
+                  memo=self._section_tokens,
+                  record=lambda keys: self.pack_history.record(self.engine.namespace, self.config.store.collection,
+                                                                keys))
         return job, jobs, failed, skipped
 
     def status(self) -> CollectionStatus:

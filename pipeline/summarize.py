@@ -125,7 +125,8 @@ class Job:
     def __init__(self, *, engine: "Engine", jobs: JobStore, open_store: Callable[[], AbstractContextManager],
                  collection: str, documents: Sequence["DocumentRecord"], prompts: Sequence[str],
                  settings: Settings, section_target: int, memo: "packing.SectionTokens | None" = None,
-                 progress: Callable[[SummaryEvent], None] | None = None):
+                 progress: Callable[[SummaryEvent], None] | None = None,
+                 record: "Callable[[Sequence[packing.Key]], None] | None" = None):
         if not prompts:
             raise InputError("no prompt given")
         for p in prompts:
@@ -139,6 +140,9 @@ class Job:
         self.section_target = section_target  # for documents whose sections are not in the catalog yet
         self.memo = memo or packing.SectionTokens(engine.tokenize)
         self.progress = progress or (lambda ev: None)
+        # Each prefix a summary prompt prefilled (its sections' keys), told to ask's pack history, so
+        # that a later question prefers a pack whose state a summary saved (see packing.plan).
+        self.record = record or (lambda keys: None)
         self.report = JobReport(collection=collection, documents=len(self.documents), prompts=len(self.prompts))
 
     # -- identity -----------------------------------------------------------------------------
@@ -336,6 +340,8 @@ class Job:
             tick(finished / max(planned, 1), detail)
 
         name = Path(doc.source).name
+        for run in reversed(([shelf.sections] if whole else []) + groups):  # the first run most recent
+            self.record([sec.key for sec in run])
         # One prefix (system + document), every prompt after it
         texts = self._units([(s, lambda s=s: self._sections_prompt(shelf, shelf.sections, s.prompt, mode="whole"))
                              for s in whole], dk, "whole", [])
