@@ -51,6 +51,10 @@ if str(ROOT) not in sys.path:
 
 QWEN3_30B_A3B = dict(n_layers=48, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128, n_experts=128,
                      n_experts_used=8, expert_ff=768, vocab=151_936, n_ctx_train=65536)
+#: ``--smoke``: the same architecture, small enough to run the whole measurement path on a CPU in seconds
+#: (a check of the code and of the target's Python, before spending GPU time; its figures mean nothing).
+SMOKE = dict(n_layers=4, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_experts=8, n_experts_used=2,
+             expert_ff=128, vocab=2000, n_ctx_train=4096)
 GiB = 1024**3
 
 
@@ -79,12 +83,12 @@ def build(args: argparse.Namespace, log) -> None:
     log(f"build: done in {time.perf_counter() - t:.0f} s")
 
 
-def model_spec_from_shapes(qtype: str):
+def model_spec_from_shapes(qtype: str, shapes: dict | None = None):
     """The planner's spec of the timing model, from the shapes alone (nothing written)."""
     from pipeline.planner.spec import ModelSpec
     from pipeline.dev.synthetic import byte_vocab, moe_tensor_shapes
 
-    s = QWEN3_30B_A3B
+    s = shapes or QWEN3_30B_A3B
     n_vocab = len(byte_vocab(s["vocab"])[0])
     shapes = moe_tensor_shapes(n_layers=s["n_layers"], n_embd=s["n_embd"], n_head=s["n_head"],
                                n_head_kv=s["n_head_kv"], head_dim=s["head_dim"], n_experts=s["n_experts"],
@@ -101,7 +105,8 @@ def model_spec_from_shapes(qtype: str):
             f"{arch}.attention.value_length": s["head_dim"], f"{arch}.expert_count": s["n_experts"],
             f"{arch}.expert_used_count": s["n_experts_used"],
             f"{arch}.expert_feed_forward_length": s["expert_ff"], f"{arch}.context_length": s["n_ctx_train"]}
-    return ModelSpec.from_metadata(meta, tensors, name=f"qwen3-30b-a3b-shapes-{qtype}")
+    name = "smoke" if shapes is SMOKE else "qwen3-30b-a3b-shapes"
+    return ModelSpec.from_metadata(meta, tensors, name=f"{name}-{qtype}")
 
 
 def configurations(spec, n_ctx: int, budget_gib: float):
@@ -128,7 +133,8 @@ def measure(args: argparse.Namespace, log) -> dict:
 
     contexts = sorted(int(c) for c in args.contexts.split(","))
     work = Path(args.work)
-    spec = model_spec_from_shapes(args.qtype)
+    shapes = SMOKE if args.smoke else QWEN3_30B_A3B
+    spec = model_spec_from_shapes(args.qtype, shapes)
     hw, configs, evaluate = configurations(spec, max(contexts), args.budget_gib)
     log(f"model: {spec.name}, {spec.total_bytes / GiB:.1f} GiB, experts {spec.expert_bytes / GiB:.1f} GiB")
     from pipeline.planner.result import llama_flags
@@ -147,8 +153,7 @@ def measure(args: argparse.Namespace, log) -> dict:
     path = work / f"{spec.name}.gguf"
     if not path.exists():
         t = time.perf_counter()
-        s = {k: v for k, v in QWEN3_30B_A3B.items()}
-        write_timing_moe_model(path, qtype=args.qtype, **s)
+        write_timing_moe_model(path, qtype=args.qtype, **shapes)
         log(f"model: written in {time.perf_counter() - t:.0f} s ({path.stat().st_size / GiB:.1f} GiB)")
 
     from dataclasses import replace
@@ -242,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-build", action="store_true", help="use the llama_cpp already installed")
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--max-seconds", type=float, default=240, help="time allowed for the measurements")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny model of the same architecture at 512 and 1024 tokens: runs every step on a CPU in "
+                         "seconds, to check the code and the Python it runs with (the figures mean nothing)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.contexts = "512,1024"
 
     t0 = time.perf_counter()
 
@@ -256,13 +266,13 @@ def main(argv: list[str] | None = None) -> int:
             # measure in a fresh interpreter: the new llama_cpp must be imported after the install
             cmd = [sys.executable, __file__, "--measure-only", "--json", args.json, "--contexts", args.contexts,
                    "--qtype", args.qtype, "--budget-gib", str(args.budget_gib), "--work", args.work,
-                   "--max-seconds", str(args.max_seconds)]
+                   "--max-seconds", str(args.max_seconds), *(["--smoke"] if args.smoke else [])]
             return subprocess.run(cmd).returncode
     result = measure(args, log)
     if args.dry_run:
         return 0
     result.update(device=platform.node(), qtype=args.qtype, budget_gib=args.budget_gib,
-                  shapes=QWEN3_30B_A3B, total_seconds=time.perf_counter() - t0)
+                  shapes=SMOKE if args.smoke else QWEN3_30B_A3B, smoke=args.smoke, total_seconds=time.perf_counter() - t0)
     print(table(result["measurements"]))
     if result["implied"]:
         print("implied constants:", json.dumps(result["implied"]))

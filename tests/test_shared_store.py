@@ -143,6 +143,34 @@ def test_postgres_catalog_behaves_like_sqlite(fake_pipeline, corpus, pg_url, tmp
     assert rag.drop() and not rag.status().exists
 
 
+def test_postgres_lexical_ranking_splits_at_punctuation_and_weights_rare_words_as_sqlite_does(
+        fake_pipeline, pg_url, tmp_path, monkeypatch):
+    """PostgreSQL's parser keeps `audio/midi` and `bug-libtasn1@gnu.org` as one lexeme, and ts_rank has no
+    idf: both cost the held-out set questions until the index split at punctuation and terms were
+    weighted. The rare word's chunk now ranks first, as with SQLite's BM25."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "mime.txt").write_text("The type audio/midi has the alias audio/x-midi in this database.\n")
+    (docs / "bugs.txt").write_text("Report bugs to bug-libtasn1@gnu.org with a short test case.\n")
+    for i in range(6):  # chatter full of the question's common words
+        (docs / f"chatter{i}.txt").write_text("What does it have? What does it have, and what does it do? " * 4 + "\n")
+    question, bugs = "What alias does audio/midi have?", "Where should bugs in libtasn1 be reported?"
+    embedded = fake_pipeline()
+    embedded.ingest([docs])
+    monkeypatch.setenv("RAG_STORE_PATH", str(tmp_path / "store-pg"))
+    shared = fake_pipeline(store__catalog_url=pg_url)
+    shared.ingest([docs])
+    for rag in (embedded, shared):
+        with rag.store(create=False) as store:
+            hits = store.lexical(question, limit=3)
+            assert hits[0][0].source == str(docs / "mime.txt"), [h.source for h, _ in hits]
+            assert store.lexical(bugs, limit=1)[0][0].source == str(docs / "bugs.txt")
+            assert store.lexical("midi", limit=5)[0][0].source == str(docs / "mime.txt")
+            assert store.lexical("x-midi libtasn1", limit=5) and store.lexical("gnu.org", limit=5)
+            scores = store.catalog.bm25(store.name, question, [h.chunk_id for h, _ in hits])
+            assert len(scores) == len(hits)
+
+
 def _snapshot_after_ingest(fake_pipeline, corpus) -> dict:
     rag = fake_pipeline()
     rag.ingest([corpus])
@@ -158,10 +186,15 @@ def test_postgres_schema_version_and_migrations(pg_url):
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert pg_schema.upgrade(conn, where="test", target=1) is None  # a version-1 catalog, as rag wrote it
         conn.execute("INSERT INTO collections VALUES ('kept', 'e', 'id', 8, 16, 0, 0)")
+        conn.execute("INSERT INTO documents (collection, source, content_hash, n_chunks) VALUES ('kept', '/m', 'h', 1)")
+        conn.execute("INSERT INTO chunks (collection, chunk_id, source, content_hash, idx, text)"
+                     " VALUES ('kept', 'c1', '/m', 'h', 0, 'the type audio/midi')")
     catalog = PostgresCatalog(pg_url)  # migrates 1 -> current in one transaction
     try:
         assert catalog.migrated_from == 1
         assert catalog.collections() == ["kept"]
+        # schema 3 regenerated the index of the rows already there: words split at punctuation
+        assert [c.chunk_id for c, _ in catalog.search("kept", "midi", limit=5)] == ["c1"]
         assert catalog._rows("SELECT value FROM meta WHERE key = 'schema'") == [(str(pg_schema.SCHEMA_VERSION),)]
         assert catalog._rows("SELECT to_regclass('units') IS NOT NULL") == [(True,)]
     finally:

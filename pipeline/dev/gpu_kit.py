@@ -14,15 +14,20 @@ Four steps, one command each (``python pipeline/dev/gpu_kit.py STEP``):
 ``check``
     Installs the wheel into a scratch folder, imports it with this interpreter and
     asserts that llama.cpp lists its CUDA backend (``llama_print_system_info``) even
-    with no device present.
+    with no device present. ``check --kit gpu-kit`` does the same with the packed
+    kit, installed exactly as ``run`` installs it.
 ``pack``
     Writes the kit folder (default ``gpu-kit/`` in the repository, ignored by git):
-    the wheel, the pure-Python wheels it needs that a CUDA image may lack
-    (``diskcache``, ``gguf``), a manifest, and ``run.sh``.
+    the wheel's ``llama_cpp`` package as a tar archive with each shared library
+    stored once (the wheel stores each three times, and again outside the package),
+    the pure-Python wheels it needs that a CUDA image may lack (``diskcache``,
+    ``gguf``), a manifest with the archive's checksum, and ``run.sh``. The CUDA kit
+    is about 35 MiB, under the device tool's 64 MiB carry limit; the wheel is 231.
 ``run`` (on the GPU machine, from the repository root)
-    Installs the kit's wheels into ``gpu-kit/site`` (``pip --no-index --target``:
-    nothing is fetched), finds the CUDA runtime libraries of the kit's CUDA major
-    version there, checks that llama.cpp sees a GPU, and runs
+    Installs the kit into ``gpu-kit/site`` (``pip --no-index --target`` for the
+    wheels, then the archive: nothing is fetched), finds the CUDA runtime libraries
+    of the kit's CUDA major version there, checks that llama.cpp sees a GPU, runs
+    ``benchmarks/gpu_prefill.py --smoke`` (a tiny model, seconds) and then
     ``benchmarks/gpu_prefill.py --skip-build`` under a time limit.
 
 Why the Python version does not matter: llama-cpp-python reaches llama.cpp through
@@ -44,13 +49,17 @@ Standard library only: it runs before (and without) the package's dependencies.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make ``pipeline`` importable
@@ -208,7 +217,7 @@ regs = {}
 for i in range(ggml.ggml_backend_reg_count()):
     reg = ggml.ggml_backend_reg_get(i)
     regs[ggml.ggml_backend_reg_name(reg).decode()] = ggml.ggml_backend_reg_dev_count(reg)
-print(json.dumps(dict(version=llama_cpp.__version__, backends=regs,
+print(json.dumps(dict(version=llama_cpp.__version__, path=llama_cpp.__file__, backends=regs,
                       gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
                       system_info=llama_cpp.llama_print_system_info().decode(errors="replace"))))
 """
@@ -224,44 +233,130 @@ def probe(site: Path, lib_dirs: list[Path], *, python: str = sys.executable) -> 
     return info
 
 
-def check(*, cuda: str, archs: tuple[str, ...] = ARCHS, python: str = sys.executable) -> dict:
-    """Here, with no GPU: the cached wheel installs, imports, and llama.cpp lists its CUDA backend."""
-    wheel = cached_wheel(cuda, archs)
+def check(*, cuda: str, archs: tuple[str, ...] = ARCHS, python: str = sys.executable, kit: Path | None = None) -> dict:
+    """Here, with no GPU: the cached wheel (or, with ``kit``, the packed kit installed as ``run`` installs it)
+    imports, and llama.cpp lists its CUDA backend."""
     root = toolchain(cuda, python=python)
     site = rag_home() / "cuda" / f"cu{cuda}" / "check-site"
-    _install([wheel], site, python=python, offline=True)
-    # the pure-Python wheels the kit carries too, so the import works with any interpreter here
-    subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                    "--only-binary", ":all:", "--target", str(site), *EXTRA_WHEELS], check=True)
+    if kit is not None:
+        manifest = install_kit(kit, site, python=python)
+        source, mib = kit / manifest["archive"], manifest["mib"]
+    else:
+        source = cached_wheel(cuda, archs)
+        _install([source], site, python=python, offline=True)
+        mib = round(source.stat().st_size / 2**20, 1)
+        # the pure-Python wheels the kit carries too, so the import works with any interpreter here
+        subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
+                        "--only-binary", ":all:", "--target", str(site), *EXTRA_WHEELS], check=True)
     info = probe(site, [root / "lib"], python=python)
     if "CUDA" not in info["backends"]:
         raise SystemExit(f"llama.cpp lists no CUDA backend: {info['backends']}")
-    info["wheel"] = str(wheel)
-    info["wheel_mib"] = round(wheel.stat().st_size / 2**20, 1)
+    info["checked"], info["mib"] = str(source), mib
     return info
 
 
+#: A library's name by its SONAME: ``libggml-cuda.so.0``, the name the others' NEEDED entries ask for.
+_SONAME = re.compile(r"^lib[^/]*\.so\.\d+$")
+
+
+def slim(wheel: Path, archive: Path) -> dict:
+    """The wheel's ``llama_cpp`` package as a tar archive with each shared library stored once.
+
+    A wheel cannot hold symlinks, so llama-cpp-python's stores every library three
+    times (``libX.so``, ``libX.so.0``, ``libX.so.0.25.3``) and again outside the
+    package (``lib/``, the CMake install tree, which nothing imports). The archive
+    keeps the package only; in its ``lib/`` the file named by the SONAME is real
+    and the other names of the same bytes are symlinks to it, which tar keeps.
+    That is what brings the CUDA kit under the device tool's 64 MiB carry limit.
+    """
+    with zipfile.ZipFile(wheel) as z:
+        members = [m for m in z.infolist() if not m.is_dir() and _kept(m.filename)]
+        by_digest: dict[tuple[str, str], list[zipfile.ZipInfo]] = {}
+        for m in members:
+            folder = m.filename.rsplit("/", 1)[0]
+            by_digest.setdefault((folder, hashlib.sha256(z.read(m)).hexdigest()), []).append(m)
+        links = 0
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        partial = archive.with_name(archive.name + ".partial")
+        with tarfile.open(partial, "w:gz", compresslevel=6) as tar:
+            for (_, _), same in sorted(by_digest.items(), key=lambda kv: kv[1][0].filename):
+                names = sorted(same, key=lambda m: (not _SONAME.match(m.filename.rsplit("/", 1)[-1]), len(m.filename)))
+                real = names[0]
+                info = tarfile.TarInfo(real.filename)
+                info.size, info.mode = real.file_size, (real.external_attr >> 16) & 0o777 or 0o644
+                info.mtime = int(time.mktime(real.date_time + (0, 0, -1)))
+                tar.addfile(info, io.BytesIO(z.read(real)))
+                for other in names[1:]:  # the same bytes under another name: a link to the real file
+                    link = tarfile.TarInfo(other.filename)
+                    link.type, link.linkname, link.mtime = tarfile.SYMTYPE, real.filename.rsplit("/", 1)[-1], info.mtime
+                    tar.addfile(link)
+                    links += 1
+        partial.replace(archive)
+        unpacked = sum(m.file_size for m in members)
+    return dict(files=len(members) - links, links=links, unpacked_mib=round(unpacked / 2**20, 1),
+                mib=round(archive.stat().st_size / 2**20, 1), sha256=_sha256(archive))
+
+
+def _kept(name: str) -> bool:
+    top = name.split("/", 1)[0]
+    return top == "llama_cpp" or top.endswith(".dist-info")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def pack(*, cuda: str, archs: tuple[str, ...] = ARCHS, out: Path = ROOT / "gpu-kit",
-         python: str = sys.executable) -> Path:
-    """The kit folder: the wheel, the pure-Python wheels it needs, a manifest and ``run.sh``."""
-    wheel = cached_wheel(cuda, archs)
-    wheels = out / "wheels"
+         python: str = sys.executable, wheel: Path | None = None, extras: tuple[str, ...] = EXTRA_WHEELS) -> Path:
+    """The kit folder: llama_cpp with each library once, the pure-Python wheels it needs, a manifest, ``run.sh``."""
+    wheel = wheel or cached_wheel(cuda, archs)
     shutil.rmtree(out, ignore_errors=True)
+    wheels = out / "wheels"
     wheels.mkdir(parents=True)
-    shutil.copy2(wheel, wheels / wheel.name)
-    subprocess.run([python, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
-                    "--only-binary", ":all:", "-d", str(wheels), *EXTRA_WHEELS], check=True)
-    manifest = dict(llama_cpp_python=LLAMA_CPP_VERSION, cuda=cuda, archs=list(archs),
-                    cmake_args=kit_cmake_args(archs), wheels=sorted(p.name for p in wheels.glob("*.whl")),
-                    mib=round(sum(p.stat().st_size for p in wheels.iterdir()) / 2**20, 1),
-                    needs=[f"{lib}.{cuda}" for lib in RUNTIME_LIBS] + ["an NVIDIA driver for CUDA " + cuda])
-    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    name = f"llama_cpp_python-{LLAMA_CPP_VERSION}-cuda{cuda}-sm{'_'.join(archs)}.tar.gz"
+    archive = slim(wheel, out / name)
+    if extras:
+        subprocess.run([python, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+                        "--only-binary", ":all:", "-d", str(wheels), *extras], check=True)
     (out / "run.sh").write_text("#!/bin/sh\n# On the GPU machine, from the repository root: install the kit offline, "
                                 "run benchmarks/gpu_prefill.py.\n"
                                 'exec python3 pipeline/dev/gpu_kit.py run --kit "$(dirname "$0")" "$@"\n')
     (out / "run.sh").chmod(0o755)
-    print(f"kit: {out} ({manifest['mib']} MiB): {', '.join(manifest['wheels'])}", file=sys.stderr)
+    manifest = dict(llama_cpp_python=LLAMA_CPP_VERSION, cuda=cuda, archs=list(archs),
+                    cmake_args=kit_cmake_args(archs), archive=name, archive_sha256=archive["sha256"],
+                    wheels=sorted(p.name for p in wheels.glob("*.whl")),
+                    wheel_mib=round(wheel.stat().st_size / 2**20, 1),
+                    mib=round(sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) / 2**20, 1),
+                    needs=[f"{lib}.{cuda}" for lib in RUNTIME_LIBS] + ["an NVIDIA driver for CUDA " + cuda])
+    (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"kit: {out} ({manifest['mib']} MiB; the wheel was {manifest['wheel_mib']} MiB): {name} "
+          f"({archive['files']} files, {archive['links']} links), {', '.join(manifest['wheels']) or 'no other wheels'}",
+          file=sys.stderr)
     return out
+
+
+def install_kit(kit: Path, site: Path, *, python: str = sys.executable) -> dict:
+    """Installs a packed kit into ``site`` with nothing fetched: its wheels with pip, then its llama_cpp archive."""
+    manifest = json.loads((kit / "MANIFEST.json").read_text())
+    archive = kit / manifest["archive"]
+    if not archive.is_file():
+        raise SystemExit(f"{archive} is missing: copy the whole kit folder (pack writes it)")
+    if _sha256(archive) != manifest["archive_sha256"]:
+        raise SystemExit(f"{archive} does not match its checksum in MANIFEST.json: copy the kit again")
+    wheels = sorted((kit / "wheels").glob("*.whl"))
+    if wheels:
+        _install(wheels, site, python=python, offline=True)
+    else:
+        shutil.rmtree(site, ignore_errors=True)
+        site.mkdir(parents=True)
+    shutil.rmtree(site / "llama_cpp", ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(site, filter="data")  # "data" keeps links that stay inside site, refuses any other
+    return manifest
 
 
 def find_cuda_libs(major: str, *, python: str = sys.executable) -> list[Path]:
@@ -291,9 +386,8 @@ def run(*, kit: Path, json_out: Path, seconds: float = 450.0, extra: list[str] |
         python: str = sys.executable) -> int:
     """On the GPU machine: install the kit offline, check llama.cpp sees the GPU, run the benchmark in time."""
     t0 = time.perf_counter()
-    manifest = json.loads((kit / "MANIFEST.json").read_text())
     site = kit / "site"
-    _install(sorted((kit / "wheels").glob("*.whl")), site, python=python, offline=True)
+    manifest = install_kit(kit, site, python=python)
     libs = find_cuda_libs(str(manifest["cuda"]), python=python)
     info = probe(site, libs, python=python)
     print(f"[kit] llama-cpp-python {info['version']}, backends {info['backends']}, GPU offload {info['gpu_offload']}, "
@@ -301,8 +395,21 @@ def run(*, kit: Path, json_out: Path, seconds: float = 450.0, extra: list[str] |
     if not info["gpu_offload"]:
         print(info["log"][-2000:], file=sys.stderr)
         raise SystemExit("llama.cpp sees no GPU with this kit")
-    cmd = [python, str(ROOT / "benchmarks" / "gpu_prefill.py"), "--skip-build", "--json", str(json_out),
-           "--max-seconds", str(max(60.0, seconds - 150.0)), *(extra or [])]
+    bench = str(ROOT / "benchmarks" / "gpu_prefill.py")
+    # First the same path on a tiny model (seconds): a broken import or CUDA setup shows before the 30 GiB model
+    # is written.
+    smoke = [python, bench, "--skip-build", "--smoke", "--json", str(json_out.with_suffix(".smoke.json")),
+             "--work", str(Path(os.environ.get("TMPDIR", "/tmp")) / "gpu-prefill-smoke")]
+    print("[kit] " + " ".join(smoke), flush=True)
+    try:
+        rc = subprocess.run(smoke, env=_site_env(site, libs), timeout=120).returncode
+    except subprocess.TimeoutExpired:
+        rc = 124
+    if rc != 0:
+        print(f"[kit] the smoke run failed (exit {rc}): not starting the full benchmark", file=sys.stderr)
+        return rc
+    cmd = [python, bench, "--skip-build", "--json", str(json_out),
+           "--max-seconds", str(max(60.0, seconds - 150.0 - (time.perf_counter() - t0))), *(extra or [])]
     print("[kit] " + " ".join(cmd), flush=True)
     try:
         rc = subprocess.run(cmd, env=_site_env(site, libs), timeout=max(1.0, seconds - (time.perf_counter() - t0))
@@ -328,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         c.add_argument("--archs", default=",".join(ARCHS))
         if name == "pack":
             c.add_argument("--out", type=Path, default=ROOT / "gpu-kit")
+        else:
+            c.add_argument("--kit", type=Path, help="check this packed kit folder (as `run` installs it), not the wheel")
     r = sub.add_parser("run", help="on the GPU machine: install the kit offline and run benchmarks/gpu_prefill.py")
     r.add_argument("--kit", type=Path, default=ROOT / "gpu-kit")
     r.add_argument("--json", dest="json_out", type=Path, default=Path("gpu_prefill.json"))
@@ -338,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.step == "build":
         print(build(cuda=ns.cuda, archs=archs, sdist=ns.sdist))
     elif ns.step == "check":
-        info = check(cuda=ns.cuda, archs=archs)
+        info = check(cuda=ns.cuda, archs=archs, kit=ns.kit)
         print(json.dumps({k: v for k, v in info.items() if k != "log"}, indent=2))
         print("\n".join(line for line in info["log"].splitlines() if "cuda" in line.lower())[-2000:])
     elif ns.step == "pack":

@@ -15,6 +15,7 @@ as complete, and nothing is recorded for it.
 from __future__ import annotations
 
 import copy
+import re
 import threading
 import time
 from functools import cached_property
@@ -155,9 +156,12 @@ class RemoteGenerator:
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
         """Tokens of ``text`` in the server's vocabulary. llama-server parses control-token text only
-        with ``special``; llama_cpp.server always parses it (it takes text prompts only)."""
+        with ``special``; llama_cpp.server always parses it (it takes text prompts only), so there
+        document and question text is :func:`defang`-ed first: it must never become chat markup."""
         if not text:
             return []
+        if not special and self.dialect != "llama-server":
+            text = defang(text, self._facts)
         tokens = self._tokenize_raw(text, special=special, add_special=False)
         bos = self.bos
         if self.dialect != "llama-server" and bos and tokens[:len(bos)] == bos:
@@ -359,6 +363,30 @@ class _Attempt:
 
     def __init__(self, n: int):
         self.attempt_number = max(1, n)
+
+
+#: Text that llama.cpp's tokenizer turns into a control token where it parses them: ChatML/Llama-3 style
+#: ``<|name|>``, Gemma's turn markers, the common BOS/EOS spellings and Mistral's instruction markers.
+_CONTROL_TEXT = re.compile(r"<\|[A-Za-z0-9_.:-]{1,48}\|>|<(?:start|end)_of_turn>|</?s>|<(?:bos|eos|pad|unk)>"
+                           r"|\[/?INST\]")
+_JOINER = "\u2060"  # WORD JOINER: invisible, and it splits the marker into ordinary text tokens
+
+
+def defang(text: str, facts: dict | None = None) -> str:
+    """``text`` with every control-token spelling broken by an invisible joiner after its first character.
+
+    For servers that tokenise text prompts with control tokens parsed (llama_cpp.server
+    does, always): a document that contains ``<|im_end|>`` would otherwise end the turn
+    and inject instructions. In-process and with llama-server the text is tokenised with
+    control tokens off, and this is not needed. The server's own BOS/EOS spellings
+    (``facts``) are broken too, whatever they look like.
+    """
+    extra = [t for t in ((facts or {}).get("bos_text"), (facts or {}).get("eos_text")) if t and len(t) > 1]
+    text = _CONTROL_TEXT.sub(lambda m: m.group(0)[0] + _JOINER + m.group(0)[1:], text)
+    for marker in extra:
+        if marker in text:
+            text = text.replace(marker, marker[0] + _JOINER + marker[1:])
+    return text
 
 
 def remote_generator(ref: str, settings, remote, *, log=None) -> RemoteGenerator:

@@ -112,7 +112,7 @@ def plan(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget | N
         fastest = max(r.prefill.tokens_per_s for r, *_ in found)
         ties = [f for f in found if f[0].prefill.tokens_per_s >= fastest * (1 - TIE)]
         return max(ties, key=lambda f: (-f[1], -f[2], f[3], f[0].prefill.tokens_per_s))[0]
-    best = _partial_offload(spec, hw, budget, base=replace(base, type_k=kvs[0], type_v=kvs[0]), ub=ubs[0],
+    best = _partial_offload(spec, hw, budget, base=replace(base, type_k=kvs[0], type_v=kvs[0]), ubs=ubs,
                             n_tokens=n_tokens) if gpu else None
     if best is None:
         raise ConfigError(f"{spec.name} does not fit: no plan at {n_ctx:,} context fits {gib(budget.vram)} VRAM "
@@ -121,16 +121,26 @@ def plan(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget | N
     return best
 
 
-def _partial_offload(spec: ModelSpec, hw: HardwareProfile, budget: Budget, *, base: EngineConfig, ub: int,
-                     n_tokens: int | None) -> PlanResult | None:
-    """All experts on the CPU and still too big: the most GPU layers (-ngl) that fit."""
-    n = spec.n_layers
-    for ngl in range(n, -1, -1):
-        s = replace(placed(replace(base, n_batch=max(ub, 1), n_ubatch=ub), n, n), gpu_layers=ngl)
-        mem = memory(spec, s, hw)
-        if fits(mem, budget):
-            return PlanResult(spec, s, mem, prefill_speed(spec, s, hw, n_tokens), decode_speed(spec, s, hw), budget)
-    return None
+def _partial_offload(spec: ModelSpec, hw: HardwareProfile, budget: Budget, *, base: EngineConfig,
+                     ubs: tuple[int, ...], n_tokens: int | None) -> PlanResult | None:
+    """No full offload fits: per micro-batch size, the most GPU layers (-ngl) that fit, every expert on the CPU
+    (a dense model has none to move); the fastest of those, ties to the larger micro-batch. ``-ngl 0`` is a
+    CPU plan: :meth:`PlanResult.describe` says so."""
+    n, found = spec.n_layers, []
+    experts = n if spec.expert_bytes > 0 else 0
+    for ub in ubs:
+        for ngl in range(n, -1, -1):
+            s = replace(placed(replace(base, n_batch=max(ub, 1), n_ubatch=ub), experts, n), gpu_layers=ngl)
+            mem = memory(spec, s, hw)
+            if fits(mem, budget):
+                found.append(PlanResult(spec, s, mem, prefill_speed(spec, s, hw, n_tokens),
+                                        decode_speed(spec, s, hw), budget))
+                break
+    if not found:
+        return None
+    fastest = max(r.prefill.tokens_per_s for r in found)
+    return max((r for r in found if r.prefill.tokens_per_s >= fastest * (1 - TIE)),
+               key=lambda r: (r.settings.n_ubatch, r.prefill.tokens_per_s))
 
 
 def fit_like(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget | None = None,

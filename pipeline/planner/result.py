@@ -116,15 +116,21 @@ class PlanResult:
             f"  experts on CPU: {self.experts_on_cpu} layers ({s.cpu_moe_from}); "
             f"n_batch {s.n_batch}, n_ubatch {s.n_ubatch}, KV {s.type_k}/{s.type_v}, "
             f"flash attention {'on' if s.flash_attn else 'off'}",
-            f"  GPU: weights {gib(g.weights)}, KV {gib(g.kv)}, compute {gib(g.compute)}, reserved "
-            f"{gib(g.reserved)}, margin {gib(self.budget.gpu_margin)} = "
-            f"{gib(g.total + self.budget.gpu_margin)} of {gib(self.budget.vram)}",
+            (f"  GPU: weights {gib(g.weights)}, KV {gib(g.kv)}, compute {gib(g.compute)}, reserved "
+             f"{gib(g.reserved)}, margin {gib(self.budget.gpu_margin)} = "
+             f"{gib(g.total + self.budget.gpu_margin)} of {gib(self.budget.vram)}") if g.total else
+            f"  GPU: nothing placed (budget {gib(self.budget.vram)})",
             f"  CPU: weights {gib(c.weights)}, KV {gib(c.kv)}, compute {gib(c.compute)}, margin "
             f"{gib(self.budget.ram_margin)} = {gib(c.total + self.budget.ram_margin)} of {gib(self.budget.ram)}",
             f"  prefill ~{self.prefill.tokens_per_s:.0f} tok/s over {self.prefill.n_tokens} tokens "
             f"({self.prefill.bound}-bound); decode ~{self.decode_tokens_per_s:.0f} tok/s",
             "  llama.cpp: " + " ".join(_shell_quote(f) for f in self.flags),
         ]
+        n = self.spec.n_layers
+        if self.budget.vram and 0 <= s.gpu_layers < n:
+            lines.insert(1, "  a CPU plan: the GPU budget holds no layer with these margins (-ngl 0)" if s.gpu_layers == 0
+                         else f"  partial offload: {s.gpu_layers} of {n} layers on the GPU; no plan with every layer "
+                              "there fits the budget")
         return "\n".join(lines)
 
 

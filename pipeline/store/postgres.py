@@ -5,7 +5,8 @@ The same interface and the same guarantees as the SQLite :class:`~.catalog.Catal
 and their full-text entries), with what SQLite's single-writer file cannot give:
 
 - full-text ranking by PostgreSQL itself: a generated ``tsvector`` per chunk (title and
-  heading path plus text), a GIN index, ``ts_rank`` (see :mod:`.pg_schema`);
+  heading path plus text, split at punctuation), a GIN index, ``ts_rank`` weighted by each
+  query term's inverse document frequency (see :meth:`PostgresCatalog._terms` and :mod:`.pg_schema`);
 - coordination by the server instead of the store's file lock: a session-level advisory
   lock per document (held while its vectors are written and its rows committed; the
   server releases it when the holder's connection ends, ``kill -9`` included) and one
@@ -19,13 +20,14 @@ between threads, like the SQLite catalog.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from ..errors import StoreError
 from .catalog import _WORD, CollectionInfo, DocumentRecord, StoredChunk
-from .pg_schema import upgrade
+from .pg_schema import LEXEMES, upgrade
 from .sections import Section
 from .vectors import redact
 
@@ -41,12 +43,14 @@ def _key(*parts: str) -> int:
     return int.from_bytes(hashlib.sha1("\0".join(parts).encode()).digest()[:8], "big", signed=True)
 
 
-def ts_query(text: str) -> str | None:
-    """A ``to_tsquery`` expression matching any word of ``text``; words are quoted, so no input is syntax."""
-    words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
-    if not words:
-        return None
-    return " | ".join("'" + w + "'" for w in words)  # \w+ holds no quote or operator
+def ts_words(text: str) -> list[str]:
+    """The words of a query, as a cheap test for "no word at all" before asking the server."""
+    return list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
+
+
+def _quoted(lexeme: str) -> str:
+    # Lexemes come from text with ASCII punctuation removed (pg_schema.LEXEMES): no quote, no backslash.
+    return "'" + lexeme + "'"
 
 
 def _clean(text: str | None) -> str | None:
@@ -237,28 +241,60 @@ class PostgresCatalog:
 
     # -- reading chunks -----------------------------------------------------------------------
 
+    def _terms(self, collection: str, query: str) -> list[tuple[str, float]]:
+        """The query's terms, split by the server exactly as the index is (``pg_schema.LEXEMES``), each
+        with BM25's inverse document frequency in the collection, so that a rare word ("midi")
+        outweighs the common ones around it ("what", "does", "have"): ``ts_rank`` alone has no
+        corpus statistics. Two small queries, each answered from the GIN index."""
+        if not ts_words(query):
+            return []
+        lexemes = [r[0] for r in self._rows("SELECT lexeme FROM unnest(" + LEXEMES.format("%s") + ")", (query,))
+                   if "'" not in r[0] and "\\" not in r[0]]
+        if not lexemes:
+            return []
+        counts = self._rows(
+            "SELECT (SELECT coalesce(sum(n_chunks), 0) FROM documents WHERE collection = %s), "
+            + ", ".join(["(SELECT count(*) FROM chunks WHERE collection = %s AND tsv @@ %s::tsquery)"] * len(lexemes)),
+            [collection, *[a for lx in lexemes for a in (collection, _quoted(lx))]])[0]
+        n = max(int(counts[0]), 1)
+        return [(lx, math.log(1 + (n - df + 0.5) / (df + 0.5))) for lx, df in zip(lexemes, counts[1:]) if df]
+
+    def _scored(self, terms: list[tuple[str, float]], where: str, columns: str) -> str:
+        """A query for the chunks matching any term under ``where``, with their score last: each
+        term's ``ts_rank`` (length-normalised, saturating in the term's frequency) times its idf,
+        summed. The inner query detoasts each chunk's ``tsvector`` once for all the terms."""
+        score = " + ".join(f"%(idf{i})s * ts_rank(x.tsv, %(q{i})s::tsquery, 1)" for i in range(len(terms)))
+        return (f"SELECT {columns}, {score} AS score FROM (SELECT {_CHUNK}, tsv || ''::tsvector AS tsv"
+                f" FROM chunks WHERE {where} AND tsv @@ %(any)s::tsquery OFFSET 0) x")
+
+    @staticmethod
+    def _params(terms: list[tuple[str, float]], **more) -> dict:
+        params = dict(more, any=" | ".join(_quoted(t) for t, _ in terms))
+        for i, (t, idf) in enumerate(terms):
+            params[f"q{i}"], params[f"idf{i}"] = _quoted(t), idf
+        return params
+
     def search(self, collection: str, query: str, *, limit: int, source: str | Sequence[str] | None = None
                ) -> list[tuple[StoredChunk, float]]:
-        """Full-text hits ranked by ``ts_rank``, best first (positive scores, higher is better)."""
-        match = ts_query(query)
-        if match is None:
+        """Full-text hits ranked by idf-weighted ``ts_rank`` (see :meth:`_terms`), best first
+        (positive scores, higher is better)."""
+        terms = self._terms(collection, query)
+        if not terms:
             return []
         sources = [] if not source else [source] if isinstance(source, str) else list(source)
-        where = " AND source = ANY(%s)" if sources else ""
-        rows = self._rows(
-            f"SELECT {_CHUNK}, ts_rank(tsv, q) AS score FROM chunks, to_tsquery('simple', %s) q"
-            " WHERE collection = %s AND tsv @@ q" + where + " ORDER BY score DESC, chunk_id LIMIT %s",
-            (match, collection, *([sources] if sources else []), limit))
+        where = "collection = %(collection)s" + (" AND source = ANY(%(sources)s)" if sources else "")
+        cols = ", ".join("x." + c.strip() for c in _CHUNK.split(","))
+        rows = self._rows(self._scored(terms, where, cols) + " ORDER BY score DESC, x.chunk_id LIMIT %(limit)s",
+                          self._params(terms, collection=collection, sources=sources, limit=limit))
         return [(StoredChunk(*r[:9]), float(r[9])) for r in rows]
 
     def bm25(self, collection: str, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
         """Full-text scores of these chunks for ``query`` (the same scale as :meth:`search`)."""
-        match = ts_query(query)
-        if match is None or not chunk_ids:
+        terms = self._terms(collection, query) if chunk_ids else []
+        if not terms:
             return {}
-        rows = self._rows(
-            "SELECT chunk_id, ts_rank(tsv, q) FROM chunks, to_tsquery('simple', %s) q"
-            " WHERE collection = %s AND chunk_id = ANY(%s) AND tsv @@ q", (match, collection, list(chunk_ids)))
+        rows = self._rows(self._scored(terms, "collection = %(collection)s AND chunk_id = ANY(%(ids)s)", "x.chunk_id"),
+                          self._params(terms, collection=collection, ids=list(chunk_ids)))
         return {cid: float(score) for cid, score in rows}
 
     def chunks(self, collection: str, source: str, *, first: int = 0, last: int | None = None
