@@ -359,17 +359,39 @@ def cited(hits: Sequence[Hit], packed: Sequence[PackedSection], *, top_k: int, n
 # --------------------------------------------------------------------------- warming
 
 
+WARM_PURPOSES = ("ask", "summarize", "all")
+
+
 def warm_plans(shelf: Shelf, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens, n_ctx: int,
-               reserve: int) -> list[tuple[str, Prompt | None]]:
-    """The prefixes the next questions will hit: the whole selection's when it fits, else each
-    document's leading sections (as many as fit), labelled; None where not even one fits."""
+               reserve: int, purpose: str = "ask") -> tuple[str, list[tuple[str, Prompt | None]]]:
+    """The prefixes the next prompts will hit, labelled, and the mode: "whole" when the selection
+    fits the context, else "sections"; None where not even one section fits.
+
+    When it fits, ``purpose`` says which: "ask" the whole selection's prefix (what every question
+    over it starts from), "summarize" each document's own prefix (what its summaries and
+    ``ask --doc`` start from), "all" both. When it does not fit, each document's leading
+    sections (as many as fit) serve both: the prefix of its summary's first run, and of the
+    pack a question about its beginning reuses.
+    """
+    if purpose not in WARM_PURPOSES:
+        raise ValueError(f"purpose must be one of {', '.join(WARM_PURPOSES)}, got {purpose!r}")
     budget = layout.budget(n_ctx=n_ctx, reserve=reserve, suffix_tokens=0)
     whole = number(shelf, shelf.sections, memo)
+
+    def prompt(packed: list[PackedSection], mode: str) -> Prompt:
+        return _finish(shelf, packed, "", layout=layout, tokenize=tokenize, mode=mode, top_k=0)
+
     if shelf.sections and sum(len(p.tokens) for p in whole) <= budget:
-        docs = len(shelf.documents)
-        return [(f"the whole collection ({docs} document{'s' * (docs != 1)})",
-                 _finish(shelf, whole, "", layout=layout, tokenize=tokenize, mode="whole", top_k=0))]
-    out: list[tuple[str, Prompt | None]] = []
+        out: list[tuple[str, Prompt | None]] = []
+        if purpose != "summarize":
+            docs = len(shelf.documents)
+            out.append((f"the whole collection ({docs} document{'s' * (docs != 1)})", prompt(whole, "whole")))
+        if purpose != "ask":
+            for source in sorted(shelf.documents):
+                own = [s for s in shelf.sections if s.source == source]
+                out.append((source, prompt(number(shelf, own, memo), "whole") if own else None))
+        return "whole", out
+    out = []
     for source in sorted(shelf.documents):
         lead: list[Section] = []
         used = 0
@@ -379,12 +401,8 @@ def warm_plans(shelf: Shelf, *, layout: Layout, tokenize: Tokenize, memo: Sectio
                 break
             lead.append(s)
             used += c
-        prompt = None
-        if lead:
-            prompt = _finish(shelf, number(shelf, lead, memo), "", layout=layout, tokenize=tokenize,
-                             mode="sections", top_k=0)
-        out.append((source, prompt))
-    return out
+        out.append((source, prompt(number(shelf, lead, memo), "sections") if lead else None))
+    return "sections", out
 
 
 # --------------------------------------------------------------------------- history and reasons
