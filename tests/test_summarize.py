@@ -473,3 +473,37 @@ def test_a_document_between_the_old_edges_is_laid_out_alike_and_reused_both_ways
     assert later.method == "map-reduce" and later.units_computed == 3  # two runs and the reduce step
     # the first run is the question's pack, restored from disk (a later step reuses the template's head)
     assert later.cached_tokens == len(pack.prefix_tokens) + len(fresh._layout.head_tokens)
+
+
+def test_after_warm_for_summaries_every_summary_prefills_only_its_instruction(make_pipeline, corpus, tmp_path,
+                                                                                monkeypatch):
+    # The collection fits whole. `rag warm` alone saves its one prefix, which only the first document's
+    # summary (in path order) starts from; `rag warm --for summarize` saves each document's own prefix
+    # and says what it prefilled and wrote; then every summary prefills only its instruction.
+    for key, value in {"RAG_ENGINE_N_CTX": "1024", "RAG_CACHE_MIN_TOKENS": "16"}.items():
+        monkeypatch.setenv(key, value)
+    runner = CliRunner()
+    out = runner.invoke(cli, ["ingest", str(corpus), "--warm"])
+    assert out.exit_code == 0, out.output
+    assert "warmed the whole collection (4 documents)" in out.output
+    assert "`rag warm --for summarize` saves those too" in out.output
+    out = runner.invoke(cli, ["warm", "--for", "summarize", "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    assert report["mode"] == "whole" and len(report["prefixes"]) == 4
+    first, *others = report["prefixes"]
+    assert first["outcome"] == "cached" and first["prefilled"] == 0  # the collection's prefix up to its end
+    assert all(p["outcome"] == "saved" and p["prefilled"] == p["tokens"] and p["bytes"] > 0 for p in others)
+    assert report["prefilled_tokens"] == sum(p["tokens"] for p in others)
+    assert report["bytes_written"] == sum(p["bytes"] for p in report["prefixes"])
+    text = runner.invoke(cli, ["warm", "--for", "summarize"]).output
+    assert "each document's own prefix" in text and "0 saved, 4 already cached" in text
+    assert "0 tokens prefilled, 0.0 MB of states written" in text
+
+    rag = make_pipeline(**FAST)
+    summaries = rag.summarize(prompts=["Summarise it."], max_tokens=4).result()  # a new process: states from disk
+    assert [Path(s.source).name for s in summaries] == ["guide.md", "manual.pdf", "notes.txt", "page.html"]
+    for s, warmed in zip(summaries, report["prefixes"]):
+        prompt = _ask_prompt(rag, Path(s.source), s.prompt)
+        assert s.ok and s.method == "whole" and len(prompt.prefix_tokens) == warmed["tokens"]
+        assert s.cached_tokens == warmed["tokens"] and s.prefill_tokens == _suffix(rag, s.prompt)
