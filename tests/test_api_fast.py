@@ -102,6 +102,9 @@ def test_warm_for_summaries_saves_each_documents_own_prefix(fake_pipeline, inges
     assert own[0]["outcome"] == "cached" and own[0]["prefilled"] == 0
     assert all(p["outcome"] == "saved" and p["prefilled"] == p["tokens"] for p in own[1:])
     assert report["prefilled_tokens"] == sum(p["tokens"] for p in own[1:])
+    from pipeline.schemas import validate, versioned
+
+    validate("ingest", versioned({**fake_pipeline(**s).ingest([ingested]).to_dict(), "warm": report}))  # --warm --json
     assert [p["outcome"] for p in fake_pipeline(**s).warm(purpose="summarize")["prefixes"]] == ["cached"] * 4
     for p in own:
         answer = fake_pipeline(**s).ask("What is it about?", doc=p["prefix"])
