@@ -80,8 +80,8 @@ def map_groups(shelf: "packing.Shelf", budget: int, memo: "packing.SectionTokens
         cost = len(memo.get(1, s, shelf.counts[s.source], shelf.segments[s.key]))
         if cost > budget:
             raise EngineError(f"section {s.index + 1} of {Path(s.source).name} ({cost:,} tokens) does not fit "
-                              f"the {budget:,} tokens a prompt leaves for it: raise engine.n_ctx, lower --max-tokens "
-                              "or chunking.section_tokens")
+                              f"the {budget:,} tokens a prompt leaves for it: raise engine.n_ctx, lower chunking.section_tokens, "
+                              "or lower summarize.max_tokens and ask.max_tokens (the layout holds back the larger)")
         if groups and used + cost <= budget:
             groups[-1].append(s)
             used += cost
