@@ -11,19 +11,18 @@ engine, first come first served) and how calls are cancelled.
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from . import models
+from . import asking, models
 from .answer import Answer, AnswerStream, AskStats
+from .asking import Paths
 from .concurrency import CancelToken, EnginePool, once
-from .config import ASK_MODES, Config, load_config
-from .engine.stages import EngineStats
+from .config import Config, load_config
 from .ingest.run import IngestReport, Progress, ingest
-from .ingest.scan import scan, source_names
+from .ingest.scan import scan
 from .retrieve import Hit, search
 from .store.shared import SharedStore
 from .store.store import Store
@@ -33,12 +32,9 @@ if TYPE_CHECKING:
     from .engine.stages import TextEmbedder, TextGenerator
     from .aio import AsyncAnswerStream
     from .evaluate import EvalReport, Question
-    from .options import AskOptions
     from .progress import PrefillProgress
     from .summarize import SummaryRun
     from .summary import SummaryEvent
-
-Paths = "str | Path | Sequence[str | Path] | None"
 
 
 @dataclass(frozen=True)
@@ -451,14 +447,6 @@ class Pipeline:
             store.require()
             return template(store, per_document=per_document)
 
-    def _pack(self, passages, question: str, options: "AskOptions | None" = None) -> "Prompt":
-        """``passages`` and ``question`` as a prompt for the generator (:func:`.context.pack`)."""
-        from .context import pack
-
-        engine, a = self.engine, options or self.config.ask
-        return pack(passages, question, chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
-                    n_ctx=engine.n_ctx, reserve=a.max_tokens, system=a.system_prompt)
-
     def ask(self, question: str, *, doc: Paths = None, source: Paths = None, mode: str | None = None,
             top_k: int | None = None, temperature: float | None = None, max_tokens: int | None = None,
             system_prompt: str | None = None, stop: str | Sequence[str] | None = None,
@@ -494,32 +482,9 @@ class Pipeline:
         taken when iteration starts (see :class:`AnswerStream`). ``history`` (earlier
         ``{"role": "user" | "assistant", "content": ...}`` turns) makes it a follow-up: see :meth:`chat`.
         """
-        from .errors import InputError
-        from .options import AskOptions
-
-        if not isinstance(question, str) or not question.strip():
-            raise InputError("the question is empty")
-        options = AskOptions.resolve(self.config.ask, temperature=temperature, max_tokens=max_tokens,
-                                     system_prompt=system_prompt, stop=stop, top_k=top_k, mode=mode)
-        text, query = question, None
-        if history:
-            from . import chat
-
-            text, query = chat.transcript(history, question), chat.condense(history, question)
-        timings: dict[str, float] = {}
-        prompt, notes, finish = self._prompt(text, doc=doc, source=source, mode=options.mode, top_k=options.top_k,
-                                             timings=timings, options=options, query=query)
-        stats = AskStats(mode=prompt.mode, sections=[p.to_dict() for p in prompt.sections])
-        stops = self.stops.with_strings(options.stop)
-        engine = self._pool.pick()
-        extra = _supported(engine, stop_tokens=stops.tokens, cancel=cancel,
-                           progress=_tracker(progress) if progress else None)
-        cancel = extra.get("cancel") or cancel
-        generation = engine.generate(prompt.tokens, max_tokens=options.max_tokens, temperature=options.temperature,
-                                     repeat_penalty=self.config.ask.repeat_penalty,
-                                     prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries,
-                                     stats=stats, **extra)
-        return AnswerStream(question, prompt, generation, notes, timings, finish, stops=stops.strings, cancel=cancel)
+        return asking.ask_stream(self, question, doc=doc, source=source, mode=mode, top_k=top_k,
+                                 temperature=temperature, max_tokens=max_tokens, system_prompt=system_prompt,
+                                 stop=stop, cancel=cancel, progress=progress, history=history)
 
     def ask_many(self, questions: Sequence[str], *, doc: Paths = None, source: Paths = None,
                  max_tokens: int | None = None, system_prompt: str | None = None) -> list[Answer]:
@@ -527,41 +492,8 @@ class Pipeline:
         documents) are decoded together in one context (:meth:`~.engine.generator.Engine.generate_many`,
         ``engine.n_seq_max`` sequences per decode), the others one after another. Greedy answers
         are those of :meth:`ask`; this is what a server batching concurrent questions calls."""
-        from .options import AskOptions
-        from .stops import until_stop
-
-        options = AskOptions.resolve(self.config.ask, max_tokens=max_tokens, system_prompt=system_prompt)
-        built = []
-        for q in questions:
-            if not isinstance(q, str) or not q.strip():
-                from .errors import InputError
-
-                raise InputError("a question is empty")
-            timings: dict[str, float] = {}
-            built.append((q, *self._prompt(q, doc=doc, source=source, mode=options.mode, top_k=options.top_k,
-                                           timings=timings, options=options), timings))
-        engine, stops = self.engine, self.stops
-        answers: list[Answer | None] = [None] * len(built)
-        by_prefix: dict[tuple, list[int]] = {}
-        for i, (_, prompt, *_rest) in enumerate(built):
-            by_prefix.setdefault((tuple(prompt.prefix_tokens), tuple(prompt.boundaries)), []).append(i)
-        for (prefix, boundaries), members in by_prefix.items():
-            kw = dict(prefix_len=len(prefix), boundaries=boundaries, max_tokens=options.max_tokens,
-                      temperature=options.temperature, repeat_penalty=self.config.ask.repeat_penalty)
-            if hasattr(engine, "generate_many"):
-                done = engine.generate_many([built[i][1].tokens for i in members], **kw)
-            else:  # a generator without multi-sequence decoding: one after another
-                done = [_Done(g.read(), g.stats) for g in (engine.generate(built[i][1].tokens, **kw) for i in members)]
-            for i, completion in zip(members, done):
-                q, prompt, notes, finish, timings = built[i]
-                stats = AskStats(**completion.stats.__dict__, mode=prompt.mode,
-                                 sections=[p.to_dict() for p in prompt.sections])
-                if finish is not None:
-                    finish(stats)
-                text = "".join(until_stop([completion.text], stops.strings)).strip()
-                answers[i] = Answer(q, text, prompt.sources, stats, prompt.dropped, prompt.truncated,
-                                    notes + stats.notes, timings)
-        return answers  # type: ignore[return-value]
+        return asking.ask_many(self, questions, doc=doc, source=source, max_tokens=max_tokens,
+                               system_prompt=system_prompt)
 
     # -- conversations (see .chat) ------------------------------------------------------------
 
@@ -577,15 +509,7 @@ class Pipeline:
     def chat_stream(self, question: str, *, chat_id: str | None = None, history: Sequence[dict] | None = None,
                     **options: Any) -> AnswerStream:
         """:meth:`chat`, streaming. With ``chat_id``, the turn is saved once the answer is complete."""
-        from .chat import ChatStore
-
-        store = ChatStore(self.config.store_path / "chats") if chat_id else None
-        if store is not None and history is None:
-            history = store.history(chat_id)
-        stream = self.ask_stream(question, history=history, **options)
-        if store is not None:
-            stream.on_complete(lambda answer: store.append(chat_id, question, answer.text))
-        return stream
+        return asking.chat_stream(self, question, chat_id=chat_id, history=history, **options)
 
     # -- asyncio (see .aio) -------------------------------------------------------------------
 
@@ -607,154 +531,10 @@ class Pipeline:
 
         return await asyncio.to_thread(self.search, query, **options)
 
-    @staticmethod
-    def _selection(store: Store, doc: Paths, source: Paths) -> list[str] | None:
-        """The sources ``doc`` (documents) and ``source`` (documents or folders) select; None for all."""
-        from .errors import InputError
-
-        def listed(value) -> list:
-            if value is None:
-                return []
-            return [value] if isinstance(value, (str, os.PathLike)) else list(value)
-
-        docs, folders = listed(doc), listed(source)
-        if not docs and not folders:
-            return None
-        known = store.documents()
-
-        def spellings(path) -> list[str]:
-            return source_names(path)
-
-        chosen: set[str] = set()
-        for d in docs:
-            found = next((s for s in spellings(d) if s in known), None)
-            if found is None:
-                raise InputError(f"{d} is not in collection '{store.name}' (ingest it first)")
-            chosen.add(found)
-        for f in folders:
-            under = {s for s in known for p in spellings(f) if s == p or s.startswith(p.rstrip(os.sep) + os.sep)}
-            if not under:
-                raise InputError(f"no document of collection '{store.name}' is {f} or under it")
-            chosen |= under
-        return sorted(chosen)
-
-    def _retrieve(self, question: str, store: Store, *, k: int, sources: list[str] | None,
-                  expand_passages: bool = True, timings: dict[str, float] | None = None):
-        from .retrieve import expand
-
-        a = self.config.ask
-        hits = self._search(store, question, top_k=k, source=sources, use_mmr=a.mmr and expand_passages,
-                            timings=timings)
-        return expand(hits, store=store, neighbours=a.neighbours) if expand_passages else hits
-
-    def _prompt(self, question: str, *, doc: Paths, source: Paths, mode: str | None, top_k: int | None,
-                timings: dict[str, float] | None = None, options: "AskOptions | None" = None,
-                query: str | None = None) -> "tuple[Prompt, list[str], Callable[[AskStats], None] | None]":
-        """The packed prompt for ``question`` (what goes last in it); retrieval uses ``query``
-        (default: the question). ``options`` set the system prompt and the answer's room."""
-        from . import packing
-        from .errors import ConfigError
-
-        a, r = self.config.ask, self.config.retrieval
-        o = options or a
-        query = query or question
-        mode = mode or a.mode
-        if mode not in ASK_MODES:
-            raise ConfigError(f"mode must be one of {', '.join(ASK_MODES)}, got {mode!r}")
-        k = top_k or a.top_k
-        engine = self.engine  # the model file is found now; it loads only after the store is released
-        notes: list[str] = []
-
-        if mode == "auto":
-            namespace = engine.namespace
-            history = self.pack_history.recent(namespace, self.config.store.collection)
-            with self._reading() as store:
-                selection = self._selection(store, doc, source)
-                hits = self._retrieve(query, store, k=2 * r.candidates, sources=selection, expand_passages=False,
-                                     timings=timings)
-                shelf = packing.gather(store, sources=selection, target=self.section_tokens, hits=hits,
-                                       fetch_tokens=3 * engine.n_ctx, also={key for p in history[:16] for key in p})
-            # The store is released: tokenising (and loading the generator) happens from here on.
-            prompt = packing.plan(
-                shelf, question, layout=self._layout_for(o.system_prompt), tokenize=engine.tokenize,
-                memo=self._section_tokens, n_ctx=engine.n_ctx, reserve=self._reserve(o.max_tokens), tolerance=a.reuse_tolerance,
-                history=history,
-                reusable=lambda p: engine.reusable(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries),
-                top_k=k, neighbours=a.neighbours)
-            if prompt is not None:
-                if prompt.mode == "sections":
-                    notes.append(f"the selection ({sum(s.tokens for s in shelf.sections):,} tokens) does not fit the "
-                                 f"context of {engine.n_ctx:,}: packed {len(prompt.sections)} of its "
-                                 f"{len(shelf.sections)} sections, the most relevant, in document order")
-                keys = [p.section.key for p in prompt.sections]
-                self.pack_history.record(namespace, shelf.collection, keys)
-                previous = history[0] if history else None
-
-                def finish(stats: AskStats) -> None:
-                    stats.reuse_lost = packing.reuse_note(
-                        prompt, cached_tokens=stats.cached_tokens, previous=previous, documents=shelf.documents,
-                        cache_on=self.prefix_cache is not None, min_tokens=self.config.cache.min_tokens)
-
-                return prompt, notes, finish
-            notes.append(f"not even one section fits the context of {engine.n_ctx:,} tokens: answering from "
-                         "retrieved passages (sections were cut for a longer context; see chunking.section_tokens)")
-        return self._passages_prompt(question, doc=doc, source=source, k=k, notes=notes, timings=timings,
-                                     options=options, query=query)
-
-    @contextmanager
-    def _reading(self) -> Iterator[Store]:
-        """The store, for answering: the collection must exist and hold documents."""
-        from .errors import StoreError
-
-        with self.store(create=False) as store:
-            store.require()
-            if store.catalog.totals(store.name)[0] == 0:
-                raise StoreError(f"collection '{store.name}' is empty; run `rag ingest PATH` first")
-            self._check_embedder(store)
-            yield store
-
-    def _passages_prompt(self, question: str, *, doc: Paths, source: Paths, k: int, notes: list[str],
-                         timings: dict[str, float] | None = None, options: "AskOptions | None" = None,
-                         query: str | None = None):
-        from .retrieve import whole_document
-
-        engine = self.engine
-        with self._reading() as store:
-            selection = self._selection(store, doc, source)
-            whole = None
-            if selection is not None and len(selection) == 1 and doc is not None and source is None:
-                whole = whole_document(selection[0], store=store)  # `--doc FILE`: the whole of it, if it fits
-                n_tokens = store.documents()[selection[0]].n_tokens
-                passages = self._retrieve(query or question, store, k=max(4 * k, 16), sources=selection,
-                                          timings=timings)
-            else:
-                passages = self._retrieve(query or question, store, k=k, sources=selection, timings=timings)
-
-        def packed(ps):
-            return self._pack(ps, question, options)
-
-        prompt = None
-        if whole is not None:
-            prompt = packed(whole)
-            if prompt.dropped or prompt.truncated:
-                notes.append(f"{Path(selection[0]).name} ({n_tokens:,} tokens) does not fit the context of "
-                             f"{engine.n_ctx:,} tokens: answering from its most relevant passages")
-                prompt = None
-        if prompt is None:
-            prompt = packed(passages)
-        if prompt.dropped:
-            notes.append(f"{prompt.dropped} lower-ranked passage(s) did not fit the context and were left out")
-        if prompt.truncated:
-            notes.append("the best passage alone exceeds the context: it was cut at a sentence boundary")
-
-        def finish(stats: AskStats) -> None:
-            from .packing import reuse_note
-
-            stats.reuse_lost = reuse_note(prompt, cached_tokens=stats.cached_tokens, previous=None, documents={},
-                                          cache_on=self.prefix_cache is not None,
-                                          min_tokens=self.config.cache.min_tokens)
-
-        return prompt, notes, finish
+    def _prompt(self, question: str, **options: Any
+                ) -> "tuple[Prompt, list[str], Callable[[AskStats], None] | None]":
+        """The packed prompt for ``question`` and its notes (:func:`.asking.build_prompt`)."""
+        return asking.build_prompt(self, question, **options)
 
     def _reserve(self, max_tokens: int | None = None) -> int:
         """The answer room every layout decision holds back (:func:`.packing.layout_reserve`)."""
@@ -951,35 +731,3 @@ class Pipeline:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-@dataclass
-class _Done:
-    text: str
-    stats: EngineStats
-
-
-def _tracker(callback):
-    from .progress import tracker
-
-    return tracker(callback)
-
-
-_OPTIONAL = ("stop_tokens", "progress", "cancel")
-
-
-def _supported(generator, **kwargs) -> dict:
-    """The optional ``generate`` arguments (see :class:`~.engine.stages.TextGenerator`) that
-    ``generator`` takes and that are set; an unset ``cancel`` is made where it is taken, so a
-    stream can always be cancelled."""
-    import inspect
-
-    try:
-        params = inspect.signature(generator.generate).parameters
-    except (TypeError, ValueError):
-        return {}
-    takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    out = {k: v for k, v in kwargs.items() if (takes_all or k in params) and k in _OPTIONAL}
-    if "cancel" in out and out["cancel"] is None:
-        out["cancel"] = CancelToken()
-    return {k: v for k, v in out.items() if v is not None and v != frozenset()}

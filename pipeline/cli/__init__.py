@@ -1,0 +1,22 @@
+"""The ``rag`` command: options map to keyword arguments of one :class:`pipeline.Pipeline` call.
+
+No logic lives here beyond presentation: progress bars, tables, JSON, and
+turning :class:`pipeline.errors.RagError` into a message and an exit status.
+
+The commands, one module per concept: :mod:`.collection` (ingest, warm, cache, status,
+drop), :mod:`.questions` (search, ask, eval, serve), :mod:`.summarize`, :mod:`.tuning`
+(plan, tune, bench) and :mod:`.settings` (config, models); what they share (the root
+group, the shared options, errors) is in :mod:`.common`.
+"""
+
+from __future__ import annotations
+
+from . import collection, questions, settings, summarize, tuning  # noqa: F401  (each adds its commands to cli)
+from .collection import _IngestProgress  # noqa: F401  (imported by the tests from here)
+from .common import cli
+
+__all__ = ["cli", "main"]
+
+
+def main() -> None:
+    cli(prog_name="rag")

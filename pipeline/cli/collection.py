@@ -1,0 +1,259 @@
+"""Building and keeping a collection: ``rag ingest``, ``rag warm``, ``rag cache``, ``rag status``, ``rag drop``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import ConfigError, InputError
+from .common import (UserError, _display_path, _echo_json, _pipeline, _printable, _store_overrides, cli,
+                     handles_errors, json_option, store_options)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@store_options
+@click.option("--prune", is_flag=True, help="Remove documents whose files disappeared from the given folders.")
+@click.option("--strict", is_flag=True, help="Exit with status 1 if any file or folder could not be read.")
+@click.option("--include", "include", multiple=True, metavar="GLOB",
+              help="Only files matching GLOB (name, or path under the folder if it has a '/'); repeatable.")
+@click.option("--exclude", "exclude", multiple=True, metavar="GLOB",
+              help="Leave out files and folders matching GLOB; repeatable.")
+@click.option("--follow-symlinks", is_flag=True, default=None,
+              help="Also follow symlinks that leave the folder. [default: ingest.follow_symlinks]")
+@click.option("--warm", is_flag=True, help="Then prefill and save the prompt prefixes questions will hit (see `rag warm`).")
+@json_option
+@click.pass_context
+@handles_errors
+def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, follow_symlinks, warm,
+           as_json):
+    """Load, chunk, embed and store the documents under PATHS.
+
+    PDF, Markdown, text and HTML files are indexed (also gzip-compressed, e.g. README.md.gz),
+    and files whose name says nothing (README, NEWS) when their content is text; other files
+    are skipped. Unchanged files are not embedded again; changed files replace their old chunks.
+    """
+    rag = _pipeline(ctx, **_store_overrides(collection, store_path))
+    bar = _IngestProgress(bar=sys.stderr.isatty())
+    try:
+        report = rag.ingest(paths, prune=prune, include=include, exclude=exclude,
+                            follow_symlinks=follow_symlinks, progress=bar.event)
+        bar.close()
+        if not as_json:
+            for f in report.notable_skips:
+                click.echo(f"skipped: {_display_path(f.path)}: {_printable(f.reason)}", err=True)
+            for f in report.failed:
+                click.echo(f"failed: {_display_path(f.path)}: {_printable(f.reason)}", err=True)
+            click.echo(report.summary())
+        warmed = _warm(rag, quiet=as_json) if warm else None
+    finally:
+        bar.close()
+        rag.close()
+    if as_json:
+        data = report.to_dict()
+        if warmed is not None:
+            data["warm"] = warmed
+        _echo_json(data)
+    if strict and report.failed:
+        ctx.exit(1)
+
+
+def _warm(rag, *, quiet: bool, purpose: str = "ask") -> dict:
+    def show(prefix: str, outcome: str) -> None:
+        if not quiet:
+            click.echo(f"warm: {_display_path(prefix)}: {outcome}", err=True)
+
+    report = rag.warm(progress=show, purpose=purpose)
+    if not quiet:
+        items = report["prefixes"]
+        counts = {k: sum(1 for i in items if i["outcome"] == k) for k in ("saved", "cached", "too short", "too long")}
+        spent = (f"{report['prefilled_tokens']:,} tokens prefilled, {report['bytes_written'] / 1e6:,.1f} MB of "
+                 "states written")
+        own = items[1:] if purpose == "all" else items  # each document's own prefix, in whole mode
+        if report["mode"] == "whole":
+            if purpose != "summarize":
+                item = items[0]
+                click.echo(f"warmed {item['prefix']}, {item['tokens']:,} tokens in one prefix: {item['outcome']}")
+            if purpose != "ask":
+                click.echo(f"warmed each document's own prefix (what `rag summarize` and `rag ask --doc` start "
+                           f"from): {sum(i['outcome'] == 'saved' for i in own)} saved, "
+                           f"{sum(i['outcome'] == 'cached' for i in own)} already cached, "
+                           f"{sum(i['outcome'] == 'too short' for i in own)} too short to save")
+            elif len(items) == 1 and items[0]["documents"] > 1:
+                click.echo("summaries and `rag ask --doc` start from each document's own prefix: "
+                           "`rag warm --for summarize` saves those too", err=True)
+        else:
+            click.echo(f"warmed the leading sections of {len(items)} documents (the collection does not fit the "
+                       f"context whole): {counts['saved']} saved, {counts['cached']} already cached, "
+                       f"{counts['too short']} too short to save, {counts['too long']} too long for the context")
+        click.echo(spent)
+    return report
+
+
+@cli.command()
+@store_options
+@click.option("--for", "purpose", type=click.Choice(["ask", "summarize", "all"]), default="ask", show_default=True,
+              help="When the collection fits whole: its one prefix (ask), each document's own prefix "
+                   "(summarize, ask --doc), or both.")
+@json_option
+@click.pass_context
+@handles_errors
+def warm(ctx, collection, store_path, purpose, as_json):
+    """Prefill and save the prompt prefixes the next questions will hit, so the first one is fast too.
+
+    The whole collection's prefix when it fits the context (what `rag ask` packs then; with
+    `--for summarize`, each document's own prefix, what its summaries start from), else each
+    document's leading sections.
+    """
+    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+        report = _warm(rag, quiet=as_json, purpose=purpose)
+    if as_json:
+        _echo_json(report)
+
+
+@cli.group()
+def cache():
+    """Inspect or clear the prefix KV cache (saved prompt states)."""
+
+
+def _prefix_cache(ctx):
+    """The configured prefix cache (a context manager), or a user error when it is off."""
+    rag = _pipeline(ctx)
+    if rag.prefix_cache is None:
+        raise UserError(ConfigError("the prefix cache is off (cache.enabled = false)"))
+    return rag.prefix_cache
+
+
+@cache.command("stats")
+@json_option
+@click.pass_context
+@handles_errors
+def cache_stats(ctx, as_json):
+    """Show entries, size, hits and bytes per token of the prefix cache."""
+    with _prefix_cache(ctx) as cache:
+        st = cache.stats()
+        _echo_notes(cache.take_notes())
+    if as_json:
+        _echo_json(st)
+        return
+    for key, value in st.items():
+        if not isinstance(value, (dict, list)):
+            click.echo(f"{key + ':':22} {value:,}" if isinstance(value, int) else f"{key + ':':22} {value}")
+
+
+@cache.command("clear")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+@handles_errors
+def cache_clear(ctx, yes):
+    """Delete every saved prefix state."""
+    with _prefix_cache(ctx) as cache:
+        if not yes:
+            click.confirm(f"Delete every saved prefix state in {_printable(str(cache.directory))}?", abort=True)
+        n = cache.clear()
+        _echo_notes(cache.take_notes())
+    click.echo(f"deleted {n} cached prefix states")
+
+
+def _echo_notes(notes: list[str]) -> None:
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+
+
+class _IngestProgress:
+    """Ingest progress on stderr, driven by the library's events, measured in bytes and tokens.
+
+    On a terminal, a bar over the bytes to embed (so one long file moves it too). Otherwise
+    (a pipe, a log, ``--json`` in a script) one line every ``every`` seconds, and nothing for a
+    run shorter than that.
+    """
+
+    every = 10.0
+
+    def __init__(self, *, bar: bool):
+        self.use_bar = bar
+        self.bar = None
+        self.started = self.last = 0.0
+        self.shown = 0
+
+    def event(self, ev) -> None:
+        import time
+
+        if ev.kind == "plan":
+            self.started = self.last = time.monotonic()
+            if self.use_bar:
+                self.bar = click.progressbar(length=max(1, ev.total_bytes), label="embedding",
+                                             file=sys.stderr, show_percent=True, show_eta=True,
+                                             item_show_func=lambda s: s)
+                self.bar.__enter__()
+            return
+        detail = f"{ev.done_chunks:,} chunks, {ev.done_tokens:,} tokens"
+        if ev.kind == "chunks":
+            detail += f" | {_printable(Path(ev.path).name)} {ev.chunks:,}/{ev.file_chunks:,} chunks"
+        if self.bar is not None:
+            self.bar.current_item = detail
+            self.bar.update(ev.done_bytes - self.shown)
+            self.shown = ev.done_bytes
+        elif not self.use_bar and time.monotonic() - self.last >= self.every:
+            self.last = time.monotonic()
+            elapsed = self.last - self.started
+            share = ev.done_bytes / ev.total_bytes if ev.total_bytes else 0.0
+            rate = f", {ev.done_tokens / elapsed:,.0f} tokens/s" if elapsed > 0 else ""
+            size = (f"{ev.total_bytes / 2**20:,.1f} MB" if ev.total_bytes >= 2**20
+                    else f"{ev.total_bytes / 1024:,.0f} KB")
+            click.echo(f"embedding: {share:.0%} of {size}, {detail}{rate}", err=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+            self.bar = None
+
+
+@cli.command()
+@store_options
+@json_option
+@click.pass_context
+@handles_errors
+def status(ctx, collection, store_path, as_json):
+    """Show what a collection holds: documents, chunks, models and the store path."""
+    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+        st = rag.status()
+    if as_json:
+        _echo_json(st.to_dict())
+        return
+    click.echo(f"store:       {_printable(st.store)}")
+    if not st.exists:
+        others = f" (collections here: {', '.join(st.collections)})" if st.collections else ""
+        click.echo(f"collection:  {st.collection} (does not exist yet{others})")
+        return
+    click.echo(f"collection:  {st.collection}")
+    click.echo(f"documents:   {st.documents:,}")
+    click.echo(f"chunks:      {st.chunks:,} ({st.tokens:,} tokens; chunk size {st.chunk_size}, overlap {st.chunk_overlap})")
+    click.echo(f"embedder:    {st.embedder} ({st.dim} dimensions)")
+    click.echo(f"generator:   {st.generator}")
+    if len(st.collections) > 1:
+        click.echo(f"collections: {', '.join(st.collections)}")
+    for s in st.sources:
+        pages = f", {s['pages']} pages" if s["pages"] else ""
+        click.echo(f"  {_display_path(s['source'])}  ({s['format']}{pages}, {s['chunks']} chunks)")
+
+
+@cli.command()
+@store_options
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+@handles_errors
+def drop(ctx, collection, store_path, yes):
+    """Delete a collection (its vectors, chunks and lexical index)."""
+    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+        name = rag.config.store.collection
+        missing = InputError(f"collection '{name}' does not exist in {rag.config.store_path}")
+        if not rag.status().exists:
+            raise UserError(missing)
+        if not yes:
+            click.confirm(f"Delete the collection '{name}'?", abort=True)
+        if not rag.drop():
+            raise UserError(missing)
+        click.echo(f"dropped collection '{name}'")

@@ -1,0 +1,273 @@
+"""Questions over a collection: ``rag search``, ``rag ask``, ``rag eval``, ``rag serve``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .common import (QueryCommand, UserError, _display_path, _echo_json, _pipeline, _printable, _store_overrides,
+                     cli, handles_errors, json_option, store_options)
+
+
+@cli.command(cls=QueryCommand)
+@click.argument("query")
+@click.option("-k", "--top-k", type=click.IntRange(min=1), help="Number of hits. [default: from config, 5]")
+@click.option("--dense/--no-dense", default=None, help="Use the vector (dense) side.")
+@click.option("--lexical/--no-lexical", default=None, help="Use the BM25 (lexical) side.")
+@click.option("--rerank/--no-rerank", default=None, help="Rerank the fused candidates (retrieval.rerank).")
+@click.option("--stats", "show_stats", is_flag=True, help="Print the time each retrieval stage took.")
+@store_options
+@json_option
+@click.pass_context
+@handles_errors
+def search(ctx, query, top_k, dense, lexical, rerank, show_stats, collection, store_path, as_json):
+    """Retrieve the chunks that best match QUERY (hybrid dense + BM25, reranked), without generating.
+
+    A QUERY that starts with a dash goes after --: rag search -- --n-cpu-moe
+    """
+    overrides = _store_overrides(collection, store_path)
+    overrides.update({"retrieval.dense": dense, "retrieval.lexical": lexical,
+                      "retrieval.rerank": None if rerank is None else ("scores" if rerank else "none")})
+    timings: dict[str, float] = {}
+    with _pipeline(ctx, **overrides) as rag:
+        hits = rag.search(query, top_k=top_k, timings=timings)
+    if show_stats and not as_json:
+        click.echo(_retrieval_line(timings), err=True)
+    if as_json:
+        _echo_json({"query": query, "hits": [h.to_dict() for h in hits]})
+        return
+    if not hits:
+        click.echo("no matches", err=True)
+        return
+    for i, h in enumerate(hits, start=1):
+        where = _display_path(h.source) + (f", page {h.page}" if h.page else "")
+        click.secho(f"[{i}] {where}  score {h.score:.4f}  ({' + '.join(h.found_by)})", bold=True)
+        click.echo(_indent(h.text))
+        click.echo()
+
+
+def _retrieval_line(seconds: dict[str, float]) -> str:
+    """One line of retrieval latency per stage, in milliseconds."""
+    names = {"embed_query": "embed query", "dense": "dense", "lexical": "lexical", "fuse": "fuse",
+             "rerank": "rerank"}
+    parts = [f"{label} {seconds[key] * 1000:.1f} ms" for key, label in names.items() if key in seconds]
+    return "retrieval: " + " | ".join(parts) + f" | total {sum(seconds.values()) * 1000:.1f} ms"
+
+
+def _indent(text: str, width: int = 600) -> str:
+    text = _printable(" ".join(text.split()))
+    if len(text) > width:
+        text = text[:width].rsplit(" ", 1)[0] + " …"
+    return "    " + text
+
+
+@cli.command(cls=QueryCommand)
+@click.argument("question")
+@click.option("--doc", "docs", multiple=True, type=click.Path(path_type=Path),
+              help="Answer from this ingested document (repeatable).")
+@click.option("--source", "sources", multiple=True, type=click.Path(path_type=Path),
+              help="Answer from the documents under this folder or path (repeatable).")
+@click.option("--mode", type=click.Choice(["auto", "passages"]),
+              help="auto: whole documents when they fit, else fixed sections, so questions share a cached "
+                   "prefix; passages: retrieved passages. [default: from config, auto]")
+@click.option("-k", "--top-k", type=click.IntRange(min=1), help="Passages to retrieve, or hits cited. [default: from config, 8]")
+@click.option("--stats", "show_stats", is_flag=True, help="Print the engine's figures (prefill, TTFT, reuse, decode).")
+@click.option("--ctx", "n_ctx", type=click.IntRange(min=0), help="Context length in tokens (engine.n_ctx).")
+@click.option("--max-tokens", type=click.IntRange(min=1), help="Longest answer in tokens (ask.max_tokens).")
+@click.option("--temperature", type=click.FloatRange(0, 5), help="Sampling temperature; 0 is greedy (ask.temperature).")
+@click.option("--system", "system_prompt", help="System prompt for this question (ask.system_prompt).")
+@click.option("--stop", multiple=True, help="End the answer at this text (repeatable; added to the template's stops).")
+@click.option("--chat", "chat_id", help="Continue (or start) the conversation ID: a follow-up keeps the documents' "
+              "cached prefix, earlier turns go after them.")
+@store_options
+@json_option
+@click.pass_context
+@handles_errors
+def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens, temperature, system_prompt, stop,
+        chat_id, collection, store_path, as_json):
+    """Answer QUESTION from the collection, streaming the answer, then its sources.
+
+    By default (auto) the prompt holds every document whole when they fit the context,
+    else the fixed sections that best match the question, always in document order, so
+    the next question reuses the prompt's prefix and prefills only itself. Pages are
+    marked in the prompt; sources list the pages that matched best.
+    A QUESTION that starts with a dash goes after --.
+    """
+    from ..concurrency import iterate_interruptibly
+    from ..errors import Cancelled
+
+    overrides = _store_overrides(collection, store_path)
+    overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
+    with _pipeline(ctx, **overrides) as rag:
+        options = dict(doc=list(docs) or None, source=list(sources) or None, mode=mode, top_k=top_k,
+                       temperature=temperature, system_prompt=system_prompt, stop=list(stop) or None,
+                       progress=_PrefillLine() if not as_json and sys.stderr.isatty() else None)
+        stream = rag.chat_stream(question, chat_id=chat_id, **options) if chat_id else \
+            rag.ask_stream(question, **options)
+        try:  # generated in a worker thread: Ctrl-C stops a prefill within one micro-batch
+            for piece in iterate_interruptibly(stream):
+                if not as_json:
+                    click.echo(piece, nl=False)
+        except KeyboardInterrupt:
+            raise UserError(Cancelled("interrupted")) from None
+        answer = stream.answer
+        if as_json:
+            _echo_json(answer.to_dict())
+            return
+    click.echo()
+    if answer.sources:
+        click.echo("\nSources:")
+        for src in answer.sources:
+            pages = _pages(src["pages"])
+            click.echo(f"  [{src['n']}] {_display_path(src['source'])}{', ' + pages if pages else ''}")
+    for note in answer.notes or []:
+        click.echo(f"note: {_printable(note)}", err=True)
+    if show_stats:
+        st = answer.stats
+        reuse = f"{st.cached_tokens:,} reused, cache: {st.cache}"
+        packed = f"mode {st.mode}" + (f" ({len(st.sections)} sections)" if st.sections else "")
+        click.echo(
+            f"\n{packed} | prompt {st.prompt_tokens:,} tokens ({reuse}) | "
+            f"prefill {st.prefill_seconds:.2f} s at {st.prefill_tokens_per_second:,.0f} tok/s | "
+            f"TTFT {st.ttft_seconds:.2f} s | decode {st.decode_tokens} tokens at "
+            f"{st.decode_tokens_per_second:.1f} tok/s | model load {st.load_seconds:.2f} s", err=True)
+        if answer.retrieval:
+            click.echo(_retrieval_line(answer.retrieval), err=True)
+        if st.reuse_lost:
+            click.echo(f"reuse: {st.reuse_lost}", err=True)
+
+
+class _PrefillLine:
+    """Prefill progress on one stderr line, shown once a prefill has taken more than a second."""
+
+    def __init__(self) -> None:
+        self.shown = False
+
+    def __call__(self, p) -> None:
+        if p.seconds < 1.0 and not self.shown:
+            return
+        self.shown = True
+        click.echo("\r\033[K" + p.describe() + ("\n" if p.finished else ""), err=True, nl=False)
+
+
+def _pages(pages: list[int]) -> str:
+    """[3, 4, 5, 9] as "pages 3-5, 9"."""
+    runs: list[list[int]] = []
+    for p in pages:
+        if runs and p == runs[-1][-1] + 1:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return "" if not pages else ("page " if len(pages) == 1 else "pages ") + text
+
+
+@cli.command("eval")
+@click.argument("questions", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-s", "--setting", "settings", multiple=True,
+              type=click.Choice(["dense", "lexical", "hybrid", "hybrid+mmr", "hybrid+rerank"]),
+              help="Retrieval setting to measure (repeatable). [default: dense, lexical, hybrid, hybrid+rerank]")
+@click.option("--compare", "compare", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Also run with this TOML config (repeatable); results side by side.")
+@click.option("--answers", is_flag=True, help="Also answer each question and check the answer and its citations (slow).")
+@click.option("--misses", is_flag=True, help="List the questions whose page is not in the top 5, per setting.")
+@click.option("--template", "write_template", is_flag=True,
+              help="Write a starter question set from the collection to QUESTIONS (or stdout) and stop.")
+@click.option("--per-document", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Template lines per document.")
+@store_options
+@json_option
+@click.pass_context
+@handles_errors
+def eval_(ctx, questions, settings, compare, answers, misses, write_template, per_document, collection,
+          store_path, as_json):
+    """Measure whether retrieval finds the page that holds each answer in QUESTIONS (JSONL).
+
+    Prints recall@1/5/10, MRR, nDCG@10 and the median query latency per stage for each
+    retrieval setting. Each line of QUESTIONS: {"question": ..., "source": "docs/manual.pdf",
+    "pages": [12], "answer": "optional substring"}; for documents without pages, "evidence"
+    (a phrase of the passage) instead of "pages". `--template` starts such a file.
+    """
+    from ..api import Pipeline
+
+    overrides = _store_overrides(collection, store_path)
+    if write_template:
+        with _pipeline(ctx, **overrides) as rag:
+            lines = rag.eval_template(per_document=per_document)
+        text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
+        if questions is None:
+            click.echo(text, nl=False)
+        else:
+            if questions.exists():
+                raise click.ClickException(f"{questions} exists; not overwriting it")
+            questions.write_text(text, encoding="utf-8")
+            click.echo(f"wrote {len(lines)} template lines to {questions}: write each question in your own "
+                       "words, fill in 'answer' if you like, and delete lines you do not want", err=True)
+        return
+    if questions is None:
+        raise click.UsageError("QUESTIONS is required (or use --template)")
+    base = ctx.find_root().params.get("config_path")
+    runs = [(str(base) if base else "current config", base, overrides)]
+    runs += [(str(path), path, {}) for path in compare]
+    reports = []
+    for label, path, extra in runs:
+        live = not as_json and sys.stderr.isatty()
+        show = (lambda qid, n: click.echo(f"\r{label}: {n} questions", nl=False, err=True)) if live else None
+        with Pipeline.from_config(path, overrides=extra, log=lambda m: click.echo(m, err=True)) as rag:
+            reports.append(rag.evaluate(questions, settings=settings or None, answers=answers, label=label,
+                                        progress=show))
+        if live:
+            click.echo(err=True)
+    if as_json:
+        data = [r.to_dict() for r in reports]
+        _echo_json(data[0] if len(data) == 1 else data)
+        return
+    from ..evaluate import table
+
+    click.echo(table(reports))
+    for r in reports:
+        for u in r.unreachable:
+            click.echo(f"warning: {r.label}: question {u['id']}: {u['reason']} (counted as a miss)", err=True)
+        if misses:
+            for s in r.settings:
+                for q in s.misses():
+                    top = ", ".join(f"{Path(t['source']).name} p{t['page']}" if t["page"] else Path(t["source"]).name
+                                    for t in q["top"])
+                    click.echo(f"miss@5 {r.label} / {s.name}: [{q['id']}] {q['question']} (rank {q['rank']}; top: {top})")
+        if r.answers is not None:
+            from ..evaluate import answer_summary
+
+            a = answer_summary(r.answers)
+            click.echo(f"answers ({r.label}): {a['answer_contains_expected']}/{a['with_expected_answer']} contain the "
+                       f"expected text; {a['cites_expected_page']}/{a['questions']} cite the expected page; "
+                       f"{a['expected_page_in_prompt']}/{a['questions']} had it in the prompt")
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (keep 127.0.0.1 unless a token is set and the network is trusted).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True, help="TCP port.")
+@click.option("--max-body", type=click.IntRange(min=1024), default=1 << 20, show_default=True,
+              help="Largest request body in bytes.")
+@store_options
+@click.pass_context
+@handles_errors
+def serve(ctx, host, port, max_body, collection, store_path):
+    """Serve the collection over HTTP: OpenAI-compatible /v1/chat/completions with sources,
+    /search, /ingest, /status, /health. Set RAG_SERVE_TOKEN to require a bearer token.
+
+    This process owns the store and the models; ingests posted to it run in its own
+    writer while searches and answers go on.
+    """
+    import os
+
+    from ..serve import TOKEN_ENV, run
+
+    token = os.environ.get(TOKEN_ENV) or None
+    if host not in ("127.0.0.1", "localhost", "::1") and not token:
+        click.echo(f"warning: listening on {host} without {TOKEN_ENV}: anyone who can reach it can use it", err=True)
+    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+        run(rag, host=host, port=port, token=token, max_body=max_body, log=lambda m: click.echo(m, err=True))
