@@ -537,46 +537,67 @@ class Pipeline:
         """The packed prompt for ``question`` and its notes (:func:`.asking.build_prompt`)."""
         return asking.build_prompt(self, question, **options)
 
-    def warm(self, *, progress: Callable[[str, str], None] | None = None) -> dict:
-        """Prefill and save the prefixes the next questions will hit (``ask`` in auto mode).
+    def _reserve(self, max_tokens: int | None = None) -> int:
+        """The answer room every layout decision holds back (:func:`.packing.layout_reserve`)."""
+        from .packing import layout_reserve
 
-        The whole collection's prefix when it fits the context, else each document's
-        leading sections (as many as fit), with states at their boundaries. Returns
-        ``{"mode": "whole" | "sections", "prefixes": [...]}``, one item per prefix with its
-        documents, sections, tokens and outcome: "saved", "cached" (already there), "too
-        short" (under ``cache.min_tokens``) or "too long" (not even one section fits).
+        c = self.config
+        return layout_reserve(self.engine.n_ctx, c.ask.max_tokens, c.summarize.max_tokens, max_tokens)
+
+    def warm(self, *, progress: Callable[[str, str], None] | None = None, purpose: str = "ask") -> dict:
+        """Prefill and save the prefixes the next prompts will hit, with states at their boundaries.
+
+        When the collection fits the context whole, ``purpose`` chooses: "ask" (default) its
+        whole prefix, what every question over it starts from; "summarize" each document's
+        own prefix, what its summaries and ``ask --doc`` start from; "all" both. Otherwise each
+        document's leading sections (as many as fit), which serve both. Returns ``{"mode":
+        "whole" | "sections", "purpose", "prefixes": [...], "prefilled_tokens", "bytes_written"}``,
+        one item per prefix with its documents, sections, tokens, the tokens prefilled for it,
+        the bytes of the states written and its outcome: "saved", "cached" (already there),
+        "too short" (under ``cache.min_tokens``) or "too long" (not even one section fits).
         """
         from . import packing
         from .errors import ConfigError
 
+        if purpose not in packing.WARM_PURPOSES:
+            raise ConfigError(f"warm is for one of {', '.join(packing.WARM_PURPOSES)}, got {purpose!r}")
         cache = self.prefix_cache
         if cache is None:
             raise ConfigError("the prefix cache is off (cache.enabled = false): nothing to warm")
         if cache.unavailable or cache.read_only:
             raise ConfigError(f"the prefix cache cannot save states: "
                               f"{cache.unavailable or f'{cache.directory} is read-only'}")
-        engine, a = self.engine, self.config.ask
+        engine = self.engine
         with self.store(create=False) as store:
             store.require()
             shelf = packing.gather(store, sources=None, target=self.section_tokens, fetch_tokens=2**62)
-        plans = packing.warm_plans(shelf, layout=self._layout, tokenize=engine.tokenize, memo=self._section_tokens,
-                                   n_ctx=engine.n_ctx, reserve=a.max_tokens)
-        mode = "whole" if plans and plans[0][1] is not None and plans[0][1].mode == "whole" else "sections"
+        mode, plans = packing.warm_plans(shelf, layout=self._layout, tokenize=engine.tokenize,
+                                         memo=self._section_tokens, n_ctx=engine.n_ctx, reserve=self._reserve(),
+                                         purpose=purpose)
         items = []
         for name, prompt in plans:
+            prefilled = written = 0
             if prompt is None:
                 outcome = "too long"
             elif len(prompt.prefix_tokens) < self.config.cache.min_tokens:
                 outcome = "too short"
             else:
+                probe = getattr(engine, "reusable", None)
+                reused = probe(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries) \
+                    if probe else 0
+                before = {e.id for e in cache.entries(engine.namespace)}
                 outcome = "saved" if engine.warm(prompt.prefix_tokens, boundaries=prompt.boundaries) else "cached"
+                written = sum(e.bytes for e in cache.entries(engine.namespace) if e.id not in before)
+                prefilled = len(prompt.prefix_tokens) - reused if outcome == "saved" else 0
                 self.pack_history.record(engine.namespace, shelf.collection, [p.section.key for p in prompt.sections])
             items.append({"prefix": name, "documents": len({p.section.source for p in prompt.sections}) if prompt else 0,
                           "sections": len(prompt.sections) if prompt else 0,
-                          "tokens": len(prompt.prefix_tokens) if prompt else 0, "outcome": outcome})
+                          "tokens": len(prompt.prefix_tokens) if prompt else 0, "prefilled": prefilled,
+                          "bytes": written, "outcome": outcome})
             if progress:
                 progress(name, outcome)
-        return {"mode": mode, "prefixes": items}
+        return {"mode": mode, "purpose": purpose, "prefixes": items,
+                "prefilled_tokens": sum(i["prefilled"] for i in items), "bytes_written": sum(i["bytes"] for i in items)}
 
     # -- batch summaries (rag summarize) ------------------------------------------------------
 
@@ -646,7 +667,8 @@ class Pipeline:
                     failed = [{"source": s, "error": "not ingested"} for s in wanted if s not in known]
         s = self.engine.settings
         settings = Settings(max_tokens=max_tokens or m.max_tokens, temperature=m.temperature,
-                            repeat_penalty=m.repeat_penalty, seed=s.seed, system=self.config.ask.system_prompt)
+                            repeat_penalty=m.repeat_penalty, seed=s.seed, system=self.config.ask.system_prompt,
+                            reserve=self._reserve(max_tokens))
         if self.config.store.catalog_url:  # job state lives with the shared catalog
             from .store.pg_jobs import PostgresJobStore
 
@@ -655,7 +677,9 @@ class Pipeline:
             jobs = JobStore(self.config.store_path / "jobs.sqlite")
         job = Job(engine=self.engine, jobs=jobs, open_store=self.store, collection=self.config.store.collection,
                   documents=documents, prompts=prompts, settings=settings, section_target=self.section_tokens,
-                  memo=self._section_tokens)
+                  memo=self._section_tokens,
+                  record=lambda keys: self.pack_history.record(self.engine.namespace, self.config.store.collection,
+                                                                keys))
         return job, jobs, failed, skipped
 
     def status(self) -> CollectionStatus:

@@ -151,8 +151,8 @@ def build_prompt(rag: "Pipeline", question: str, *, doc: Paths, source: Paths, m
         # The store is released: tokenising (and loading the generator) happens from here on.
         prompt = packing.plan(
             shelf, question, layout=rag._layout_for(o.system_prompt), tokenize=engine.tokenize,
-            memo=rag._section_tokens, n_ctx=engine.n_ctx, reserve=o.max_tokens, tolerance=a.reuse_tolerance,
-            history=history,
+            memo=rag._section_tokens, n_ctx=engine.n_ctx, reserve=rag._reserve(o.max_tokens),
+            tolerance=a.reuse_tolerance, history=history,
             reusable=lambda p: rag._pool.reusable(p.tokens, prefix_len=len(p.prefix_tokens),
                                                   boundaries=p.boundaries),
             top_k=k, neighbours=a.neighbours)

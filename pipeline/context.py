@@ -73,7 +73,8 @@ class Layout:
         budget = n_ctx - reserve - fixed
         if budget <= 0:
             raise EngineError(f"the context ({n_ctx:,} tokens) has no room for documents after the question "
-                              f"and {reserve} answer tokens: raise engine.n_ctx or lower ask.max_tokens")
+                              f"and {reserve} answer tokens: raise engine.n_ctx or lower ask.max_tokens and "
+                              "summarize.max_tokens (the layout holds back the larger)")
         return budget
 
 

@@ -178,6 +178,23 @@ def number(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens) -> list
 # --------------------------------------------------------------------------- choosing
 
 
+def layout_reserve(n_ctx: int, ask_max_tokens: int, summarize_max_tokens: int, max_tokens: int | None = None) -> int:
+    """The tokens every layout decision holds back for the answer: the larger of ``ask.max_tokens``
+    and ``summarize.max_tokens``, at most a quarter of the context; a call's own ``max_tokens``
+    only where it is larger still.
+
+    ``ask``, ``warm`` and ``summarize`` decide with this one figure whether a document goes
+    whole, which sections fit and where a map-reduce run ends, so a document is laid out the
+    same way by all three and they share its prefix (with each its own reserve, a document
+    between the two edges went whole in one and map-reduce in the other). Generation then
+    uses its own ``max_tokens`` within it, so a shorter answer never changes the layout. The
+    quarter keeps a small context usable for questions when summaries are configured long:
+    a call that needs more than the shared figure holds back its own and may lay out differently.
+    """
+    shared = min(max(ask_max_tokens, summarize_max_tokens), n_ctx // 4)
+    return max(shared, max_tokens or 0)
+
+
 def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens, n_ctx: int,
          reserve: int, tolerance: float = 0.2, history: Sequence[Sequence[Key]] = (),
          reusable: Callable[[Prompt], int] | None = None, top_k: int = 8, neighbours: int = 1) -> Prompt | None:
@@ -342,17 +359,39 @@ def cited(hits: Sequence[Hit], packed: Sequence[PackedSection], *, top_k: int, n
 # --------------------------------------------------------------------------- warming
 
 
+WARM_PURPOSES = ("ask", "summarize", "all")
+
+
 def warm_plans(shelf: Shelf, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens, n_ctx: int,
-               reserve: int) -> list[tuple[str, Prompt | None]]:
-    """The prefixes the next questions will hit: the whole selection's when it fits, else each
-    document's leading sections (as many as fit), labelled; None where not even one fits."""
+               reserve: int, purpose: str = "ask") -> tuple[str, list[tuple[str, Prompt | None]]]:
+    """The prefixes the next prompts will hit, labelled, and the mode: "whole" when the selection
+    fits the context, else "sections"; None where not even one section fits.
+
+    When it fits, ``purpose`` says which: "ask" the whole selection's prefix (what every question
+    over it starts from), "summarize" each document's own prefix (what its summaries and
+    ``ask --doc`` start from), "all" both. When it does not fit, each document's leading
+    sections (as many as fit) serve both: the prefix of its summary's first run, and of the
+    pack a question about its beginning reuses.
+    """
+    if purpose not in WARM_PURPOSES:
+        raise ValueError(f"purpose must be one of {', '.join(WARM_PURPOSES)}, got {purpose!r}")
     budget = layout.budget(n_ctx=n_ctx, reserve=reserve, suffix_tokens=0)
     whole = number(shelf, shelf.sections, memo)
+
+    def prompt(packed: list[PackedSection], mode: str) -> Prompt:
+        return _finish(shelf, packed, "", layout=layout, tokenize=tokenize, mode=mode, top_k=0)
+
     if shelf.sections and sum(len(p.tokens) for p in whole) <= budget:
-        docs = len(shelf.documents)
-        return [(f"the whole collection ({docs} document{'s' * (docs != 1)})",
-                 _finish(shelf, whole, "", layout=layout, tokenize=tokenize, mode="whole", top_k=0))]
-    out: list[tuple[str, Prompt | None]] = []
+        out: list[tuple[str, Prompt | None]] = []
+        if purpose != "summarize":
+            docs = len(shelf.documents)
+            out.append((f"the whole collection ({docs} document{'s' * (docs != 1)})", prompt(whole, "whole")))
+        if purpose != "ask":
+            for source in sorted(shelf.documents):
+                own = [s for s in shelf.sections if s.source == source]
+                out.append((source, prompt(number(shelf, own, memo), "whole") if own else None))
+        return "whole", out
+    out = []
     for source in sorted(shelf.documents):
         lead: list[Section] = []
         used = 0
@@ -362,12 +401,8 @@ def warm_plans(shelf: Shelf, *, layout: Layout, tokenize: Tokenize, memo: Sectio
                 break
             lead.append(s)
             used += c
-        prompt = None
-        if lead:
-            prompt = _finish(shelf, number(shelf, lead, memo), "", layout=layout, tokenize=tokenize,
-                             mode="sections", top_k=0)
-        out.append((source, prompt))
-    return out
+        out.append((source, prompt(number(shelf, lead, memo), "sections") if lead else None))
+    return "sections", out
 
 
 # --------------------------------------------------------------------------- history and reasons

@@ -80,8 +80,8 @@ def map_groups(shelf: "packing.Shelf", budget: int, memo: "packing.SectionTokens
         cost = len(memo.get(1, s, shelf.counts[s.source], shelf.segments[s.key]))
         if cost > budget:
             raise EngineError(f"section {s.index + 1} of {Path(s.source).name} ({cost:,} tokens) does not fit "
-                              f"the {budget:,} tokens a prompt leaves for it: raise engine.n_ctx, lower --max-tokens "
-                              "or chunking.section_tokens")
+                              f"the {budget:,} tokens a prompt leaves for it: raise engine.n_ctx, lower chunking.section_tokens, "
+                              "or lower summarize.max_tokens and ask.max_tokens (the layout holds back the larger)")
         if groups and used + cost <= budget:
             groups[-1].append(s)
             used += cost
@@ -100,6 +100,13 @@ class Settings:
     repeat_penalty: float
     seed: int
     system: str
+    reserve: int = 0
+    """The answer room the layout decision holds back (whole or map-reduce, where runs end): the one
+    ``ask`` and ``warm`` use (:func:`.packing.layout_reserve`); 0 = ``max_tokens``."""
+
+    @property
+    def layout_reserve(self) -> int:
+        return max(self.reserve, self.max_tokens)
 
 
 # Engines with a job running: one llama.cpp context must never be used by two threads at once.
@@ -118,7 +125,8 @@ class Job:
     def __init__(self, *, engine: "Engine", jobs: JobStore, open_store: Callable[[], AbstractContextManager],
                  collection: str, documents: Sequence["DocumentRecord"], prompts: Sequence[str],
                  settings: Settings, section_target: int, memo: "packing.SectionTokens | None" = None,
-                 progress: Callable[[SummaryEvent], None] | None = None):
+                 progress: Callable[[SummaryEvent], None] | None = None,
+                 record: "Callable[[Sequence[packing.Key]], None] | None" = None):
         if not prompts:
             raise InputError("no prompt given")
         for p in prompts:
@@ -132,6 +140,9 @@ class Job:
         self.section_target = section_target  # for documents whose sections are not in the catalog yet
         self.memo = memo or packing.SectionTokens(engine.tokenize)
         self.progress = progress or (lambda ev: None)
+        # Each prefix a summary prompt prefilled (its sections' keys), told to ask's pack history, so
+        # that a later question prefers a pack whose state a summary saved (see packing.plan).
+        self.record = record or (lambda keys: None)
         self.report = JobReport(collection=collection, documents=len(self.documents), prompts=len(self.prompts))
 
     # -- identity -----------------------------------------------------------------------------
@@ -283,9 +294,10 @@ class Job:
                     reserve=self.settings.max_tokens, system=self.settings.system)
 
     def _budget(self, instruction: str) -> int:
-        """Tokens left for sections in a prompt with this instruction last (as ``ask`` counts them)."""
+        """Tokens left for sections in a prompt with this instruction last (as ``ask`` counts them, with
+        the same reserve: a document ``ask`` packs whole is summarised whole, over the same prefix)."""
         suffix = self.layout.suffix(instruction, self.engine.tokenize)
-        return self.layout.budget(n_ctx=self.engine.n_ctx, reserve=self.settings.max_tokens,
+        return self.layout.budget(n_ctx=self.engine.n_ctx, reserve=self.settings.layout_reserve,
                                   suffix_tokens=len(suffix))
 
     def _reduce_room(self, prompt: str, name: str) -> int:
@@ -328,6 +340,8 @@ class Job:
             tick(finished / max(planned, 1), detail)
 
         name = Path(doc.source).name
+        for run in reversed(([shelf.sections] if whole else []) + groups):  # the first run most recent
+            self.record([sec.key for sec in run])
         # One prefix (system + document), every prompt after it
         texts = self._units([(s, lambda s=s: self._sections_prompt(shelf, shelf.sections, s.prompt, mode="whole"))
                              for s in whole], dk, "whole", [])

@@ -3,6 +3,8 @@ stats, prefix reuse, warm-up. No model loads; ``test_ask.py`` and ``test_prefix_
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from fakes import EchoGenerator
 
@@ -82,6 +84,33 @@ def test_warm_saves_the_prefix_the_next_question_hits_once(fake_pipeline, ingest
     assert answer.stats.cache == "disk" and answer.stats.cached_tokens == report["prefixes"][0]["tokens"]
     with pytest.raises(ConfigError, match="prefix cache is off"):
         fake_pipeline(cache__enabled=False).warm()
+
+
+def test_warm_for_summaries_saves_each_documents_own_prefix(fake_pipeline, ingested):
+    # The collection fits whole: "ask" saves its one prefix, "summarize" each document's own (what
+    # `ask --doc` and summaries start from), "all" both; each is then found on disk.
+    s = {**FAST, "cache__min_tokens": 16}
+    only_ask = fake_pipeline(**s).warm()
+    assert [p["prefix"] for p in only_ask["prefixes"]] == ["the whole collection (4 documents)"]
+    report = fake_pipeline(**s).warm(purpose="all")
+    assert report["mode"] == "whole" and report["purpose"] == "all"
+    whole, *own = report["prefixes"]
+    assert whole["outcome"] == "cached" and whole["prefilled"] == 0
+    assert [Path(p["prefix"]).name for p in own] == ["guide.md", "manual.pdf", "notes.txt", "page.html"]
+    assert all(p["documents"] == 1 and p["tokens"] > 100 for p in own)
+    # the first document's own prefix is the collection's up to its end: saved there already
+    assert own[0]["outcome"] == "cached" and own[0]["prefilled"] == 0
+    assert all(p["outcome"] == "saved" and p["prefilled"] == p["tokens"] for p in own[1:])
+    assert report["prefilled_tokens"] == sum(p["tokens"] for p in own[1:])
+    from pipeline.schemas import validate, versioned
+
+    validate("ingest", versioned({**fake_pipeline(**s).ingest([ingested]).to_dict(), "warm": report}))  # --warm --json
+    assert [p["outcome"] for p in fake_pipeline(**s).warm(purpose="summarize")["prefixes"]] == ["cached"] * 4
+    for p in own:
+        answer = fake_pipeline(**s).ask("What is it about?", doc=p["prefix"])
+        assert answer.stats.cache == "disk" and answer.stats.cached_tokens == p["tokens"]
+    with pytest.raises(ConfigError, match="warm is for one of ask, summarize, all"):
+        fake_pipeline(**s).warm(purpose="questions")
 
 
 def test_clear_errors_before_any_model(fake_pipeline, corpus):

@@ -104,7 +104,7 @@ def manual(folder, name, topic, n=24):
 
 
 def moe_settings(moe, tmp_path, **kw):
-    return {"models__generator": str(moe), "engine__n_ctx": 2048, "ask__max_tokens": 4,
+    return {"models__generator": str(moe), "engine__n_ctx": 2048, "ask__max_tokens": 4, "summarize__max_tokens": 4,
             "chunking__size": 64, "chunking__overlap": 8, "chunking__section_tokens": 128,
             "cache__path": str(tmp_path / "cache"), **kw}
 

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 from click.testing import CliRunner
 
+from pipeline import packing
 from pipeline.cli import cli
 from pipeline.engine.generator import EngineStats
 from pipeline.jobs import JobStore
@@ -119,7 +120,7 @@ def doc_chunks(n: int, words: int = 20) -> list[str]:
 
 
 def fake_job(tmp_path, docs: dict[str, list[str]], *, n_ctx: int, prompts=("Summarise.",), max_tokens: int = 8,
-             engine: FakeEngine | None = None, section_target: int | None = None):
+             engine: FakeEngine | None = None, section_target: int | None = None, reserve: int = 0):
     catalog = FakeCatalog(docs)
     store = SimpleNamespace(name="c", catalog=catalog, documents=lambda: dict(catalog.docs))
 
@@ -129,7 +130,8 @@ def fake_job(tmp_path, docs: dict[str, list[str]], *, n_ctx: int, prompts=("Summ
 
     engine = engine or FakeEngine(n_ctx)
     jobs = JobStore(tmp_path / "jobs.sqlite")
-    settings = Settings(max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0, seed=0, system="Be brief.")
+    settings = Settings(max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0, seed=0, system="Be brief.",
+                        reserve=reserve)
     job = Job(engine=engine, jobs=jobs, open_store=open_store, collection="c", documents=list(catalog.docs.values()),
               prompts=list(prompts), settings=settings, section_target=section_target or n_ctx // 4)
     return job, jobs, engine
@@ -154,6 +156,39 @@ def test_map_steps_run_over_the_catalogs_fixed_sections_in_order(tmp_path):
     assert sum(shown, []) == list(range(1, len(recorded) + 1))  # every section once, in order
     assert all(p.startswith("SYSTEM Be brief. USER Documents: [1] long.txt (section ") for p in maps)
     assert long.text.split()[0] == "C0..C22"
+
+
+def test_ask_and_summarize_decide_the_layout_with_one_reserve(tmp_path):
+    # Document sizes on both sides of the two old edges (ask held back ask.max_tokens, summaries
+    # summarize.max_tokens): with the one reserve, a document ``ask`` packs whole is summarised whole,
+    # one it packs in sections goes map-reduce, whatever answer length a call asks for.
+    n_ctx, ask_max, summarize_max = 400, 4, 40
+    reserve = packing.layout_reserve(n_ctx, ask_max, summarize_max)
+    assert reserve == summarize_max and packing.layout_reserve(n_ctx, ask_max, summarize_max, 1) == reserve
+    assert packing.layout_reserve(120, ask_max, summarize_max) == 30  # at most a quarter of the context
+    assert packing.layout_reserve(n_ctx, ask_max, summarize_max, 90) == 90  # a longer call holds back its own
+    new, old = [], []
+    for n in range(9, 16):
+        job, jobs, engine = fake_job(tmp_path / str(n), {"/d/a.txt": doc_chunks(n)}, n_ctx=n_ctx,
+                                     max_tokens=summarize_max, reserve=reserve, section_target=60)
+        with jobs:
+            (summary,) = list(job.run())
+        with job.open_store() as store:
+            shelf = packing.gather(store, sources=None, target=60, fetch_tokens=2**62)
+
+        def ask_mode(r: int) -> str:
+            prompt = packing.plan(shelf, "What now?", layout=job.layout, tokenize=engine.tokenize, memo=job.memo,
+                                  n_ctx=n_ctx, reserve=r)
+            return prompt.mode
+
+        new.append((ask_mode(reserve), summary.method))
+        old_job, old_jobs, _ = fake_job(tmp_path / f"old{n}", {"/d/a.txt": doc_chunks(n)}, n_ctx=n_ctx,
+                                        max_tokens=summarize_max, section_target=60)  # its own reserve only
+        with old_jobs:
+            (old_summary,) = list(old_job.run())
+        old.append((ask_mode(ask_max), old_summary.method))
+    assert set(new) == {("whole", "whole"), ("sections", "map-reduce")}  # both sides of the edge, agreeing
+    assert ("whole", "map-reduce") in old  # the sizes between the old edges were laid out differently
 
 
 def _db(job):
@@ -377,3 +412,98 @@ def test_summarize_errors_are_messages(store_dir, tmp_path):
     (tmp_path / "prompts.txt").write_text("# nothing but a comment\n")
     res = runner.invoke(cli, ["summarize", "--prompt-file", str(tmp_path / "prompts.txt")])
     assert res.exit_code == 2 and "holds no instruction" in res.output
+
+
+# A context where the two old edges lie apart: ask held back 16 tokens, summaries 96. The one reserve
+# is 96 (the larger, under a quarter of the context).
+EDGES = {"engine__n_ctx": 1024, "ask__max_tokens": 16, "summarize__max_tokens": 96, "cache__min_tokens": 16}
+_TOPICS = ["pumps", "valves", "filters", "sensors", "cables", "motors", "fans", "seals", "gears", "belts"]
+
+
+def _between_the_old_edges(folder: Path, name: str) -> Path:
+    """A generated service note whose size (as packed) lies between the two old edges."""
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = folder / name
+    doc.write_text("# Service notes\n\n" + "\n\n".join(
+        f"Part {i + 1} is about the {_TOPICS[i % 10]}. The {_TOPICS[i % 10]} of unit {i + 1} are checked every "
+        f"{i + 3} weeks, and a worn one is replaced with spare number {1000 + i}." for i in range(18)))
+    return doc
+
+
+def _old_edges(rag, doc: Path) -> tuple[int, int, int]:
+    """(the document's packed tokens, the old ask edge, the old summary edge) for a short question."""
+    from pipeline import packing as p
+
+    with rag.store(create=False) as store:
+        shelf = p.gather(store, sources=[str(doc.resolve())], target=rag.section_tokens, fetch_tokens=2**62)
+    tokens = sum(len(s.tokens) for s in p.number(shelf, shelf.sections, rag._section_tokens))
+    layout, n_ctx = rag._layout, rag.engine.n_ctx
+    ask_edge = layout.budget(n_ctx=n_ctx, reserve=16, suffix_tokens=0)
+    summary_edge = layout.budget(n_ctx=n_ctx, reserve=96, suffix_tokens=_suffix(rag, rag.config.summarize.prompt))
+    return tokens, ask_edge, summary_edge
+
+
+def test_a_document_between_the_old_edges_is_laid_out_alike_and_reused_both_ways(make_pipeline, tmp_path):
+    # Before, such a document went whole in `ask` and map-reduce in `summarize`. Now both cut it the same
+    # way: summarize, then ask (new pipelines, states from disk): the question prefills only itself;
+    # ask, then summarize: the summary's first run is the question's pack and prefills only its instruction.
+    question = "Which spare number replaces a worn pump of unit 1?"
+    doc = _between_the_old_edges(tmp_path, "service.md")
+    rag = make_pipeline(**EDGES, store__collection="first-summary")
+    rag.ingest([doc])
+    tokens, ask_edge, summary_edge = _old_edges(rag, doc)
+    assert summary_edge < tokens <= ask_edge  # between the old edges
+    (summary,) = make_pipeline(**EDGES, store__collection="first-summary").summarize([doc]).result()
+    assert summary.ok and summary.method == "map-reduce" and summary.units_computed == 3
+    asker = make_pipeline(**EDGES, store__collection="first-summary")
+    answer = asker.ask(question, doc=str(doc), max_tokens=8)  # a shorter answer: the same layout
+    prompt = _ask_prompt(asker, doc, question)
+    assert answer.stats.mode == "sections" and [s["section"] for s in answer.stats.sections] == [0, 1]
+    assert answer.stats.cached_tokens == len(prompt.prefix_tokens)  # the summary's first run, from disk
+    assert answer.stats.prefill_tokens == len(prompt.tokens) - len(prompt.prefix_tokens)  # only the question
+
+    other = _between_the_old_edges(tmp_path, "spares.md")  # another name: other tokens
+    first = make_pipeline(**EDGES, store__collection="first-ask")
+    first.ingest([other])
+    asked = first.ask(question, doc=str(other))
+    assert asked.stats.mode == "sections" and asked.stats.cache == "miss"
+    fresh = make_pipeline(**EDGES, store__collection="first-ask")
+    (later,) = fresh.summarize([other]).result()
+    pack = _ask_prompt(fresh, other, question)
+    assert later.method == "map-reduce" and later.units_computed == 3  # two runs and the reduce step
+    # the first run is the question's pack, restored from disk (a later step reuses the template's head)
+    assert later.cached_tokens == len(pack.prefix_tokens) + len(fresh._layout.head_tokens)
+
+
+def test_after_warm_for_summaries_every_summary_prefills_only_its_instruction(make_pipeline, corpus, tmp_path,
+                                                                                monkeypatch):
+    # The collection fits whole. `rag warm` alone saves its one prefix, which only the first document's
+    # summary (in path order) starts from; `rag warm --for summarize` saves each document's own prefix
+    # and says what it prefilled and wrote; then every summary prefills only its instruction.
+    for key, value in {"RAG_ENGINE_N_CTX": "1024", "RAG_CACHE_MIN_TOKENS": "16"}.items():
+        monkeypatch.setenv(key, value)
+    runner = CliRunner()
+    out = runner.invoke(cli, ["ingest", str(corpus), "--warm"])
+    assert out.exit_code == 0, out.output
+    assert "warmed the whole collection (4 documents)" in out.output
+    assert "`rag warm --for summarize` saves those too" in out.output
+    out = runner.invoke(cli, ["warm", "--for", "summarize", "--json"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(out.output)
+    assert report["mode"] == "whole" and len(report["prefixes"]) == 4
+    first, *others = report["prefixes"]
+    assert first["outcome"] == "cached" and first["prefilled"] == 0  # the collection's prefix up to its end
+    assert all(p["outcome"] == "saved" and p["prefilled"] == p["tokens"] and p["bytes"] > 0 for p in others)
+    assert report["prefilled_tokens"] == sum(p["tokens"] for p in others)
+    assert report["bytes_written"] == sum(p["bytes"] for p in report["prefixes"])
+    text = runner.invoke(cli, ["warm", "--for", "summarize"]).output
+    assert "each document's own prefix" in text and "0 saved, 4 already cached" in text
+    assert "0 tokens prefilled, 0.0 MB of states written" in text
+
+    rag = make_pipeline(**FAST)
+    summaries = rag.summarize(prompts=["Summarise it."], max_tokens=4).result()  # a new process: states from disk
+    assert [Path(s.source).name for s in summaries] == ["guide.md", "manual.pdf", "notes.txt", "page.html"]
+    for s, warmed in zip(summaries, report["prefixes"]):
+        prompt = _ask_prompt(rag, Path(s.source), s.prompt)
+        assert s.ok and s.method == "whole" and len(prompt.prefix_tokens) == warmed["tokens"]
+        assert s.cached_tokens == warmed["tokens"] and s.prefill_tokens == _suffix(rag, s.prompt)

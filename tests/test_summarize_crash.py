@@ -20,10 +20,11 @@ from pipeline.jobs import KILL_HOOK
 
 # A small context so that the long document needs several sections; chunks small enough to fit one.
 N_CTX = 224
-ENV = {"RAG_ENGINE_N_CTX": str(N_CTX), "RAG_CHUNKING_SIZE": "48", "RAG_CHUNKING_OVERLAP": "8",
-       "RAG_CACHE_MIN_TOKENS": "16"}
-PROMPTS = ["-p", "Summarise in one sentence.", "-p", "Name the topics."]
 MAX_TOKENS = "5"
+# Layouts hold back the larger of ask.max_tokens and summarize.max_tokens (up to a quarter of the context).
+ENV = {"RAG_ENGINE_N_CTX": str(N_CTX), "RAG_CHUNKING_SIZE": "48", "RAG_CHUNKING_OVERLAP": "8",
+       "RAG_CACHE_MIN_TOKENS": "16", "RAG_ASK_MAX_TOKENS": MAX_TOKENS, "RAG_SUMMARIZE_MAX_TOKENS": MAX_TOKENS}
+PROMPTS = ["-p", "Summarise in one sentence.", "-p", "Name the topics."]
 
 
 def write_corpus(root: Path) -> Path:

@@ -60,38 +60,55 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
         ctx.exit(1)
 
 
-def _warm(rag, *, quiet: bool) -> dict:
+def _warm(rag, *, quiet: bool, purpose: str = "ask") -> dict:
     def show(prefix: str, outcome: str) -> None:
         if not quiet:
             click.echo(f"warm: {_display_path(prefix)}: {outcome}", err=True)
 
-    report = rag.warm(progress=show)
+    report = rag.warm(progress=show, purpose=purpose)
     if not quiet:
         items = report["prefixes"]
+        counts = {k: sum(1 for i in items if i["outcome"] == k) for k in ("saved", "cached", "too short", "too long")}
+        spent = (f"{report['prefilled_tokens']:,} tokens prefilled, {report['bytes_written'] / 1e6:,.1f} MB of "
+                 "states written")
+        own = items[1:] if purpose == "all" else items  # each document's own prefix, in whole mode
         if report["mode"] == "whole":
-            item = items[0]
-            click.echo(f"warmed {item['prefix']}, {item['tokens']:,} tokens in one prefix: {item['outcome']}")
+            if purpose != "summarize":
+                item = items[0]
+                click.echo(f"warmed {item['prefix']}, {item['tokens']:,} tokens in one prefix: {item['outcome']}")
+            if purpose != "ask":
+                click.echo(f"warmed each document's own prefix (what `rag summarize` and `rag ask --doc` start "
+                           f"from): {sum(i['outcome'] == 'saved' for i in own)} saved, "
+                           f"{sum(i['outcome'] == 'cached' for i in own)} already cached, "
+                           f"{sum(i['outcome'] == 'too short' for i in own)} too short to save")
+            elif len(items) == 1 and items[0]["documents"] > 1:
+                click.echo("summaries and `rag ask --doc` start from each document's own prefix: "
+                           "`rag warm --for summarize` saves those too", err=True)
         else:
-            counts = {k: sum(1 for i in items if i["outcome"] == k) for k in ("saved", "cached", "too short", "too long")}
             click.echo(f"warmed the leading sections of {len(items)} documents (the collection does not fit the "
                        f"context whole): {counts['saved']} saved, {counts['cached']} already cached, "
                        f"{counts['too short']} too short to save, {counts['too long']} too long for the context")
+        click.echo(spent)
     return report
 
 
 @cli.command()
 @store_options
+@click.option("--for", "purpose", type=click.Choice(["ask", "summarize", "all"]), default="ask", show_default=True,
+              help="When the collection fits whole: its one prefix (ask), each document's own prefix "
+                   "(summarize, ask --doc), or both.")
 @json_option
 @click.pass_context
 @handles_errors
-def warm(ctx, collection, store_path, as_json):
+def warm(ctx, collection, store_path, purpose, as_json):
     """Prefill and save the prompt prefixes the next questions will hit, so the first one is fast too.
 
-    The whole collection's prefix when it fits the context (what `rag ask` packs then),
-    else each document's leading sections.
+    The whole collection's prefix when it fits the context (what `rag ask` packs then; with
+    `--for summarize`, each document's own prefix, what its summaries start from), else each
+    document's leading sections.
     """
     with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
-        report = _warm(rag, quiet=as_json)
+        report = _warm(rag, quiet=as_json, purpose=purpose)
     if as_json:
         _echo_json(report)
 
