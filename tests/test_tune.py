@@ -131,6 +131,9 @@ def test_max_seconds_stops_new_candidates_but_not_the_baseline(model, monkeypatc
     assert all(c.status == "out of time" for c in result.candidates[1:])
     assert [e.index for e in events if e.kind == "start"] == [0]
     assert result.winner is result.baseline and result.speedup == 1.0
+    # the overrun is explained: the hardware measurement and the baseline always run whole
+    assert any(n.startswith("measuring the hardware took") and "always runs whole" in n for n in result.notes)
+    assert "measuring the hardware took" in result.describe()
 
 
 def test_over_budget_candidates_are_never_measured(model) -> None:

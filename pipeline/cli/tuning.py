@@ -61,7 +61,8 @@ def plan(ctx, model, builtin_spec, quant, hardware, vram_gb, ram_gb, n_ctx, kv, 
 
 @cli.command()
 @click.option("--max-seconds", type=FiniteFloat(min=0), default=120, show_default=True,
-              help="Time budget for the measurements.")
+              help="Time budget: no candidate starts that would overrun it (the baseline and --measure-hardware "
+                   "always run whole).")
 @click.option("--tokens", "n_tokens", type=click.IntRange(min=16), help="Prompt length measured per candidate.")
 @click.option("--measure-hardware", is_flag=True, help="Also measure this machine and save it as the hardware profile.")
 @json_option

@@ -429,6 +429,7 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
     n_tokens = max(8, min(n_tokens, n_ctx - 2))  # room for the sampled token
 
     hw = _measure_hardware(hardware) if measure_hardware else hardware
+    hw_seconds = time.perf_counter() - t0
     gpu = hw.has_gpu and engine_settings.gpu_layers != 0 and gpu_offload_available()
     if hw.has_gpu and not gpu:
         notes.append("no GPU offload (CPU-only llama.cpp build or gpu_layers = 0): every plan is on the CPU")
@@ -449,6 +450,7 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
         hw, curve = measure_cpu_curve(model_path, base, spec, hw, n_tokens=min(n_tokens, max(CURVE_UBATCHES)),
                                       seed=seed)
         hw_plan = replace(hw, vram=0)
+        hw_seconds = time.perf_counter() - t0
         notes.append("CPU micro-batch curve: " + ", ".join(
             f"-ub {r['n_ubatch']} {r['measured_tokens_per_s']:.0f} tok/s (model {r['estimated_tokens_per_s']:.0f})"
             for r in curve))
@@ -490,6 +492,9 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
             progress(TuneEvent(kind, index=i, total=total, label=c.label if c else "",  # type: ignore[arg-type]
                                elapsed=time.perf_counter() - t0, max_seconds=max_seconds, **kw))
 
+    if measure_hardware:
+        notes.append(f"measuring the hardware took {hw_seconds:.0f} s of the budget; it always runs whole, as "
+                     "the baseline does: the budget only keeps later candidates from starting")
     emit("plan", message=best.describe())
     out_of_time = False
     for i, c in enumerate(candidates):
