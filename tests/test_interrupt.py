@@ -43,8 +43,11 @@ def test_ctrl_c_stops_a_prefill_at_once(store_dir, tmp_path, model_home):
     rag = [sys.executable, "-m", "pipeline"]
     subprocess.run(rag + ["ingest", str(doc)], env=env, check=True, capture_output=True, timeout=600)
     master, slave = pty.openpty()
+    # A terminal's Ctrl-C: SIGINT at its default disposition in the child. A suite started in the background
+    # (`nohup ... &`) ignores SIGINT, children inherit that, and Python then installs no KeyboardInterrupt.
     proc = subprocess.Popen(rag + ["ask", "What did room 5 read?", "--doc", str(doc), "--ctx", "8192",
-                                   "--stats"], env=env, stdout=subprocess.PIPE, stderr=slave, text=True)
+                                   "--stats"], env=env, stdout=subprocess.PIPE, stderr=slave, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(slave)
     try:
         # the prefill of ~7,000 tokens has run for a second and is under way (several seconds even when idle)
