@@ -249,7 +249,7 @@ class PostgresCatalog:
             "SELECT (SELECT coalesce(sum(n_chunks), 0) FROM documents WHERE collection = %s), "
             + ", ".join(["(SELECT count(*) FROM chunks WHERE collection = %s AND tsv @@ %s::tsquery)"] * len(lexemes)),
             [collection, *[a for lx in lexemes for a in (collection, _quoted(lx))]])[0]
-        n = max(int(counts[0]), 1)
+        n = max(int(counts[0]), *counts[1:], 1)  # a document being rewritten may count chunks twice for a moment
         return [(lx, math.log(1 + (n - df + 0.5) / (df + 0.5))) for lx, df in zip(lexemes, counts[1:]) if df]
 
     def _scored(self, terms: list[tuple[str, float]], where: str, columns: str) -> str:
