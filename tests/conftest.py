@@ -175,3 +175,10 @@ def corpus(tmp_path) -> Path:
     ], title="Manual")
     (root / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
     return root
+
+
+@pytest.fixture
+def ingested(make_pipeline, corpus):
+    """``corpus`` ingested with the default (real) embedder; a test module may override it with a fake one."""
+    make_pipeline().ingest([corpus])
+    return corpus

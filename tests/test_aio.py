@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.errors import Cancelled, InputError
 
-from test_concurrency import FAST, ingested  # noqa: F401 (a fixture)
+from test_concurrency import FAST
 from test_concurrency import QUESTIONS as ALL_QUESTIONS
 
 QUESTIONS = ALL_QUESTIONS[:4]

@@ -15,12 +15,6 @@ pytestmark = pytest.mark.slow  # the real default models (see conftest.py)
 FAST = {"engine__n_ctx": 1024, "ask__max_tokens": 12, "ask__top_k": 3}
 
 
-@pytest.fixture
-def ingested(make_pipeline, corpus):
-    make_pipeline().ingest([corpus])
-    return corpus
-
-
 @pytest.mark.parametrize("mode", ["auto", "passages"])
 def test_ask_answers_with_numbered_sources_and_stats(make_pipeline, ingested, mode):
     rag = make_pipeline(**FAST)

@@ -11,12 +11,6 @@ FAST = {"engine__n_ctx": 768, "ask__max_tokens": 16, "ask__top_k": 2, "ask__neig
 Q = "What do tomato plants need?"
 
 
-@pytest.fixture
-def ingested(make_pipeline, corpus):
-    make_pipeline().ingest([corpus])
-    return corpus
-
-
 def test_per_call_options_override_the_settings(make_pipeline, ingested):
     rag = make_pipeline(**FAST)
     base = rag.ask(Q)

@@ -26,12 +26,6 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture
-def ingested(make_pipeline, corpus):
-    make_pipeline().ingest([corpus])
-    return corpus
-
-
 def test_eight_threads_five_questions_match_the_single_threaded_answers(make_pipeline, ingested):
     rag = make_pipeline(**FAST)
     expected = {q: rag.ask(q).text for q in QUESTIONS}

@@ -289,30 +289,3 @@ def test_job_state_in_postgres_resumes_and_restarts_like_sqlite(pg_url, tmp_path
         assert [s.text for s in job.run()] == expected
         assert engine.prompts == [] and job.report.results_reused == 4 and job.status()["state"] == "done"
         assert job.forget() > 0 and job.status()["state"] == "not started"
-
-
-def test_a_job_spread_over_three_workers_shares_its_state_in_postgres(tmp_path, pg_url):
-    """summarize_spread's workers (threads standing for servers) on the PostgreSQL job store:
-    the same summaries as one worker, every unit computed once, every document claimed once."""
-    import psycopg
-    from test_summarize_spread import SharedFakeEngine, doc_chunks, fake_job
-
-    from pipeline.store.pg_jobs import PostgresJobStore
-
-    docs = {f"/d/{i}.txt": doc_chunks(3 if i % 2 else 12) for i in range(6)}
-    job, jobs, _ = fake_job(tmp_path / "one", docs, n_ctx=160, prompts=("One.", "Two."))
-    with jobs:
-        alone = {(s.source, s.prompt_index): s.text for s in job.run()}
-        units_alone = job.report.units_computed
-    engine = SharedFakeEngine(160, servers=3)
-    job, sqlite_jobs, _ = fake_job(tmp_path / "three", docs, n_ctx=160, prompts=("One.", "Two."), engine=engine)
-    sqlite_jobs.close()
-    job.jobs = PostgresJobStore(pg_url)
-    with job.jobs:
-        assert {(s.source, s.prompt_index): s.text for s in job.run()} == alone
-        assert job.report.units_computed == units_alone
-        claims = job.jobs.claims(job.job_id)
-    with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM units").fetchone()[0] == units_alone
-    assert len(claims) == 6 and all(c["done"] and c["attempts"] == 1 for c in claims.values())
-    assert len({c["worker"] for c in claims.values()}) >= 2

@@ -113,20 +113,25 @@ def test_claims_give_each_item_to_one_worker(job_stores):
             assert again.claims("other").keys() == {"b"}
 
 
-def test_a_job_over_three_workers_computes_every_unit_once_and_matches_one_worker(tmp_path):
+def test_a_job_over_three_workers_computes_every_unit_once_and_matches_one_worker(tmp_path, job_stores):
+    """Workers (threads standing for servers) sharing one job store, SQLite's or PostgreSQL's: the same
+    summaries as one worker, every unit computed once, every document claimed once."""
     docs = {f"/d/{i}.txt": doc_chunks(3 if i % 2 else 12) for i in range(6)}
     job, jobs, _ = fake_job(tmp_path / "one", docs, n_ctx=160, prompts=("One.", "Two."))
     with jobs:
         alone = {(s.source, s.prompt_index): s.text for s in job.run()}
         units_alone = job.report.units_computed
     engine = SharedFakeEngine(160, servers=3)
-    job, jobs, _ = fake_job(tmp_path / "three", docs, n_ctx=160, prompts=("One.", "Two."), engine=engine)
-    with jobs:
+    job, own_jobs, _ = fake_job(tmp_path / "three", docs, n_ctx=160, prompts=("One.", "Two."), engine=engine)
+    own_jobs.close()
+    job.jobs = job_stores()
+    with job.jobs:
         spread_out = {(s.source, s.prompt_index): s.text for s in job.run()}
         assert spread_out == alone  # the same summaries
         assert job.report.units_computed == units_alone  # every unit once
-        assert jobs.db.execute("SELECT COUNT(*) FROM units").fetchone()[0] == units_alone
-        claims = jobs.claims(job.job_id)
+        db = getattr(job.jobs, "db", None) or job.jobs.conn
+        assert db.execute("SELECT COUNT(*) FROM units").fetchone()[0] == units_alone
+        claims = job.jobs.claims(job.job_id)
     assert len(claims) == 6 and all(c["done"] and c["attempts"] == 1 for c in claims.values())
     assert len({c["worker"] for c in claims.values()}) >= 2  # the work was spread
     assert sum(len(w.prompts) for w in engine.copies) == units_alone and engine.prompts == []
