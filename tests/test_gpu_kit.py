@@ -104,6 +104,8 @@ def test_a_damaged_or_partial_kit_is_refused(tmp_path) -> None:
     archive.unlink()
     with pytest.raises(SystemExit, match="is missing: copy the whole kit folder"):
         gpu_kit.install_kit(kit, tmp_path / "site")
+    with pytest.raises(SystemExit, match="is not a packed kit"):
+        gpu_kit.install_kit(tmp_path / "nowhere", tmp_path / "site")
 
 
 def test_gpu_prefill_measures_every_configuration_on_the_smoke_model(tmp_path) -> None:

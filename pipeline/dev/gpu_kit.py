@@ -341,8 +341,12 @@ def pack(*, cuda: str, archs: tuple[str, ...] = ARCHS, out: Path = ROOT / "gpu-k
 
 def install_kit(kit: Path, site: Path, *, python: str = sys.executable) -> dict:
     """Installs a packed kit into ``site`` with nothing fetched: its wheels with pip, then its llama_cpp archive."""
-    manifest = json.loads((kit / "MANIFEST.json").read_text())
-    archive = kit / manifest["archive"]
+    try:
+        manifest = json.loads((kit / "MANIFEST.json").read_text())
+        archive = kit / manifest["archive"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise SystemExit(f"{kit} is not a packed kit ({exc}): run `python pipeline/dev/gpu_kit.py pack` "
+                         "and copy its whole folder") from None
     if not archive.is_file():
         raise SystemExit(f"{archive} is missing: copy the whole kit folder (pack writes it)")
     if _sha256(archive) != manifest["archive_sha256"]:
