@@ -29,10 +29,11 @@ class SharedStore:
     """The store directory ``path``, held open while any thread uses it."""
 
     def __init__(self, path: Path, *, wait: float = 10.0, url: str = "", catalog_url: str = "",
-                 catalog_pool: int = 8):
+                 catalog_pool: int | None = None):
         """``url`` and ``catalog_url`` as for :class:`~.store.Store`; with both, every view is a
         store on servers of its own (no process lock to share). Views on a PostgreSQL catalog
-        borrow connections from the process's pool for it (at most ``catalog_pool``)."""
+        borrow connections from the process's pool for it (at most ``catalog_pool``; None: the
+        pool's default, :data:`.pg_pool.DEFAULT_SIZE`)."""
         self.path = Path(path)
         self.wait = wait
         self.url = url
