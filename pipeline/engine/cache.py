@@ -303,8 +303,10 @@ class PrefixCache:
 
     # -- save ---------------------------------------------------------------------------------
 
-    def save(self, namespace: str, tokens: Sequence[int], model: Model, *, seq: int = 0) -> Entry | None:
-        """Save sequence ``seq`` of ``model``, which holds exactly ``tokens``.
+    def save(self, namespace: str, tokens: Sequence[int], model: Model, *, seq: int = 0,
+             start: int = 0) -> Entry | None:
+        """Save sequence ``seq`` of ``model``, which holds exactly ``tokens`` (at positions
+        ``start..``: a section's state sits after the prompt head it was computed after).
 
         Returns the entry, or None when nothing was saved (empty, larger than the whole
         cap, the sequence does not end at position ``len(tokens) - 1``, llama.cpp
@@ -335,8 +337,8 @@ class PrefixCache:
         if existing is not None:
             return existing
         pos_max = model.seq_end(seq)
-        if pos_max != n - 1:
-            self.last_error = f"sequence {seq} ends at position {pos_max}, not {n - 1}: not saved"
+        if pos_max != start + n - 1:
+            self.last_error = f"sequence {seq} ends at position {pos_max}, not {start + n - 1}: not saved"
             return None
         expected = model.state_size(seq) + 12 + 4 * n
         if expected > self.max_bytes:
@@ -414,8 +416,9 @@ class PrefixCache:
 
     # -- load ---------------------------------------------------------------------------------
 
-    def load(self, entry: Entry, model: Model, *, seq: int = 0) -> bool:
-        """Restore ``entry`` into sequence ``seq`` of ``model``; True when it holds exactly its tokens.
+    def load(self, entry: Entry, model: Model, *, seq: int = 0, start: int = 0) -> bool:
+        """Restore ``entry`` into sequence ``seq`` of ``model``; True when it holds exactly its tokens
+        (at positions ``start..``, where it was saved from).
 
         The file's size and digest are checked before llama.cpp reads it, and the tokens
         llama.cpp restored are checked after. On any failure the sequence is cleared (it
@@ -449,7 +452,7 @@ class PrefixCache:
         n = len(restored)
         if n != entry.n_tokens or full_hash(token_bytes(restored)) != entry.full_hash:
             return self._fail(entry, model, seq, "the restored tokens are not the entry's", t0)
-        if model.seq_end(seq) != n - 1:
+        if model.seq_end(seq) != start + n - 1:
             return self._fail(entry, model, seq, "the restored sequence does not end where it should", t0)
         seconds = time.perf_counter() - t0
         self.last_load_seconds = seconds

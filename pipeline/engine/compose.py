@@ -1,0 +1,230 @@
+"""Prompts composed from section states: each section is prefilled once, on its own, and reused anywhere.
+
+A sections-mode prompt is ``[head][S1][S2]...[Sk][question]``. Each section's KV state
+is computed once, after the head alone, at the positions right after it
+(``len(head)..``), and saved (:mod:`.section_states`). A prompt that places the
+section elsewhere restores that state into a scratch sequence, moves it to its place
+(``llama_memory_seq_add``: llama.cpp re-rotates the RoPE keys by the shift), and joins
+it to the prompt's sequence (``llama_memory_seq_cp``: in the unified KV cache the
+cells are shared, not copied), then drops the scratch sequence. A section with no
+saved state is computed the same way, on its own in the scratch sequence, and saved:
+so a prompt's result does not depend on what was cached, and an answer from reused
+states is token for token the answer without them.
+
+What is approximate: a moved section did not attend to the sections now before it.
+A few of its tokens are therefore decoded again at their place (the *seams*, see
+:class:`Seams`): their new cells attend to everything before them. Which ones, and
+how many, is measured by ``benchmarks/compose_quality.py``. A section right after
+the head (the first one) is exact as restored, so it is never recomputed.
+
+Composition needs a memory whose positions can be shifted (:func:`._llama.can_shift`):
+attention-only models, with every cell of sliding-window layers kept. Recurrent and
+hybrid models cannot shift a recurrent state; they keep exact prefix reuse.
+
+Memory: a state is restored into the scratch sequence and its cells handed to the
+prompt's sequence before the next is restored, and a recomputed token's old cell is
+freed before its new one is made, so composing never needs more KV cells than the
+prompt itself.
+
+llama.cpp decodes a sequence's tokens only at positions that continue what it holds,
+so a token in the middle of the prompt is recomputed through the scratch sequence:
+its old cell is removed from the prompt's sequence, the cells before it are shared
+with the scratch sequence, it is decoded there, and its new cell is shared back.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from ..errors import EngineError
+from . import _llama
+
+STRATEGIES = ("none", "first", "last", "headers", "whole")
+"""How a moved section's tokens are chosen for recompute (:class:`Seams`); ``+`` combines them."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A section as a prompt places it: its tokens, and which of them are its header (offsets),
+    for the ``headers`` strategy."""
+
+    tokens: tuple[int, ...]
+    headers: tuple[int, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class Seams:
+    """Which tokens of each moved section are decoded again at their place.
+
+    ``first``: the first ``r`` of each moved section; ``last``: the last ``r`` per moved
+    section before the question, all of them at the end of the documents; ``headers``: each
+    moved section's header tokens; ``whole``: every token of every moved section (exact, the
+    check of the plumbing); ``none``: nothing. ``"first+last"`` takes the union.
+    """
+
+    strategy: str = "first"
+    r: int = 16
+
+    def __post_init__(self) -> None:
+        parts = self.strategy.split("+")
+        unknown = [p for p in parts if p not in STRATEGIES]
+        if unknown or not parts:
+            raise ValueError(f"unknown seam strategy {self.strategy!r}; use {', '.join(STRATEGIES)} (joined by +)")
+        if self.r < 0:
+            raise ValueError(f"the seam window must be >= 0, got {self.r}")
+
+
+def seam_positions(seams: Seams, places: Sequence[tuple[int, Piece]]) -> list[int]:
+    """The prompt positions :class:`Seams` recomputes, for moved sections at ``places``
+    (each section's first position and the section), ascending."""
+    if not places:
+        return []
+    chosen: set[int] = set()
+    end = places[-1][0] + len(places[-1][1])
+    for part in seams.strategy.split("+"):
+        for start, piece in places:
+            n = len(piece)
+            if part == "first":
+                chosen.update(range(start, start + min(seams.r, n)))
+            elif part == "headers":
+                chosen.update(start + i for i in piece.headers if 0 <= i < n)
+            elif part == "whole":
+                chosen.update(range(start, start + n))
+        if part == "last":
+            chosen.update(range(max(places[0][0], end - seams.r * len(places)), end))
+    return sorted(chosen)
+
+
+def runs(positions: Sequence[int], bounds: Sequence[int] = ()) -> list[tuple[int, int]]:
+    """Ascending ``positions`` as runs ``[a, b)`` of consecutive positions, cut at ``bounds``
+    (section starts: a section's tokens are always decoded from its own start, as exact prefill does)."""
+    cuts = set(bounds)
+    out: list[tuple[int, int]] = []
+    for p in positions:
+        if out and out[-1][1] == p and p not in cuts:
+            out[-1] = (out[-1][0], p + 1)
+        else:
+            out.append((p, p + 1))
+    return out
+
+
+class States(Protocol):
+    """Where section states come from and go to (:class:`.section_states.SectionStates`, or bytes
+    in memory for a benchmark)."""
+
+    def restore(self, piece: Piece, model, seq: int, start: int) -> bool:
+        """Put ``piece``'s saved state into the empty sequence ``seq``, at ``start..``; False when
+        there is none (:meth:`why` says why) or it could not be used."""
+
+    def store(self, piece: Piece, model, seq: int, start: int) -> None:
+        """Save ``piece``'s state, which sequence ``seq`` holds alone at ``start..``."""
+
+    def why(self, piece: Piece) -> str:
+        """Why ``piece`` had no usable state ("no state yet", "evicted"...)."""
+
+
+@dataclass
+class Composed:
+    """What :func:`compose` did."""
+
+    sections: int = 0  # sections it placed (not held already)
+    restored: int = 0  # of them, from a saved state
+    computed: int = 0  # of them, computed now on their own (and saved)
+    restored_tokens: int = 0
+    computed_tokens: int = 0
+    recomputed_tokens: int = 0
+    runs: int = 0  # decodes the recompute took
+    lost: list[str] = field(default_factory=list)  # why sections were not reused
+    seconds: dict[str, float] = field(default_factory=lambda: {"restore": 0.0, "compute": 0.0, "recompute": 0.0})
+
+
+def compose(model, head: Sequence[int], pieces: Sequence[Piece], states: States, seams: Seams, *,
+            held: int = 0, scratch: int = 1, positions: Sequence[int] | None = None) -> Composed:
+    """Fill sequence 0 of ``model`` with ``head`` and ``pieces`` composed from section states.
+
+    Sequence 0 must hold exactly ``head`` and the first ``held`` pieces (as a composition made
+    them); ``scratch`` is a sequence the model may use and that is empty. ``positions``
+    replaces the seams' choice of tokens to recompute (a benchmark's). On return sequence 0
+    holds the whole documents part, ready for the question; raises EngineError if llama.cpp
+    refused a step (sequence 0 is then cleared).
+    """
+    if not _llama.can_shift(model):
+        raise EngineError("this model's memory cannot shift positions (recurrent or hybrid): it cannot compose")
+    h = len(head)
+    pos = h + sum(len(p) for p in pieces[:held])
+    if model.seq_end(0) != pos - 1:
+        raise EngineError(f"sequence 0 ends at {model.seq_end(0)}, not at {pos - 1}: nothing to compose onto")
+    out = Composed(sections=len(pieces) - held)
+    places: list[tuple[int, Piece]] = []
+    try:
+        for piece in pieces[held:]:
+            _place(model, head, piece, pos, states, scratch, out)
+            if pos != h:
+                places.append((pos, piece))
+            pos += len(piece)
+        tokens = list(head) + [t for p in pieces for t in p.tokens]
+        chosen = seam_positions(seams, places) if positions is None else sorted(positions)
+        t0 = time.perf_counter()
+        for a, b in runs(chosen, [s for s, _ in places]):
+            _recompute(model, tokens, a, b, scratch)
+            out.runs += 1
+            out.recomputed_tokens += b - a
+        out.seconds["recompute"] += time.perf_counter() - t0
+    except BaseException:
+        model.clear()
+        raise
+    return out
+
+
+def _place(model, head: Sequence[int], piece: Piece, pos: int, states: States, scratch: int, out: Composed) -> None:
+    """Put ``piece`` at ``pos`` of sequence 0: restored from its state, or computed on its own and saved."""
+    h, n = len(head), len(piece)
+    t0 = time.perf_counter()
+    if states.restore(piece, model, scratch, h):
+        out.restored += 1
+        out.restored_tokens += n
+        out.seconds["restore"] += time.perf_counter() - t0
+    else:
+        out.lost.append(states.why(piece))
+        _llama.seq_remove(model, scratch)
+        model.seq_copy(0, scratch, 0, h)  # the scratch sequence sees the head only
+        _decode_span(model, piece.tokens, h, scratch)
+        _llama.seq_remove(model, scratch, 0, h)
+        states.store(piece, model, scratch, h)
+        out.computed += 1
+        out.computed_tokens += n
+        out.seconds["compute"] += time.perf_counter() - t0
+    if (_llama.seq_start(model, scratch), model.seq_end(scratch)) != (h, h + n - 1):
+        raise EngineError("a section state does not hold the positions it was saved at")
+    if pos != h:
+        _llama.seq_shift(model, scratch, h, h + n, pos - h)
+    model.seq_copy(scratch, 0, pos, pos + n)
+    _llama.seq_remove(model, scratch)
+
+
+def _recompute(model, tokens: Sequence[int], a: int, b: int, scratch: int) -> None:
+    """Decode positions ``[a, b)`` of sequence 0 again, attending to everything before them."""
+    if not _llama.seq_remove(model, 0, a, b):
+        raise EngineError(f"the KV memory could not drop positions {a}..{b - 1} to recompute them")
+    model.seq_copy(0, scratch, 0, a)
+    _decode_span(model, tokens[a:b], a, scratch)
+    model.seq_copy(scratch, 0, a, b)
+    _llama.seq_remove(model, scratch)
+
+
+def _decode_span(model, tokens: Sequence[int], pos: int, seq: int) -> None:
+    """Decode ``tokens`` at ``pos..`` of ``seq`` in ``n_batch`` pieces from ``pos`` (as prefill splits them)."""
+    import numpy as np
+
+    arr = np.asarray(tokens, dtype=np.int32)
+    step = model.n_batch
+    for lo in range(0, len(arr), step):
+        _llama.decode_outputs(model, arr[lo:lo + step], pos + lo, seq=seq)
+
+
+__all__ = ["Composed", "Piece", "STRATEGIES", "Seams", "States", "compose", "runs", "seam_positions"]

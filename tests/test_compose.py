@@ -1,0 +1,216 @@
+"""Prompts composed from section states (pipeline.engine.compose): the plumbing is exact when nothing is
+approximated, a cached and an uncached composition are the same computation, composing needs no more KV
+cells than the prompt, and a model whose memory cannot shift is refused.
+
+The fast tests run a tiny generated attention-only model (its text is noise, its KV arithmetic is real);
+the exactness check on the real small models is marked slow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.dev.synthetic import write_mamba_model, write_moe_model
+from pipeline.engine import _llama, kv_state
+from pipeline.engine.compose import Piece, Seams, compose, runs, seam_positions
+from pipeline.errors import EngineError
+
+
+class Memory:
+    """Section states as bytes, keyed by tokens (what the benchmark uses; the disk store is tested apart)."""
+
+    def __init__(self):
+        self.data, self.restored, self.stored = {}, 0, 0
+
+    def restore(self, piece, model, seq, start):
+        data = self.data.get(piece.tokens)
+        if data is None:
+            return False
+        self.restored += 1
+        return _llama.restore_state_bytes(model, data, seq)
+
+    def store(self, piece, model, seq, start):
+        self.stored += 1
+        self.data[piece.tokens] = _llama.state_bytes(model, seq)
+
+    def why(self, piece):
+        return "no state yet"
+
+
+@pytest.fixture(scope="module")
+def moe_path(tmp_path_factory):
+    return write_moe_model(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf", n_ctx_train=8192)
+
+
+@pytest.fixture
+def model(moe_path):
+    m = _llama.load(moe_path, n_ctx=2048, n_batch=256, n_ubatch=256, threads=1, n_seq_max=2)
+    yield m
+    m.close()
+
+
+def _tokens(rng, n):
+    return tuple(int(t) for t in rng.integers(3, 250, size=n))
+
+
+def _prompt(seed=0, sizes=(150, 300, 90, 200)):
+    rng = np.random.default_rng(seed)
+    head = list(_tokens(rng, 24))
+    pieces = [Piece(_tokens(rng, n), headers=(0, 1, 2)) for n in sizes]
+    return head, pieces, list(_tokens(rng, 12))
+
+
+def _decode(model, tokens, pos):
+    for lo in range(0, len(tokens), model.n_batch):
+        _llama.decode_outputs(model, np.asarray(tokens[lo:lo + model.n_batch], np.int32), pos + lo)
+
+
+def exact(model, head, pieces):
+    """Exact prefill cut where composition cuts: the head, then each section from its own start."""
+    model.clear()
+    _decode(model, head, 0)
+    pos = len(head)
+    for p in pieces:
+        _decode(model, p.tokens, pos)
+        pos += len(p)
+    return pos
+
+
+def composed(model, head, pieces, states, seams):
+    model.clear()
+    _decode(model, head, 0)
+    done = compose(model, head, pieces, states, seams)
+    return done
+
+
+def answer(model, question, end, n=12):
+    """Logits after the question, and the greedy continuation."""
+    _decode(model, question, end)
+    first = _llama.output_logits(model, 1)[0]
+    out, pos = [], end + len(question)
+    for _ in range(n):
+        t = int(_llama.output_logits(model, 1)[0].argmax())
+        out.append(t)
+        _llama.decode_outputs(model, [t], pos)
+        pos += 1
+    return first, out
+
+
+def test_whole_recompute_is_exact(model):
+    head, pieces, q = _prompt()
+    end = exact(model, head, pieces)
+    ref_logits, ref = answer(model, q, end)
+    states = Memory()
+    done = composed(model, head, pieces, states, Seams("whole"))
+    assert done.computed == 4 and done.recomputed_tokens == sum(len(p) for p in pieces[1:])
+    logits, out = answer(model, q, end)
+    assert out == ref
+    assert np.allclose(logits, ref_logits, atol=1e-4)
+
+
+def test_cached_and_uncached_compositions_are_the_same_computation(model):
+    head, pieces, q = _prompt(1)
+    states = Memory()
+    first = composed(model, head, pieces, states, Seams("first", 16))
+    end = len(head) + sum(len(p) for p in pieces)
+    logits_cold, out_cold = answer(model, q, end)
+    assert (first.computed, first.restored, states.stored) == (4, 0, 4)
+    second = composed(model, head, pieces, states, Seams("first", 16))
+    logits_warm, out_warm = answer(model, q, end)
+    assert (second.computed, second.restored) == (0, 4)
+    assert second.restored_tokens == sum(len(p) for p in pieces)
+    assert out_warm == out_cold
+    assert np.array_equal(logits_warm, logits_cold)
+
+
+def test_moved_sections_without_recompute_differ_from_exact(model):
+    """The measurement can fail: sections that did not attend to what now precedes them change the logits."""
+    head, pieces, q = _prompt(2)
+    end = exact(model, head, pieces)
+    ref_logits, _ = answer(model, q, end)
+    exact_state = _llama.state_bytes(model, 0)
+    composed(model, head, pieces, Memory(), Seams("none"))
+    dev = kv_state.deviation(exact_state, _llama.state_bytes(model, 0))
+    logits, _ = answer(model, q, end)
+    assert not np.allclose(logits, ref_logits, atol=1e-4)
+    first_section = range(len(head), len(head) + len(pieces[0]))
+    moved = range(len(head) + len(pieces[0]), end)
+    assert max(dev[p] for p in first_section) < 0.01  # restored at its own place: exact (f16 rounding aside)
+    assert np.mean([dev[p] for p in moved]) > 10 * max(0.001, max(dev[p] for p in first_section))
+
+
+def test_composing_needs_no_more_cells_than_the_prompt(model):
+    head, pieces, q = _prompt(3)
+    states = Memory()
+    composed(model, head, pieces, states, Seams("first", 32))
+    end = len(head) + sum(len(p) for p in pieces)
+    assert _llama.memory_cells(model) == end
+    composed(model, head, pieces, states, Seams("first+last", 32))  # from states, with seams recomputed
+    assert _llama.memory_cells(model) == end
+    assert model.seq_end(1) == -1  # the scratch sequence is gone
+    assert list(kv_state.positions(_llama.state_bytes(model, 0))) == list(range(end))
+
+
+def test_held_sections_are_kept(model):
+    head, pieces, q = _prompt(4)
+    states = Memory()
+    composed(model, head, pieces, states, Seams("first", 8))
+    end = len(head) + sum(len(p) for p in pieces)
+    logits_a, _ = answer(model, q, end)
+    keep = len(head) + len(pieces[0]) + len(pieces[1])
+    assert _llama.seq_remove(model, 0, keep)
+    done = compose(model, head, pieces, states, Seams("first", 8), held=2)
+    assert done.sections == 2 and done.restored == 2
+    logits_b, _ = answer(model, q, end)
+    assert np.array_equal(logits_a, logits_b)
+
+
+def test_compose_checks_what_sequence_zero_holds(model):
+    head, pieces, _ = _prompt(5)
+    model.clear()
+    with pytest.raises(EngineError, match="nothing to compose onto"):
+        compose(model, head, pieces, Memory(), Seams("first", 8))
+
+
+def test_a_model_that_cannot_shift_is_refused(tmp_path):
+    m = _llama.load(write_mamba_model(tmp_path / "mamba.gguf"), n_ctx=512, n_batch=128, n_ubatch=128, threads=1,
+                    n_seq_max=2)
+    try:
+        assert not _llama.can_shift(m)
+        head, pieces, _ = _prompt(6, sizes=(20, 20))
+        _decode(m, head, 0)
+        with pytest.raises(EngineError, match="cannot shift"):
+            compose(m, head, pieces, Memory(), Seams("first", 8))
+    finally:
+        m.close()
+
+
+# --------------------------------------------------------------------------- choosing the seams
+
+
+def test_seam_positions():
+    a, b = Piece(tuple(range(10)), headers=(0, 1, 5)), Piece(tuple(range(6)), headers=(0,))
+    places = [(100, a), (110, b)]
+    assert seam_positions(Seams("none"), places) == []
+    assert seam_positions(Seams("first", 3), places) == [100, 101, 102, 110, 111, 112]
+    assert seam_positions(Seams("first", 8), places) == list(range(100, 108)) + list(range(110, 116))
+    assert seam_positions(Seams("last", 2), places) == [112, 113, 114, 115]
+    assert seam_positions(Seams("headers"), places) == [100, 101, 105, 110]
+    assert seam_positions(Seams("whole"), places) == list(range(100, 116))
+    assert seam_positions(Seams("first+last", 1), places) == [100, 110, 114, 115]
+    assert seam_positions(Seams("first", 4), []) == []
+
+
+def test_runs_are_cut_at_section_starts():
+    assert runs([1, 2, 3, 7, 8, 10]) == [(1, 4), (7, 9), (10, 11)]
+    assert runs([1, 2, 3, 4], bounds=[3]) == [(1, 3), (3, 5)]
+    assert runs([]) == []
+
+
+@pytest.mark.parametrize("bad", [Seams.__init__])
+def test_seams_are_checked(bad):
+    with pytest.raises(ValueError, match="unknown seam strategy"):
+        Seams("middle", 8)
+    with pytest.raises(ValueError, match=">= 0"):
+        Seams("first", -1)
