@@ -138,3 +138,21 @@ def deviation(exact: bytes, approx: bytes) -> dict[int, float]:
                     for p, d in zip(pos, rel):
                         out.setdefault(p, []).append(float(d))
     return {p: 2 * float(np.mean(d)) for p, d in out.items()}
+
+
+def layer_deviation(exact: bytes, approx: bytes, at: range | list[int]) -> list[tuple[float, float]]:
+    """Per layer of the first memory, ``(|dK|/|K|, |dV|/|V|)`` over the cells at positions ``at``
+    (held by both states): where in the network two states part."""
+    (se, *_), (sa, *_) = parse(exact)[0], parse(approx)[0]
+    ie = {int(p): i for i, p in enumerate(se.positions)}
+    ia = {int(p): i for i, p in enumerate(sa.positions)}
+    rows_e = [ie[p] for p in at]
+    rows_a = [ia[p] for p in at]
+    out = []
+    for le, la in zip(se.layers, sa.layers):
+        pair = []
+        for xe, xa in ((le.k, la.k), (le.v, la.v)):
+            e, a = xe[rows_e].astype(np.float32), xa[rows_a].astype(np.float32)
+            pair.append(float(np.linalg.norm(e - a) / max(float(np.linalg.norm(e)), 1e-6)))
+        out.append((pair[0], pair[1]))
+    return out

@@ -1,0 +1,411 @@
+"""Quality of prompts composed from section states, against exact prefill of the same prompt.
+
+For each question: a sections-mode prompt ``[head][S1]..[Sk][question]`` as the product
+lays it out (the chat template, the system prompt, sections rendered with their headers
+and page marks, in canonical order; the answer's section and k-1 others drawn at random),
+prefilled exactly, and the same prompt composed from section states computed on their own
+(:mod:`pipeline.engine.compose`) with each way of choosing the tokens recomputed at the seams:
+
+  none                  nothing recomputed
+  first r               the first r tokens of each moved section (EPIC's choice)
+  last r                the last r x (moved sections) tokens before the question
+  headers               each moved section's header line and page marks
+  deviation r           the r tokens of each moved section whose keys and values deviate most
+                        from exact prefill's (CacheBlend's criterion, measured on this very
+                        prompt: an oracle, the best a per-token choice of that size can do)
+  whole                 every token of every moved section (exact: checks the plumbing)
+
+Measured over the first 32 answer tokens, teacher-forced with exact prefill's greedy
+answer: top-1 agreement of the next-token distribution, mean KL(exact || composed) in nats,
+and whether the greedy answer (32 tokens) is identical. Recompute cost is in tokens and in
+seconds of compose (restore, shift, recompute) against exact prefill of the documents part.
+
+    .venv/bin/python benchmarks/compose_quality.py [--models smollm2,gemma3]
+        [--corpora gnuplot,asymptote,manual] [--questions 4] [--ctx 8192] [--threads N] [--json OUT] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import _corpora  # noqa: E402
+from pipeline.context import Layout, render_section  # noqa: E402
+from pipeline.engine import _llama, kv_state  # noqa: E402
+from pipeline.engine.compose import Piece, Seams, compose  # noqa: E402
+from pipeline.store.sections import Section  # noqa: E402
+
+MODELS = {"smollm2": "builtin:SmolLM2-135M-Instruct", "gemma3": "builtin:gemma-3-270m"}
+ANSWER = 32
+RS = (8, 32, 128, 512)
+SYSTEM = ("You answer questions using only the numbered documents provided. Cite the documents you "
+          "use as [1] or, with a page, as [1, p. 3]. If the documents do not contain the answer, say so.")
+VERBOSE = False
+_PAGE_MARK = re.compile(r"\[\d+, p\. \d+\] ")
+
+
+def configs() -> list[tuple[str, Seams | int]]:
+    """(name, seams or the r of the deviation oracle) in table order."""
+    out: list[tuple[str, Seams | int]] = [("none", Seams("none", 0))]
+    out += [(f"first {r}", Seams("first", r)) for r in RS]
+    out += [(f"last {r}", Seams("last", r)) for r in RS]
+    out += [("headers", Seams("headers", 0))]
+    out += [(f"deviation {r}", r) for r in RS]
+    out += [("whole", Seams("whole", 0))]
+    return out
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+@dataclass
+class Doc:
+    label: str
+    pages: list[tuple[int, str]]
+    questions: list
+
+
+def corpus(name: str) -> Doc:
+    if name == "manual":
+        pages, questions = _corpora.manual_pages()
+        return Doc("xr9-field-manual.pdf", pages, questions)
+    package, questions = {"gnuplot": ("gnuplot-doc", _corpora.GNUPLOT),
+                          "asymptote": ("asymptote-doc", _corpora.ASYMPTOTE)}[name]
+    pdf = _corpora.debian_pdf(package)
+    return Doc(pdf.name, _corpora.pdf_pages(pdf), questions)
+
+
+def cut_pages(counts: list[int], target: int) -> list[tuple[int, int]]:
+    """Balanced runs [a, b) of pages of about ``target`` tokens each, cut where a page begins."""
+    total = sum(counts)
+    n = max(1, math.ceil(total / target))
+    prefix = np.cumsum([0] + counts)
+    starts = [0]
+    for k in range(1, n):
+        cut = int(np.argmin(np.abs(prefix - total * k / n)))
+        if cut > starts[-1] and cut < len(counts):
+            starts.append(cut)
+    return list(zip(starts, starts[1:] + [len(counts)]))
+
+
+def sections(doc: Doc, model, target: int) -> list[tuple[Piece, str]]:
+    """The document's sections of about ``target`` tokens, rendered as the product renders them."""
+    counts = [len(model.tokenize(t)) for _, t in doc.pages]
+    runs = cut_pages(counts, target)
+    out = []
+    for i, (a, b) in enumerate(runs):
+        pages = doc.pages[a:b]
+        s = Section(doc.label, "h", i, a, b - 1, pages[0][0], pages[-1][0], sum(counts[a:b]), target)
+        text = render_section(1, s, of=len(runs), segments=pages)
+        out.append((_piece(model, text), text))
+    return out
+
+
+def _piece(model, text: str) -> Piece:
+    """The section's tokens, and which of them overlap its header line or a page mark."""
+    tokens = model.tokenize(text)
+    spans = [(0, len(text[:text.index("\n") + 1].encode()))]
+    spans += [(len(text[:m.start()].encode()), len(text[:m.end()].encode())) for m in _PAGE_MARK.finditer(text)]
+    headers, at = [], 0
+    for i, t in enumerate(tokens):
+        end = at + len(model.piece(t))
+        if any(a < end and at < b for a, b in spans):
+            headers.append(i)
+        at = end
+    return Piece(tuple(tokens), tuple(headers))
+
+
+def samples(doc: Doc, texts: list[str], *, k: int, n: int, seed: int) -> list[tuple[str, list[int]]]:
+    """(question, section indexes in canonical order) for the first ``n`` questions: the section
+    where the question's keyword occurs most, and k-1 others drawn at random."""
+    rng = random.Random(seed)
+    out = []
+    for q in doc.questions[:n]:
+        rx = re.compile(rf"\b{re.escape(q.keyword)}\b", re.I)
+        best = int(np.argmax([len(rx.findall(t)) for t in texts]))
+        others = rng.sample([i for i in range(len(texts)) if i != best], min(k - 1, len(texts) - 1))
+        out.append((q.text, sorted([best] + others)))
+    return out
+
+
+# --------------------------------------------------------------------------- running one prompt
+
+
+class MemoryStates:
+    """Section states kept as bytes (the benchmark's store)."""
+
+    def __init__(self):
+        self.data: dict[tuple[int, ...], bytes] = {}
+
+    def restore(self, piece, model, seq, start):
+        data = self.data.get(piece.tokens)
+        return data is not None and _llama.restore_state_bytes(model, data, seq)
+
+    def store(self, piece, model, seq, start):
+        self.data[piece.tokens] = _llama.state_bytes(model, seq)
+
+    def why(self, piece):
+        return "no state yet"
+
+
+class Runner:
+    def __init__(self, path: Path, *, ctx: int, threads: int):
+        self.model = _llama.load(path, n_ctx=ctx, n_batch=2048, n_ubatch=512, threads=threads, flash_attn=True,
+                                 n_seq_max=2, swa_full=True)
+
+    def decode(self, tokens, pos: int, seq: int = 0) -> None:
+        step = self.model.n_batch
+        for lo in range(0, len(tokens), step):
+            _llama.decode_outputs(self.model, np.asarray(tokens[lo:lo + step], np.int32), pos + lo, seq=seq)
+
+    def exact(self, head, pieces) -> float:
+        m = self.model
+        m.clear()
+        t0 = time.perf_counter()
+        self.decode(head, 0)
+        pos = len(head)
+        for p in pieces:
+            self.decode(p.tokens, pos)
+            pos += len(p)
+        m.synchronize()
+        return time.perf_counter() - t0
+
+    def greedy(self, suffix, end: int, n: int = ANSWER) -> list[int]:
+        m = self.model
+        self.decode(suffix, end)
+        out, pos = [], end + len(suffix)
+        for _ in range(n):
+            t = int(_llama.output_logits(m, 1)[0].argmax())
+            out.append(t)
+            _llama.decode_outputs(m, [t], pos)
+            pos += 1
+        _llama.seq_remove(m, 0, end)
+        return out
+
+    def forced(self, suffix, answer, end: int) -> np.ndarray:
+        toks = list(suffix) + list(answer[:-1])
+        _llama.decode_outputs(self.model, np.asarray(toks, np.int32), end, every=True)
+        rows = _llama.output_logits(self.model, len(toks))[len(suffix) - 1:]
+        _llama.seq_remove(self.model, 0, end)
+        return rows
+
+    def states(self, head, pieces, st: MemoryStates) -> MemoryStates:
+        """Compute the states of ``pieces`` on their own, into ``st``."""
+        m = self.model
+        for p in pieces:
+            m.clear()
+            self.decode(head, 0)
+            compose(m, head, [p], st, Seams("none", 0))
+        return st
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def score(ref_rows, ref_answer, rows, answer) -> dict:
+    lp_ref, lp = _log_softmax(ref_rows), _log_softmax(rows)
+    kl = float((np.exp(lp_ref) * (lp_ref - lp)).sum(axis=-1).mean())
+    top1 = float(np.mean(rows.argmax(axis=-1) == np.asarray(ref_answer)))
+    same = next((i for i, (a, b) in enumerate(zip(answer, ref_answer)) if a != b), len(ref_answer))
+    return {"top1": top1, "kl": kl, "greedy_same": answer == ref_answer, "greedy_prefix": same}
+
+
+def deviation_positions(dev: dict[int, float], places, r: int) -> list[int]:
+    out = []
+    for start, piece in places:
+        span = [(dev.get(p, 0.0), p) for p in range(start, start + len(piece))]
+        out += [p for _, p in sorted(span, reverse=True)[:r]]
+    return sorted(out)
+
+
+def profile(dev: dict[int, float], places) -> dict:
+    """Mean deviation by offset within the moved sections, and of header tokens against the rest."""
+    buckets = {"0-7": (0, 8), "8-31": (8, 32), "32-127": (32, 128), "128-511": (128, 512), "512+": (512, 10**9)}
+    out: dict[str, list[float]] = {k: [] for k in buckets}
+    out["headers"], out["body"], out["last 32"] = [], [], []
+    for start, piece in places:
+        heads = set(piece.headers)
+        for i in range(len(piece)):
+            d = dev.get(start + i)
+            if d is None:
+                continue
+            for name, (a, b) in buckets.items():
+                if a <= i < b:
+                    out[name].append(d)
+            out["headers" if i in heads else "body"].append(d)
+            if i >= len(piece) - 32:
+                out["last 32"].append(d)
+    return {k: float(np.mean(v)) if v else None for k, v in out.items()}
+
+
+def run_prompt(run: Runner, layout: Layout, pieces: list[Piece], question: str, states: MemoryStates, *,
+               whole: bool = True) -> dict:
+    """Every configuration on one prompt; ``whole`` False leaves out the exact recompute (a full prefill)."""
+    m = run.model
+    head = list(layout.head_tokens)
+    suffix = layout.suffix(f"Question: {question}", lambda t, special=False: m.tokenize(t, special=special))
+    end = len(head) + sum(len(p) for p in pieces)
+    exact_s = run.exact(head, pieces)
+    t0 = time.perf_counter()
+    ref = run.greedy(suffix, end)
+    t1 = time.perf_counter()
+    ref_rows = run.forced(suffix, ref, end)
+    exact_state = _llama.state_bytes(m, 0)
+    t2 = time.perf_counter()
+    run.states(head, [p for p in pieces if p.tokens not in states.data], states)
+    if VERBOSE:
+        print(f"    exact {exact_s:.1f} s, greedy {t1 - t0:.1f} s, forced {t2 - t1:.1f} s, "
+              f"states {time.perf_counter() - t2:.1f} s", file=sys.stderr, flush=True)
+    places, pos = [], len(head)
+    for p in pieces:
+        if pos != len(head):
+            places.append((pos, p))
+        pos += len(p)
+    dev = None
+    result = {"tokens": end + len(suffix), "sections": [len(p) for p in pieces], "exact_s": exact_s,
+              "self_top1": float(np.mean(ref_rows.argmax(-1) == np.asarray(ref))), "configs": {}}
+    for name, how in configs():
+        if name == "whole" and not whole:
+            continue
+        m.clear()
+        run.decode(head, 0)
+        t0 = time.perf_counter()
+        if isinstance(how, int):
+            done = compose(m, head, pieces, states, Seams("none", 0), positions=deviation_positions(dev, places, how))
+        else:
+            done = compose(m, head, pieces, states, how)
+        m.synchronize()
+        seconds = time.perf_counter() - t0
+        rows = run.forced(suffix, ref, end)
+        if dev is None:  # read after a decode: llama.cpp re-rotates shifted keys only when it next decodes
+            dev = kv_state.deviation(exact_state, _llama.state_bytes(m, 0))
+            result["profile"] = profile(dev, places)
+        answer = run.greedy(suffix, end)
+        result["configs"][name] = {**score(ref_rows, ref, rows, answer), "recomputed": done.recomputed_tokens,
+                                   "seconds": seconds, "runs": done.runs}
+        if VERBOSE:
+            print(f"    {name}: compose {seconds:.1f} s, {done.runs} runs, then {time.perf_counter() - t0:.1f} s",
+                  file=sys.stderr, flush=True)
+    return result
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def layout_for(run: Runner, path: Path) -> Layout:
+    from pipeline.engine.generator import render_chat
+    from pipeline.engine.model_info import ModelInfo
+
+    m = run.model
+    template = ModelInfo.read(path).chat_template
+    return Layout.make(chat=lambda system, user: render_chat(template, system, user, bos=m.bos_text, eos=m.eos_text),
+                       tokenize=lambda t, special=False: m.tokenize(t, special=special), bos=m.bos, system=SYSTEM)
+
+
+def aggregate(results: list[dict]) -> dict[str, dict]:
+    out = {}
+    for name, _ in configs():
+        rows = [r["configs"][name] for r in results if name in r["configs"]]
+        if not rows:
+            continue
+        out[name] = {"top1": statistics.mean(r["top1"] for r in rows), "kl": statistics.mean(r["kl"] for r in rows),
+                     "greedy": statistics.mean(float(r["greedy_same"]) for r in rows),
+                     "recomputed": statistics.mean(r["recomputed"] for r in rows),
+                     "seconds": statistics.mean(r["seconds"] for r in rows)}
+    return out
+
+
+def print_table(title: str, agg: dict[str, dict], exact_s: float) -> None:
+    print(f"\n{title} (exact prefill of the documents: {exact_s:.1f} s)")
+    print("| recompute | top-1 agreement | mean KL (nats) | greedy identical | tokens recomputed | compose (s) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, a in agg.items():
+        print(f"| {name} | {a['top1']:.1%} | {a['kl']:.4f} | {a['greedy']:.0%} | {a['recomputed']:.0f} | "
+              f"{a['seconds']:.2f} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="smollm2,gemma3")
+    ap.add_argument("--corpora", default="gnuplot,asymptote,manual")
+    ap.add_argument("--questions", type=int, default=4, help="questions per corpus")
+    ap.add_argument("--ctx", type=int, default=8192, help="the context the prompts are sized for")
+    ap.add_argument("--sections", type=int, default=3, help="sections per prompt")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=22)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--quick", action="store_true", help="2 questions per corpus, prompts for a 4K context")
+    ap.add_argument("--verbose", action="store_true", help="time each step on stderr")
+    args = ap.parse_args(argv)
+    global VERBOSE
+    VERBOSE = args.verbose
+    if args.quick:
+        args.questions, args.ctx = 2, 4096
+    from pipeline.config import resolve_home
+    from pipeline.engine.host import usable_cpus
+    from pipeline.models import resolve
+
+    threads = args.threads or usable_cpus()
+    docs = {name: corpus(name) for name in args.corpora.split(",")}
+    report: dict = {"ctx": args.ctx, "sections": args.sections, "answer_tokens": ANSWER, "models": {}}
+    for mname in args.models.split(","):
+        path = resolve(MODELS[mname], home=resolve_home(), fetch=True)
+        run = Runner(path, ctx=args.ctx + 512, threads=threads)
+        layout = layout_for(run, path)
+        results = []
+        for cname, doc in docs.items():
+            secs = sections(doc, run.model, args.ctx // 4)
+            states = MemoryStates()  # one state per section, shared by the corpus's prompts
+            for j, (question, idx) in enumerate(samples(doc, [t for _, t in secs], k=args.sections,
+                                                        n=args.questions, seed=args.seed)):
+                t0 = time.perf_counter()
+                r = run_prompt(run, layout, [secs[i][0] for i in idx], question, states, whole=j == 0)
+                r.update(corpus=cname, question=question, placed=idx)
+                results.append(r)
+                c = r["configs"]
+                print(f"  {mname} {cname:9} {r['tokens']:>5} tok {time.perf_counter() - t0:5.0f} s  "
+                      + "  ".join(f"{n}: {c[n]['top1']:.0%}/{c[n]['kl']:.3f}" for n in
+                                  ("none", "first 32", "last 32", "deviation 32", "whole") if n in c), flush=True)
+        run.model.close()
+        agg = aggregate(results)
+        exact_s = statistics.mean(r["exact_s"] for r in results)
+        print_table(f"{mname}: {len(results)} prompts of {statistics.mean(r['tokens'] for r in results):,.0f} tokens "
+                    f"({args.sections} sections)", agg, exact_s)
+        prof = {k: statistics.mean(r["profile"][k] for r in results if r["profile"].get(k) is not None)
+                for k in results[0]["profile"]}
+        print("KV deviation with nothing recomputed, mean by offset in a moved section: "
+              + ", ".join(f"{k} {v:.3f}" for k, v in prof.items()))
+        report["models"][mname] = {"aggregate": agg, "exact_s": exact_s, "profile": prof, "prompts": results}
+    if args.json:
+        from pipeline.dev.bench import document, row
+
+        rows = []
+        for mname, mr in report["models"].items():
+            for name, a in mr["aggregate"].items():
+                key = f"{mname}_{name.replace(' ', '')}"
+                rows += [row(f"{key}_top1", a["top1"], "fraction", series=mname),
+                         row(f"{key}_kl", a["kl"], "nats", series=mname),
+                         row(f"{key}_greedy", a["greedy"], "fraction", series=mname)]
+        args.json.write_text(json.dumps(document(rows, **report), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,143 @@
+"""Section states on disk: each section's KV cells, computed once after the prompt head, found by content.
+
+A section state is one entry of the prefix cache (:class:`.cache.PrefixCache`: same
+directory, same ``cache.max_gb`` budget and LRU order, same integrity checks and crash
+safety), in a namespace of its own: :func:`namespace` hashes the engine's namespace (the
+model file and every setting that shapes its KV cache) with the head's tokens (the
+chat template's start and the system prompt the section was computed after). Within it
+the entry is keyed by the hash of the section's tokens, so a changed document, a
+changed header or another system prompt never finds a stale state. The state holds the
+section's cells alone, at the positions right after the head (``len(head)..``), which
+is where :mod:`.compose` restores it before moving it to its place.
+
+Why a state was not found is said per section (:meth:`SectionStates.why`): "no state
+yet", or "evicted" for a section this cache directory saved before (recorded in a side
+table of the directory's own, ``sections.sqlite``; if that table is lost, an evicted
+section just reads as "no state yet").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import time
+from pathlib import Path
+from typing import Sequence
+
+from .._sqlite import connect, transaction
+from .cache import PrefixCache
+from .cache_index import Entry
+from .cache_keys import full_hash, token_bytes
+from .compose import Piece
+
+SEEN_NAME = "sections.sqlite"
+NO_STATE, EVICTED = "no state yet", "evicted"
+
+
+def namespace(engine_namespace: str, head: Sequence[int]) -> str:
+    """The namespace of section states computed by one engine after ``head``."""
+    payload = f"rag section states v1\0{engine_namespace}\0{full_hash(token_bytes(head))}"
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+class SectionStates:
+    """The section states of one engine and one prompt head, in ``cache`` (what :func:`.compose.compose` reads).
+
+    Never raises during a prompt: a fault costs the reuse of that section (it is computed
+    again), and :attr:`notes` says what happened.
+    """
+
+    def __init__(self, cache: PrefixCache, engine_namespace: str, head: Sequence[int]):
+        self.cache = cache
+        self.namespace = namespace(engine_namespace, head)
+        self.start = len(head)
+        self.notes: list[str] = []
+        self.saved = 0  # states saved through this object
+        self.saved_bytes = 0
+        self._why: dict[tuple[int, ...], str] = {}
+        self._seen: sqlite3.Connection | None = None
+
+    # -- lookup ---------------------------------------------------------------------------------
+
+    def find(self, piece: Piece) -> Entry | None:
+        """The saved state of ``piece``, without using it."""
+        n = len(piece)
+        if n == 0:
+            return None
+        return self.cache.lookup(self.namespace, piece.tokens, max_tokens=n, min_tokens=n, lengths={n}, count=False)
+
+    def held(self, pieces: Sequence[Piece]) -> list[bool]:
+        """Which of ``pieces`` have a saved state (what a packer or a pool weighs prompts by)."""
+        return [self.find(p) is not None for p in pieces]
+
+    def restore(self, piece: Piece, model, seq: int, start: int) -> bool:
+        entry = self.find(piece)
+        if entry is None:
+            self._why[piece.tokens] = EVICTED if self._was_seen(piece) else NO_STATE
+            return False
+        if self.cache.load(entry, model, seq=seq, start=start):
+            return True
+        self._why[piece.tokens] = f"its state was discarded ({self.cache.last_error})"
+        return False
+
+    def why(self, piece: Piece) -> str:
+        return self._why.get(piece.tokens, NO_STATE)
+
+    # -- saving ---------------------------------------------------------------------------------
+
+    def store(self, piece: Piece, model, seq: int, start: int) -> None:
+        if self.cache.read_only or self.cache.unavailable:
+            return
+        t0 = time.time()
+        entry = self.cache.save(self.namespace, piece.tokens, model, seq=seq, start=start)
+        if entry is None:
+            if self.cache.last_error:
+                self.notes.append(f"section state not saved: {self.cache.last_error}")
+            return
+        if entry.created >= t0:
+            self.saved += 1
+            self.saved_bytes += entry.bytes
+        self._mark_seen(piece)
+
+    # -- which sections this directory saved before ------------------------------------------------
+
+    def _db(self) -> sqlite3.Connection | None:
+        if self._seen is None and not self.cache.unavailable:
+            try:
+                db = connect(Path(self.cache.directory) / SEEN_NAME, check_same_thread=False)
+                db.execute("CREATE TABLE IF NOT EXISTS seen (namespace TEXT NOT NULL, full_hash TEXT NOT NULL, "
+                           "PRIMARY KEY (namespace, full_hash))")
+                self._seen = db
+            except sqlite3.Error:
+                return None
+        return self._seen
+
+    def _was_seen(self, piece: Piece) -> bool:
+        db = self._db()
+        if db is None:
+            return False
+        try:
+            row = db.execute("SELECT 1 FROM seen WHERE namespace = ? AND full_hash = ?",
+                             (self.namespace, full_hash(token_bytes(piece.tokens)))).fetchone()
+        except sqlite3.Error:
+            return False
+        return row is not None
+
+    def _mark_seen(self, piece: Piece) -> None:
+        db = self._db()
+        if db is None:
+            return
+        try:
+            with transaction(db):
+                db.execute("INSERT OR IGNORE INTO seen VALUES (?, ?)",
+                           (self.namespace, full_hash(token_bytes(piece.tokens))))
+        except sqlite3.Error:
+            pass
+
+    def close(self) -> None:
+        if self._seen is not None:
+            self._seen.close()
+            self._seen = None
+
+
+__all__ = ["EVICTED", "NO_STATE", "SectionStates", "namespace"]
