@@ -71,3 +71,67 @@ def test_anchor_rules():
     assert anchor("Answers: rag eval --answers") == "answers-rag-eval---answers"
     assert anchor("Whole or map-reduce, on ask's prefix") == "whole-or-map-reduce-on-asks-prefix"
     assert anchor("`rag summarize`: batch summaries") == "rag-summarize-batch-summaries"
+
+
+# -- the settings reference (docs/settings.md), generated from the settings dataclasses --
+
+def test_every_setting_has_a_one_line_docstring():
+    from pipeline.settings_reference import settings, undocumented
+
+    assert undocumented() == [], f"settings without an attribute docstring: {undocumented()}"
+    long = [s.key for s in settings() if "\n" in s.doc]
+    assert not long, f"settings whose docstring is more than one line: {long}"
+
+
+def test_the_committed_settings_reference_is_the_generated_one():
+    from pipeline.settings_reference import reference_markdown
+
+    committed = (ROOT / "docs" / "settings.md").read_text()
+    assert committed == reference_markdown(), "docs/settings.md is stale: run `make docs` and commit it"
+
+
+def test_the_reference_lists_every_setting_with_its_variable_and_default():
+    from pipeline.config import Config, env_names, toml_value
+    from pipeline.settings_reference import reference_markdown, settings
+
+    text = reference_markdown()
+    listed = {s.key: s for s in settings()}
+    assert {v: k for k, v in env_names().items()}.keys() <= listed.keys()
+    for variable, key in env_names().items():
+        assert listed[key].variable == variable
+        assert f"| `{key}` |" in text and f"`{variable}`" in text
+    section, name = "engine", "n_ctx"
+    assert listed[f"{section}.{name}"].default == getattr(getattr(Config(), section), name)
+    assert f"| `engine.n_ctx` | int | `{toml_value(Config().engine.n_ctx)}` | `RAG_ENGINE_N_CTX` |" in text
+
+
+def test_rag_config_reference_prints_it():
+    from click.testing import CliRunner
+
+    from pipeline.cli import cli
+    from pipeline.settings_reference import reference_markdown
+
+    result = CliRunner().invoke(cli, ["config", "--reference"], env={"RAG_ENGINE_N_CTX": "1024"})
+    assert result.exit_code == 0, result.output
+    assert result.output == reference_markdown()  # defaults, not the effective values
+
+
+def test_field_docs_read_any_dataclass_wherever_it_is_defined():
+    """The reader depends on no module layout: a class in another module, and its bases, are read too."""
+    from dataclasses import dataclass
+
+    from pipeline.settings_reference import field_docs
+
+    @dataclass
+    class Base:
+        a: int = 1
+        """The first."""
+
+    @dataclass
+    class Section(Base):
+        b: str = "x"
+        """The second,
+        on two lines."""
+        c: float = 0.5  # a comment is not a docstring
+
+    assert field_docs(Section) == {"a": "The first.", "b": "The second,\non two lines."}
