@@ -31,17 +31,22 @@ def test_eight_concurrent_aask_keep_the_loop_responsive(make_pipeline, ingested)
                 delays.append(time.perf_counter() - t - 0.01)
 
         beat = asyncio.create_task(heartbeat())
+        t0 = time.perf_counter()
         answers = await asyncio.gather(*(rag.aask(QUESTIONS[i % 4]) for i in range(8)))
         hits = await rag.asearch("tomato", top_k=1)
         pieces = [p async for p in rag.aask_stream(QUESTIONS[0])]
+        elapsed = time.perf_counter() - t0
         stop.set()
         await beat
-        return answers, hits, pieces, delays
+        return answers, hits, pieces, delays, elapsed
 
-    answers, hits, pieces, delays = asyncio.run(main())
+    answers, hits, pieces, delays, elapsed = asyncio.run(main())
     assert [a.text for a in answers] == [expected[QUESTIONS[i % 4]] for i in range(8)]
     assert hits and "".join(pieces).strip() == expected[QUESTIONS[0]]
-    assert len(delays) > 20 and max(delays) < 0.1, f"the event loop stalled {max(delays) * 1000:.0f} ms"
+    # A loop blocked by any one of the ten model calls would stall for about a tenth of the run; the
+    # bound is relative to the run, so a loaded machine's scheduling delays do not fail it.
+    assert len(delays) > 20 and max(delays) < elapsed / 40, \
+        f"the event loop stalled {max(delays) * 1000:.0f} ms of a {elapsed:.1f} s run"
 
 
 def _doc(path, topic: str, n: int = 60):
@@ -82,8 +87,11 @@ def test_cancelling_a_stream_stops_its_prefill_within_one_micro_batch(make_pipel
 
     stream, latency, after = asyncio.run(main())
     assert stream.answer is None and after.text
-    # Most of the prefill was left; it stopped within one micro-batch's time (plus thread wake-ups).
-    assert latency < per_ubatch + 0.1, f"stopped after {latency:.3f} s; a micro-batch takes {per_ubatch:.3f} s"
+    # Most of the prefill was left when it was cancelled: an uncancelled prefill would have run on for
+    # most of the full prefill's time, a cancelled one stops within about one micro-batch of it. The
+    # bound is a share of the full prefill measured in the same run, so a loaded machine moves both.
+    assert latency < full.stats.prefill_seconds / 3, \
+        f"stopped after {latency:.3f} s; the whole prefill takes {full.stats.prefill_seconds:.3f} s"
 
 
 def test_cancel_token_on_a_sync_call_and_errors_reach_the_awaiting_task(make_pipeline, ingested):
