@@ -4,7 +4,7 @@ Every object carries ``"schema": SCHEMA``; its other fields are the API object's
 ``to_dict()`` (``IngestReport``, ``Hit``, ``Answer``, ``CollectionStatus``, the plan
 values), so a script reading the CLI and an app using the library see the same
 names. A change that removes or renames a field raises ``SCHEMA``; new fields may be
-added within a version. ``docs/json.md`` describes them for people; tests validate
+added within a version. ``docs/app.md`` (JSON outputs) describes them for people; tests validate
 every output against these.
 """
 
@@ -75,6 +75,9 @@ SCHEMAS: dict[str, dict] = {
          "dense_chunks": _int, "embedder": _opt_str, "dim": _opt_int, "chunk_size": _opt_int,
          "chunk_overlap": _opt_int, "collections": {"type": "array", "items": _str}, "generator": _opt_str,
          "sources": {"type": "array", "items": _obj({"source": _str, "chunks": _int, "tokens": _int})}},
+        {"system": _obj({"rag": _str, "python": _str, "llama_cpp": _obj({"llama_cpp_python": _str,
+                                                                         "system_info": _str}),
+                         "models": {"type": "object"}, "cache": _obj({"enabled": _bool})})},
         closed=True)),
     "plan": _versioned(_obj(
         {"plan": _obj({"fits": _bool, "plan": {"type": "object"}, "prefill": {"type": "object"},
