@@ -10,6 +10,8 @@ prefilled exactly, and the same prompt composed from section states computed on 
   first r               the first r tokens of each moved section (EPIC's choice)
   last r                the last r x (moved sections) tokens before the question
   headers               each moved section's header line and page marks
+  focus r               the r tokens of each moved section nearest to where the question's keyword
+                        occurs in it (what retrieval's hits point at), nearest first
   deviation r           the r tokens of each moved section whose keys and values deviate most
                         from exact prefill's (CacheBlend's criterion, measured on this very
                         prompt: an oracle, the best a per-token choice of that size can do)
@@ -27,6 +29,7 @@ seconds of compose (restore, shift, recompute) against exact prefill of the docu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -64,6 +67,7 @@ def configs() -> list[tuple[str, Seams | int]]:
     out += [(f"first {r}", Seams("first", r)) for r in RS]
     out += [(f"last {r}", Seams("last", r)) for r in RS]
     out += [("headers", Seams("headers", 0))]
+    out += [(f"focus {r}", Seams("focus", r)) for r in RS]
     out += [(f"deviation {r}", r) for r in RS]
     out += [("whole", Seams("whole", 0))]
     return out
@@ -102,7 +106,7 @@ def cut_pages(counts: list[int], target: int) -> list[tuple[int, int]]:
     return list(zip(starts, starts[1:] + [len(counts)]))
 
 
-def sections(doc: Doc, model, target: int) -> list[tuple[Piece, str]]:
+def sections(doc: Doc, model, target: int) -> list[tuple[Piece, str, np.ndarray]]:
     """The document's sections of about ``target`` tokens, rendered as the product renders them."""
     counts = [len(model.tokenize(t)) for _, t in doc.pages]
     runs = cut_pages(counts, target)
@@ -111,25 +115,40 @@ def sections(doc: Doc, model, target: int) -> list[tuple[Piece, str]]:
         pages = doc.pages[a:b]
         s = Section(doc.label, "h", i, a, b - 1, pages[0][0], pages[-1][0], sum(counts[a:b]), target)
         text = render_section(1, s, of=len(runs), segments=pages)
-        out.append((_piece(model, text), text))
+        out.append((*_piece(model, text), text))
     return out
 
 
-def _piece(model, text: str) -> Piece:
-    """The section's tokens, and which of them overlap its header line or a page mark."""
+def _spans(text: str, rx: re.Pattern) -> list[tuple[int, int]]:
+    """Byte spans of ``rx``'s matches in ``text``."""
+    return [(len(text[:m.start()].encode()), len(text[:m.end()].encode())) for m in rx.finditer(text)]
+
+
+def _overlapping(starts: np.ndarray, spans: list[tuple[int, int]]) -> list[int]:
+    """Offsets of the tokens (beginning at byte ``starts``) that overlap any of ``spans``."""
+    ends = np.append(starts[1:], 1 << 62)
+    return [i for i in range(len(starts)) if any(a < ends[i] and starts[i] < b for a, b in spans)]
+
+
+def _piece(model, text: str) -> tuple[Piece, np.ndarray]:
+    """The section's tokens, which of them overlap its header line or a page mark, and where each begins."""
     tokens = model.tokenize(text)
-    spans = [(0, len(text[:text.index("\n") + 1].encode()))]
-    spans += [(len(text[:m.start()].encode()), len(text[:m.end()].encode())) for m in _PAGE_MARK.finditer(text)]
-    headers, at = [], 0
-    for i, t in enumerate(tokens):
-        end = at + len(model.piece(t))
-        if any(a < end and at < b for a, b in spans):
-            headers.append(i)
-        at = end
-    return Piece(tuple(tokens), tuple(headers))
+    starts = np.cumsum([0] + [len(model.piece(t)) for t in tokens])[:-1]
+    spans = [(0, len(text[:text.index("\n") + 1].encode()))] + _spans(text, _PAGE_MARK)
+    return Piece(tuple(tokens), tuple(_overlapping(starts, spans))), starts
 
 
-def samples(doc: Doc, texts: list[str], *, k: int, n: int, seed: int) -> list[tuple[str, list[int]]]:
+def with_focus(piece: Piece, text: str, starts: np.ndarray, keyword: str) -> Piece:
+    """``piece`` with its tokens ordered by their distance to the nearest occurrence of ``keyword``."""
+    hits = _overlapping(starts, _spans(text, re.compile(rf"\b{re.escape(keyword)}\b", re.I)))
+    if not hits:
+        return piece
+    at = np.array(hits)
+    distance = np.abs(np.arange(len(piece))[:, None] - at[None, :]).min(axis=1)
+    return dataclasses.replace(piece, focus=tuple(int(i) for i in np.argsort(distance, kind="stable")))
+
+
+def samples(doc: Doc, texts: list[str], *, k: int, n: int, seed: int) -> list[tuple[object, list[int]]]:
     """(question, section indexes in canonical order) for the first ``n`` questions: the section
     where the question's keyword occurs most, and k-1 others drawn at random."""
     rng = random.Random(seed)
@@ -138,7 +157,7 @@ def samples(doc: Doc, texts: list[str], *, k: int, n: int, seed: int) -> list[tu
         rx = re.compile(rf"\b{re.escape(q.keyword)}\b", re.I)
         best = int(np.argmax([len(rx.findall(t)) for t in texts]))
         others = rng.sample([i for i in range(len(texts)) if i != best], min(k - 1, len(texts) - 1))
-        out.append((q.text, sorted([best] + others)))
+        out.append((q, sorted([best] + others)))
     return out
 
 
@@ -165,7 +184,7 @@ class MemoryStates:
 class Runner:
     def __init__(self, path: Path, *, ctx: int, threads: int):
         self.model = _llama.load(path, n_ctx=ctx, n_batch=2048, n_ubatch=512, threads=threads, flash_attn=True,
-                                 n_seq_max=2, swa_full=True)
+                                 n_seq_max=3, swa_full=True)
 
     def decode(self, tokens, pos: int, seq: int = 0) -> None:
         step = self.model.n_batch
@@ -371,13 +390,14 @@ def main(argv=None) -> int:
         layout = layout_for(run, path)
         results = []
         for cname, doc in docs.items():
-            secs = sections(doc, run.model, args.ctx // 4)
+            secs = sections(doc, run.model, args.ctx // 4)  # (piece, starts, text)
             states = MemoryStates()  # one state per section, shared by the corpus's prompts
-            for j, (question, idx) in enumerate(samples(doc, [t for _, t in secs], k=args.sections,
-                                                        n=args.questions, seed=args.seed)):
+            for j, (q, idx) in enumerate(samples(doc, [t for *_, t in secs], k=args.sections,
+                                                 n=args.questions, seed=args.seed)):
                 t0 = time.perf_counter()
-                r = run_prompt(run, layout, [secs[i][0] for i in idx], question, states, whole=j == 0)
-                r.update(corpus=cname, question=question, placed=idx)
+                pieces = [with_focus(p, text, starts, q.keyword) for p, starts, text in (secs[i] for i in idx)]
+                r = run_prompt(run, layout, pieces, q.text, states, whole=j == 0)
+                r.update(corpus=cname, question=q.text, placed=idx)
                 results.append(r)
                 c = r["configs"]
                 print(f"  {mname} {cname:9} {r['tokens']:>5} tok {time.perf_counter() - t0:5.0f} s  "

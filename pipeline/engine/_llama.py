@@ -820,6 +820,11 @@ def can_shift(model: Model) -> bool:
     return bool(llama_cpp.llama_memory_can_shift(llama_cpp.llama_get_memory(model._ctx)))
 
 
+def sliding_window(model: Model) -> int:
+    """The attention window of the model's sliding-window layers (Gemma 3: 512), 0 when it has none."""
+    return int(llama_cpp.llama_model_n_swa(model._model))
+
+
 def seq_remove(model: Model, seq: int, p0: int = 0, p1: int = -1) -> bool:
     """Drop the cells of ``seq`` at positions ``[p0, p1)`` (``p1`` -1: to the end; ``seq`` -1:
     every sequence). Removing a whole sequence never fails; False where a part cannot be cut."""

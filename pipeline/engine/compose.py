@@ -41,17 +41,19 @@ from typing import Protocol, Sequence
 from ..errors import EngineError
 from . import _llama
 
-STRATEGIES = ("none", "first", "last", "headers", "whole")
+STRATEGIES = ("none", "first", "last", "headers", "focus", "whole")
 """How a moved section's tokens are chosen for recompute (:class:`Seams`); ``+`` combines them."""
 
 
 @dataclass(frozen=True)
 class Piece:
-    """A section as a prompt places it: its tokens, and which of them are its header (offsets),
-    for the ``headers`` strategy."""
+    """A section as a prompt places it: its tokens; which of them are its header (offsets), for the
+    ``headers`` strategy; and which matter most to the question (offsets, most relevant first: the
+    passages retrieval found in it), for the ``focus`` strategy. Only ``tokens`` identify its state."""
 
     tokens: tuple[int, ...]
     headers: tuple[int, ...] = ()
+    focus: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -63,8 +65,10 @@ class Seams:
 
     ``first``: the first ``r`` of each moved section; ``last``: the last ``r`` per moved
     section before the question, all of them at the end of the documents; ``headers``: each
-    moved section's header tokens; ``whole``: every token of every moved section (exact, the
-    check of the plumbing); ``none``: nothing. ``"first+last"`` takes the union.
+    moved section's header tokens; ``focus``: the first ``r`` of each moved section's
+    question-relevant tokens (:attr:`Piece.focus`); ``whole``: every token of every moved
+    section (exact, the check of the plumbing); ``none``: nothing. ``"first+last"`` takes
+    the union.
     """
 
     strategy: str = "first"
@@ -93,6 +97,8 @@ def seam_positions(seams: Seams, places: Sequence[tuple[int, Piece]]) -> list[in
                 chosen.update(range(start, start + min(seams.r, n)))
             elif part == "headers":
                 chosen.update(start + i for i in piece.headers if 0 <= i < n)
+            elif part == "focus":
+                chosen.update(start + i for i in piece.focus[:seams.r] if 0 <= i < n)
             elif part == "whole":
                 chosen.update(range(start, start + n))
         if part == "last":
@@ -144,11 +150,12 @@ class Composed:
 
 
 def compose(model, head: Sequence[int], pieces: Sequence[Piece], states: States, seams: Seams, *,
-            held: int = 0, scratch: int = 1, positions: Sequence[int] | None = None) -> Composed:
+            held: int = 0, scratch: int = 1, guard: int = 2, positions: Sequence[int] | None = None) -> Composed:
     """Fill sequence 0 of ``model`` with ``head`` and ``pieces`` composed from section states.
 
     Sequence 0 must hold exactly ``head`` and the first ``held`` pieces (as a composition made
-    them); ``scratch`` is a sequence the model may use and that is empty. ``positions``
+    them); ``scratch`` is a sequence the model may use and that is empty; on a model with
+    sliding-window layers, ``guard`` is another (see :func:`_guarded`). ``positions``
     replaces the seams' choice of tokens to recompute (a benchmark's). On return sequence 0
     holds the whole documents part, ready for the question; raises EngineError if llama.cpp
     refused a step (sequence 0 is then cleared).
@@ -161,9 +168,11 @@ def compose(model, head: Sequence[int], pieces: Sequence[Piece], states: States,
         raise EngineError(f"sequence 0 ends at {model.seq_end(0)}, not at {pos - 1}: nothing to compose onto")
     out = Composed(sections=len(pieces) - held)
     places: list[tuple[int, Piece]] = []
+    guard_seq = _guarded(model, guard)
     try:
         for piece in pieces[held:]:
             _place(model, head, piece, pos, states, scratch, out)
+            _protect(model, guard_seq, pos, pos + len(piece))
             if pos != h:
                 places.append((pos, piece))
             pos += len(piece)
@@ -171,14 +180,41 @@ def compose(model, head: Sequence[int], pieces: Sequence[Piece], states: States,
         chosen = seam_positions(seams, places) if positions is None else sorted(positions)
         t0 = time.perf_counter()
         for a, b in runs(chosen, [s for s, _ in places]):
-            _recompute(model, tokens, a, b, scratch)
+            _recompute(model, tokens, a, b, scratch, guard_seq)
             out.runs += 1
             out.recomputed_tokens += b - a
         out.seconds["recompute"] += time.perf_counter() - t0
     except BaseException:
         model.clear()
         raise
+    finally:
+        if guard_seq is not None:
+            _llama.seq_remove(model, guard_seq)
     return out
+
+
+def _guarded(model, guard: int) -> int | None:
+    """Give ``guard`` every cell of sequence 0, on a model with sliding-window layers; the guard sequence, or None.
+
+    llama.cpp reuses a cell that only one sequence holds once it lies a window behind that
+    sequence's last position, since in a prompt that only grows it is never attended to again.
+    A composed prompt does attend to such cells (a seam recomputed before a section placed
+    after it), so while it is composed every cell of sequence 0 is also held by ``guard``
+    (shared, not copied: no memory).
+    """
+    if _llama.sliding_window(model) == 0:
+        return None
+    if model.n_seq_max <= guard:
+        raise EngineError(f"composing on a sliding-window model needs {guard + 1} sequences; the context has "
+                          f"{model.n_seq_max}")
+    _llama.seq_remove(model, guard)
+    model.seq_copy(0, guard, 0, -1)
+    return guard
+
+
+def _protect(model, guard: int | None, p0: int, p1: int) -> None:
+    if guard is not None:
+        model.seq_copy(0, guard, p0, p1)
 
 
 def _place(model, head: Sequence[int], piece: Piece, pos: int, states: States, scratch: int, out: Composed) -> None:
@@ -199,7 +235,8 @@ def _place(model, head: Sequence[int], piece: Piece, pos: int, states: States, s
         out.computed += 1
         out.computed_tokens += n
         out.seconds["compute"] += time.perf_counter() - t0
-    if (_llama.seq_start(model, scratch), model.seq_end(scratch)) != (h, h + n - 1):
+    # (a sliding-window cache keeps only a window's worth of a section's cells: they may start later)
+    if model.seq_end(scratch) != h + n - 1 or not h <= _llama.seq_start(model, scratch) <= h + n - 1:
         raise EngineError("a section state does not hold the positions it was saved at")
     if pos != h:
         _llama.seq_shift(model, scratch, h, h + n, pos - h)
@@ -207,14 +244,17 @@ def _place(model, head: Sequence[int], piece: Piece, pos: int, states: States, s
     _llama.seq_remove(model, scratch)
 
 
-def _recompute(model, tokens: Sequence[int], a: int, b: int, scratch: int) -> None:
+def _recompute(model, tokens: Sequence[int], a: int, b: int, scratch: int, guard: int | None) -> None:
     """Decode positions ``[a, b)`` of sequence 0 again, attending to everything before them."""
     if not _llama.seq_remove(model, 0, a, b):
         raise EngineError(f"the KV memory could not drop positions {a}..{b - 1} to recompute them")
+    if guard is not None:
+        _llama.seq_remove(model, guard, a, b)  # the old cells are freed
     model.seq_copy(0, scratch, 0, a)
     _decode_span(model, tokens[a:b], a, scratch)
     model.seq_copy(scratch, 0, a, b)
     _llama.seq_remove(model, scratch)
+    _protect(model, guard, a, b)
 
 
 def _decode_span(model, tokens: Sequence[int], pos: int, seq: int) -> None:
