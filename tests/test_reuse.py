@@ -169,7 +169,12 @@ def test_advance_prefills_piece_by_piece_and_saves_at_the_save_points():
         pieces.append((start, len(tokens)))
         mem.tokens.extend(tokens[start:])
 
-    saved = p.advance(mem, PROMPT, CUTS, stats, prefill, save=True)
+    plan = p.prepare(mem, PROMPT, CUTS, stats)
+    assert plan.store and plan.reused == 20 and stats.cache == "miss"
+    saved = p.advance(plan, mem, stats, prefill)
     assert pieces == [(20, 40), (40, 60)] and saved == {40, 60} and stats.states_saved == 2
     assert store.saved == {tuple(PROMPT[:40]), tuple(PROMPT[:60])}
-    assert p.advance(mem, PROMPT, CUTS, EngineStats(), prefill, save=True) == set()  # nothing left to prefill
+    assert p.advance(plan, mem, EngineStats(), prefill) == set()  # nothing left to prefill
+    unsaved = policy(FakeStore(), min_tokens=100).plan([], PROMPT, CUTS, can_trim=True)
+    assert not unsaved.store and policy(FakeStore(), min_tokens=100).advance(
+        unsaved, memory(), EngineStats(), lambda t, s: None) == set()

@@ -22,7 +22,7 @@ from . import offload
 from .contract import Completion, EngineStats, Generation, GeneratorBase
 from .gguf.info import ModelInfo
 from .loading import check_memory, load_generator, load_params, resolve_overrides
-from .reuse import Memory, ReusePolicy, cuts as prompt_cuts
+from .reuse import Memory, Plan, ReusePolicy, cuts as prompt_cuts
 from .templates import render, render_chat
 from .turns import CancelToken, Turns, once
 from ..config import EngineConfig
@@ -49,7 +49,6 @@ class Engine(GeneratorBase):
                  cache=None, cache_min_tokens: int = 256, boundary_states: int = 4):
         self.model_path = Path(model_path)
         self.settings = settings
-        self.cache = cache
         me = weakref.ref(self)  # the parts hold no strong reference back: an engine dropped is freed at once
         self.reuse = ReusePolicy(cache, namespace=lambda: me().namespace, min_tokens=cache_min_tokens,
                                  boundary_states=boundary_states)
@@ -258,12 +257,12 @@ class Engine(GeneratorBase):
             finally:
                 self._progress = None
 
-    def _reuse_and_note(self, tokens: Sequence[int], cuts: Sequence[int], stats: EngineStats) -> int:
+    def _reuse(self, tokens: Sequence[int], cuts: Sequence[int], stats: EngineStats) -> Plan:
         """Carry out the reuse policy's plan for this prompt (see :meth:`.reuse.ReusePolicy.prepare`);
-        the engine's notes and the plan's go to ``stats``. Returns the tokens reused."""
+        the engine's notes and the plan's go to ``stats``. Returns the plan carried out."""
         plan = self.reuse.prepare(self.memory, tokens, cuts, stats)
         stats.notes.extend(self.notes + list(plan.notes))
-        return plan.reused
+        return plan
 
     def _start(self, tokens: list[int], cuts: list[int], stats: EngineStats,
                progress: Callable[[int, int], None] | None) -> tuple[float, float]:
@@ -276,15 +275,15 @@ class Engine(GeneratorBase):
         stats.load_seconds = self.load_seconds
         t0 = time.perf_counter()
         prefix_len = cuts[-1] if cuts else 0
-        reused = self._reuse_and_note(tokens, cuts, stats)
+        plan = self._reuse(tokens, cuts, stats)
+        reused = plan.reused
         llm.synchronize()  # anything pending is booked before the counters restart
         llm.reset_timings()
         t_prefill = time.perf_counter()
         if progress is not None:
             self._progress = lambda position: progress(position - reused, len(tokens) - reused)
             progress(0, len(tokens) - reused)
-        self.reuse.advance(self.memory, tokens, cuts, stats, self._prefill_piece,
-                           save=self.reuse.uses_store(prefix_len))
+        self.reuse.advance(plan, self.memory, stats, self._prefill_piece)
         self.prefill(tokens, start=len(self.memory.tokens))
         self._progress = None
         stats.prefill_tokens = len(tokens) - reused
@@ -346,9 +345,8 @@ class Engine(GeneratorBase):
             return False
         cuts = sorted({int(b) for b in boundaries if 0 < b < len(prefix)} | {len(prefix)})
         with self._turn():
-            self.reuse.prepare(self.memory, prefix, cuts, stats)
-            return len(prefix) in self.reuse.advance(self.memory, prefix, cuts, stats, self._prefill_piece,
-                                                     save=True)
+            plan = self.reuse.prepare(self.memory, prefix, cuts, stats)
+            return len(prefix) in self.reuse.advance(plan, self.memory, stats, self._prefill_piece)
 
     # -- several prompts over one prefix ---------------------------------------------------------
 
@@ -407,9 +405,9 @@ class Engine(GeneratorBase):
         first = stats[0]
         first.load_seconds = self.load_seconds
         t0 = time.perf_counter()
-        reused = self._reuse_and_note(prompts[0], cuts, first)
-        self.reuse.advance(self.memory, prompts[0], cuts, first, self._prefill_piece,
-                           save=self.reuse.uses_store(prefix_len))
+        plan = self._reuse(prompts[0], cuts, first)
+        reused = plan.reused
+        self.reuse.advance(plan, self.memory, first, self._prefill_piece)
         llm.synchronize()
         first.prefill_seconds = time.perf_counter() - t0
         first.notes.extend(self.reuse.store_notes(prefix_len))

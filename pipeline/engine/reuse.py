@@ -217,10 +217,9 @@ class ReusePolicy:
         """What the prompt would reuse: what ``memory`` holds of it up to a cut (with no cuts, any
         common prefix but the last token), or a longer state saved at a cut. ``probe``: a look
         that is not a use (the store counts no miss)."""
-        if not cuts:
-            keep = common_prefix(memory, tokens, len(tokens) - 1)
-            return Plan(tokens, (), keep=keep if keep == len(memory) or can_trim else 0)
         keep, notes = self._keepable(memory, tokens, cuts, can_trim=can_trim)
+        if not cuts:
+            return Plan(tokens, (), keep=keep, notes=notes)
         store = self.uses_store(cuts[-1])
         if not store or keep >= cuts[-1]:
             return Plan(tokens, tuple(cuts), keep=keep, store=store, notes=notes)
@@ -257,11 +256,13 @@ class ReusePolicy:
 
     def _keepable(self, memory: Sequence[int], tokens: Sequence[int], cuts: Sequence[int], *,
                   can_trim: bool) -> tuple[int, tuple[str, ...]]:
-        """What the memory can keep of the prompt, up to a cut, and why it keeps less than it shares."""
-        if not cuts:
-            return 0, ()
-        n = common_prefix(memory, tokens, cuts[-1])
-        n = max((c for c in cuts if c <= n), default=0)
+        """What the memory can keep of the prompt, up to a cut (no cuts: any common prefix but the last
+        token), and why it keeps less than it shares."""
+        if cuts:
+            n = common_prefix(memory, tokens, cuts[-1])
+            n = max((c for c in cuts if c <= n), default=0)
+        else:
+            n = common_prefix(memory, tokens, len(tokens) - 1)
         if n == len(memory) or can_trim:
             return n, ()
         if n:
@@ -308,13 +309,14 @@ class ReusePolicy:
         stats.cached_tokens = done.reused
         return done
 
-    def advance(self, memory: Memory, tokens: Sequence[int], cuts: Sequence[int], stats: EngineStats,
-                prefill: Callable[[Sequence[int], int], None], *, save: bool) -> set[int]:
-        """Prefill from what ``memory`` holds up to the last cut, piece by piece at every cut (``prefill(
-        tokens, start)`` decodes ``tokens[start:]``), saving states at :meth:`save_points` where ``save``.
-        Returns the cuts saved now."""
+    def advance(self, plan: Plan, memory: Memory, stats: EngineStats,
+                prefill: Callable[[Sequence[int], int], None]) -> set[int]:
+        """Carry ``plan`` on from what :meth:`apply` left in ``memory``: prefill up to its last cut, piece
+        by piece at every cut (``prefill(tokens, start)`` decodes ``tokens[start:]``), saving states at
+        :meth:`save_points` where the plan uses the store. Returns the cuts saved now."""
         saved: set[int] = set()
-        points = self.save_points(cuts, len(memory.tokens)) if save else set()
+        tokens, cuts = plan.tokens, plan.cuts
+        points = self.save_points(cuts, len(memory.tokens)) if plan.store else set()
         for cut in cuts:
             if cut <= len(memory.tokens):
                 continue
