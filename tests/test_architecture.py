@@ -68,6 +68,38 @@ def _in_boundary(module: str) -> bool:
     return module == BOUNDARY or module.startswith(BOUNDARY + ".")
 
 
+def _top_level_names(module: str) -> set[str]:
+    """The names ``module`` binds at its top level (definitions, assignments, imports)."""
+    names: set[str] = set()
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def test_every_name_imported_from_the_package_exists():
+    """An import of a module that moved, or of a name it no longer has, fails here even where it sits in a
+    function no fast test runs."""
+    bad = []
+    for module, tree in TREES.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not (node.level or (node.module or "").startswith("pipeline")):
+                continue
+            source = _imported(module, ast.ImportFrom(module=node.module, names=[ast.alias("*")], level=node.level))[0]
+            if source not in MODULES:
+                bad.append(f"{module}: {source}")
+                continue
+            bad += [f"{module}: {source}.{a.name}" for a in node.names
+                    if f"{source}.{a.name}" not in MODULES and a.name not in _top_level_names(source)]
+    assert bad == []
+
+
 def test_only_the_boundary_imports_llama_cpp():
     importers = {m for m in MODULES if any(n == "llama_cpp" or n.startswith("llama_cpp.") for n in _imports(m))}
     assert importers and all(_in_boundary(m) for m in importers), sorted(importers)

@@ -18,12 +18,14 @@ planner's measurements use only what it exposes here:
   ``llama_model_tensor_buft_override`` (pattern, buffer type) the loader reads;
 * :class:`LlamaLog` (:mod:`.log`): capture llama.cpp's log (every level, debug
   included) while keeping whatever logging was in place before;
-* :func:`supports_gpu_offload`, :func:`binding_version`.
+* :func:`system_info`, :func:`devices` (:mod:`.build`): the build, for ``rag status``;
+  :func:`supports_gpu_offload`, :func:`binding_version`.
 
 No other module touches llama-cpp-python's private attributes (``_ctx``, ``_model``,
 ``_batch``); the test suite checks it.
 """
 
+from .build import devices, system_info
 from .decode import Aborted, AbortFlag, Sampler
 from .loading import ModelLoadError, binding_version, load, supports_gpu_offload
 from .log import LOG_CONT, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_NONE, LOG_WARN, LlamaLog, LogRecord
@@ -32,4 +34,5 @@ from .overrides import TensorOverrides, buffer_type, buffer_types
 
 __all__ = ["Aborted", "AbortFlag", "LOG_CONT", "LOG_DEBUG", "LOG_ERROR", "LOG_INFO", "LOG_NONE", "LOG_WARN",
            "LlamaLog", "LogRecord", "Model", "ModelLoadError", "Sampler", "TensorOverrides", "Timings",
-           "binding_version", "buffer_type", "buffer_types", "load", "open_models", "supports_gpu_offload"]
+           "binding_version", "buffer_type", "buffer_types", "devices", "load", "open_models", "supports_gpu_offload",
+           "system_info"]

@@ -26,7 +26,7 @@ _ggml_lock = threading.Lock()
 _ggml: dict[str, Any] = {}
 
 
-def _ggml_functions() -> dict[str, Any]:
+def ggml_functions() -> dict[str, Any]:
     """The ggml backend functions used here, from the libraries libllama already loaded."""
     with _ggml_lock:
         if _ggml:
@@ -66,7 +66,7 @@ def buffer_types() -> dict[str, int]:
     The same table llama.cpp's ``-ot`` parser builds (each device's default buffer
     type, by name: ``CPU``, ``CUDA0``...), with ``CPU`` always present.
     """
-    f = _ggml_functions()
+    f = ggml_functions()
     table: dict[str, int] = {}
     if f["dev_count"] and f["dev_get"] and f["dev_buffer_type"] and f["buft_name"]:
         for i in range(f["dev_count"]()):
