@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline.dev.synthetic import write_moe_model  # noqa: E402
 from pipeline.engine import _llama  # noqa: E402
+from pipeline.engine._llama import composing as mem  # noqa: E402
 from pipeline.engine.compose import Piece, Seams, compose  # noqa: E402
 
 
@@ -38,10 +39,10 @@ class Memory:
 
     def restore(self, piece, model, seq, start):
         data = self.data.get(piece.tokens)
-        return data is not None and _llama.restore_state_bytes(model, data, seq)
+        return data is not None and mem.restore_state_bytes(model, data, seq)
 
     def store(self, piece, model, seq, start):
-        self.data[piece.tokens] = _llama.state_bytes(model, seq)
+        self.data[piece.tokens] = mem.state_bytes(model, seq)
 
     def why(self, piece):
         return "no state yet"
@@ -49,7 +50,7 @@ class Memory:
 
 def decode(model, tokens, pos):
     for lo in range(0, len(tokens), model.n_batch):
-        _llama.decode_outputs(model, np.asarray(tokens[lo:lo + model.n_batch], np.int32), pos + lo)
+        mem.decode_outputs(model, np.asarray(tokens[lo:lo + model.n_batch], np.int32), pos + lo)
 
 
 def run(ctx: int, k: int, r: int, threads: int) -> dict:
@@ -79,12 +80,12 @@ def run(ctx: int, k: int, r: int, threads: int) -> dict:
             for j in range(k):  # one section at a time, counting the cells after each
                 compose(m, head, pieces[:j + 1], states, Seams("first", r), held=j)
                 held += sizes[j]
-                steps.append({"positions": held, "cells": _llama.memory_cells(m)})
+                steps.append({"positions": held, "cells": mem.memory_cells(m)})
             t_compose = time.perf_counter() - t0
             decode(m, question, docs_end)
-            token = int(_llama.output_logits(m, 1)[0].argmax())
-            _llama.decode_outputs(m, [token], docs_end + len(question))
-            final = _llama.memory_cells(m)
+            token = int(mem.output_logits(m, 1)[0].argmax())
+            mem.decode_outputs(m, [token], docs_end + len(question))
+            final = mem.memory_cells(m)
         finally:
             m.close()
     return {"n_ctx": ctx, "sections": k, "section_tokens": sizes[0], "seam_tokens": r, "prompt_tokens": need - 1,

@@ -48,13 +48,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import _corpora  # noqa: E402
 from pipeline.context import Layout, render_section  # noqa: E402
-from pipeline.engine import _llama, kv_state  # noqa: E402
+from pipeline.engine import _llama  # noqa: E402
+from pipeline.engine._llama import composing as mem  # noqa: E402
+from pipeline.engine._llama import state_format as kv_state  # noqa: E402
 from pipeline.engine.compose import Piece, Seams, compose  # noqa: E402
 from pipeline.store.sections import Section  # noqa: E402
 
 MODELS = {"smollm2": "builtin:SmolLM2-135M-Instruct", "gemma3": "builtin:gemma-3-270m"}
 ANSWER = 32
-RS = (8, 32, 128, 512)
+RS = (8, 32, 128)
 SYSTEM = ("You answer questions using only the numbered documents provided. Cite the documents you "
           "use as [1] or, with a page, as [1, p. 3]. If the documents do not contain the answer, say so.")
 VERBOSE = False
@@ -64,8 +66,8 @@ _PAGE_MARK = re.compile(r"\[\d+, p\. \d+\] ")
 def configs() -> list[tuple[str, Seams | int]]:
     """(name, seams or the r of the deviation oracle) in table order."""
     out: list[tuple[str, Seams | int]] = [("none", Seams("none", 0))]
-    out += [(f"first {r}", Seams("first", r)) for r in RS]
-    out += [(f"last {r}", Seams("last", r)) for r in RS]
+    out += [(f"first {r}", Seams("first", r)) for r in RS + (512,)]
+    out += [(f"last {r}", Seams("last", r)) for r in RS + (512,)]
     out += [("headers", Seams("headers", 0))]
     out += [(f"focus {r}", Seams("focus", r)) for r in RS]
     out += [(f"deviation {r}", r) for r in RS]
@@ -172,10 +174,10 @@ class MemoryStates:
 
     def restore(self, piece, model, seq, start):
         data = self.data.get(piece.tokens)
-        return data is not None and _llama.restore_state_bytes(model, data, seq)
+        return data is not None and mem.restore_state_bytes(model, data, seq)
 
     def store(self, piece, model, seq, start):
-        self.data[piece.tokens] = _llama.state_bytes(model, seq)
+        self.data[piece.tokens] = mem.state_bytes(model, seq)
 
     def why(self, piece):
         return "no state yet"
@@ -189,7 +191,7 @@ class Runner:
     def decode(self, tokens, pos: int, seq: int = 0) -> None:
         step = self.model.n_batch
         for lo in range(0, len(tokens), step):
-            _llama.decode_outputs(self.model, np.asarray(tokens[lo:lo + step], np.int32), pos + lo, seq=seq)
+            mem.decode_outputs(self.model, np.asarray(tokens[lo:lo + step], np.int32), pos + lo, seq=seq)
 
     def exact(self, head, pieces) -> float:
         m = self.model
@@ -208,18 +210,18 @@ class Runner:
         self.decode(suffix, end)
         out, pos = [], end + len(suffix)
         for _ in range(n):
-            t = int(_llama.output_logits(m, 1)[0].argmax())
+            t = int(mem.output_logits(m, 1)[0].argmax())
             out.append(t)
-            _llama.decode_outputs(m, [t], pos)
+            mem.decode_outputs(m, [t], pos)
             pos += 1
-        _llama.seq_remove(m, 0, end)
+        mem.seq_remove(m, 0, end)
         return out
 
     def forced(self, suffix, answer, end: int) -> np.ndarray:
         toks = list(suffix) + list(answer[:-1])
-        _llama.decode_outputs(self.model, np.asarray(toks, np.int32), end, every=True)
-        rows = _llama.output_logits(self.model, len(toks))[len(suffix) - 1:]
-        _llama.seq_remove(self.model, 0, end)
+        mem.decode_outputs(self.model, np.asarray(toks, np.int32), end, every=True)
+        rows = mem.output_logits(self.model, len(toks))[len(suffix) - 1:]
+        mem.seq_remove(self.model, 0, end)
         return rows
 
     def states(self, head, pieces, st: MemoryStates) -> MemoryStates:
@@ -286,7 +288,7 @@ def run_prompt(run: Runner, layout: Layout, pieces: list[Piece], question: str, 
     ref = run.greedy(suffix, end)
     t1 = time.perf_counter()
     ref_rows = run.forced(suffix, ref, end)
-    exact_state = _llama.state_bytes(m, 0)
+    exact_state = mem.state_bytes(m, 0)
     t2 = time.perf_counter()
     run.states(head, [p for p in pieces if p.tokens not in states.data], states)
     if VERBOSE:
@@ -314,7 +316,7 @@ def run_prompt(run: Runner, layout: Layout, pieces: list[Piece], question: str, 
         seconds = time.perf_counter() - t0
         rows = run.forced(suffix, ref, end)
         if dev is None:  # read after a decode: llama.cpp re-rotates shifted keys only when it next decodes
-            dev = kv_state.deviation(exact_state, _llama.state_bytes(m, 0))
+            dev = kv_state.deviation(exact_state, mem.state_bytes(m, 0))
             result["profile"] = profile(dev, places)
         answer = run.greedy(suffix, end)
         result["configs"][name] = {**score(ref_rows, ref, rows, answer), "recomputed": done.recomputed_tokens,
@@ -329,8 +331,8 @@ def run_prompt(run: Runner, layout: Layout, pieces: list[Piece], question: str, 
 
 
 def layout_for(run: Runner, path: Path) -> Layout:
-    from pipeline.engine.generator import render_chat
-    from pipeline.engine.model_info import ModelInfo
+    from pipeline.engine.templates import render_chat
+    from pipeline.engine.gguf.info import ModelInfo
 
     m = run.model
     template = ModelInfo.read(path).chat_template

@@ -14,7 +14,9 @@ import pytest
 from pathlib import Path
 
 from pipeline.dev.synthetic import write_mamba_model, write_moe_model
-from pipeline.engine import _llama, kv_state
+from pipeline.engine import _llama
+from pipeline.engine._llama import composing as mem
+from pipeline.engine._llama import state_format as kv_state
 from pipeline.engine.compose import Piece, Seams, compose, runs, seam_positions
 from pipeline.errors import EngineError
 
@@ -32,11 +34,11 @@ class Memory:
         if data is None:
             return False
         self.restored += 1
-        return _llama.restore_state_bytes(model, data, seq)
+        return mem.restore_state_bytes(model, data, seq)
 
     def store(self, piece, model, seq, start):
         self.stored += 1
-        self.data[piece.tokens] = _llama.state_bytes(model, seq)
+        self.data[piece.tokens] = mem.state_bytes(model, seq)
 
     def why(self, piece):
         return "no state yet"
@@ -67,7 +69,7 @@ def _prompt(seed=0, sizes=(150, 300, 90, 200)):
 
 def _decode(model, tokens, pos):
     for lo in range(0, len(tokens), model.n_batch):
-        _llama.decode_outputs(model, np.asarray(tokens[lo:lo + model.n_batch], np.int32), pos + lo)
+        mem.decode_outputs(model, np.asarray(tokens[lo:lo + model.n_batch], np.int32), pos + lo)
 
 
 def exact(model, head, pieces):
@@ -91,12 +93,12 @@ def composed(model, head, pieces, states, seams):
 def answer(model, question, end, n=12):
     """Logits after the question, and the greedy continuation."""
     _decode(model, question, end)
-    first = _llama.output_logits(model, 1)[0]
+    first = mem.output_logits(model, 1)[0]
     out, pos = [], end + len(question)
     for _ in range(n):
-        t = int(_llama.output_logits(model, 1)[0].argmax())
+        t = int(mem.output_logits(model, 1)[0].argmax())
         out.append(t)
-        _llama.decode_outputs(model, [t], pos)
+        mem.decode_outputs(model, [t], pos)
         pos += 1
     return first, out
 
@@ -133,17 +135,17 @@ def test_moved_sections_without_recompute_differ_from_exact(model):
     head, pieces, q = _prompt(2)
     end = exact(model, head, pieces)
     ref_logits, _ = answer(model, q, end)
-    exact_state = _llama.state_bytes(model, 0)
+    exact_state = mem.state_bytes(model, 0)
     composed(model, head, pieces, Memory(), Seams("none"))
     logits, _ = answer(model, q, end)  # a decode: llama.cpp re-rotates the shifted keys then
-    assert _llama.seq_remove(model, 0, end)
-    dev = kv_state.deviation(exact_state, _llama.state_bytes(model, 0))
+    assert mem.seq_remove(model, 0, end)
+    dev = kv_state.deviation(exact_state, mem.state_bytes(model, 0))
     assert not np.allclose(logits, ref_logits, atol=1e-4)
     first_section = range(len(head), len(head) + len(pieces[0]))
     moved = range(len(head) + len(pieces[0]), end)
     assert max(dev[p] for p in first_section) < 0.01  # restored at its own place: exact (f16 rounding aside)
     assert np.mean([dev[p] for p in moved]) > 10 * max(0.001, max(dev[p] for p in first_section))
-    layers = kv_state.layer_deviation(exact_state, _llama.state_bytes(model, 0), moved)
+    layers = kv_state.layer_deviation(exact_state, mem.state_bytes(model, 0), moved)
     # The first layer's keys depend on the token and its position only: moved and re-rotated by llama.cpp,
     # they are exact prefill's (f16 rounding aside); its values too. Deeper layers saw other context.
     assert layers[0][0] < 0.002 and layers[0][1] < 1e-6
@@ -155,11 +157,11 @@ def test_composing_needs_no_more_cells_than_the_prompt(model):
     states = Memory()
     composed(model, head, pieces, states, Seams("first", 32))
     end = len(head) + sum(len(p) for p in pieces)
-    assert _llama.memory_cells(model) == end
+    assert mem.memory_cells(model) == end
     composed(model, head, pieces, states, Seams("first+last", 32))  # from states, with seams recomputed
-    assert _llama.memory_cells(model) == end
+    assert mem.memory_cells(model) == end
     assert model.seq_end(1) == -1  # the scratch sequence is gone
-    assert list(kv_state.positions(_llama.state_bytes(model, 0))) == list(range(end))
+    assert list(kv_state.positions(mem.state_bytes(model, 0))) == list(range(end))
 
 
 def test_held_sections_are_kept(model):
@@ -169,7 +171,7 @@ def test_held_sections_are_kept(model):
     end = len(head) + sum(len(p) for p in pieces)
     logits_a, _ = answer(model, q, end)
     keep = len(head) + len(pieces[0]) + len(pieces[1])
-    assert _llama.seq_remove(model, 0, keep)
+    assert mem.seq_remove(model, 0, keep)
     done = compose(model, head, pieces, states, Seams("first", 8), held=2)
     assert done.sections == 2 and done.restored == 2
     logits_b, _ = answer(model, q, end)
@@ -187,7 +189,7 @@ def test_a_model_that_cannot_shift_is_refused(tmp_path):
     m = _llama.load(write_mamba_model(tmp_path / "mamba.gguf"), n_ctx=512, n_batch=128, n_ubatch=128, threads=1,
                     n_seq_max=2)
     try:
-        assert not _llama.can_shift(m)
+        assert not mem.can_shift(m)
         head, pieces, _ = _prompt(6, sizes=(20, 20))
         _decode(m, head, 0)
         with pytest.raises(EngineError, match="cannot shift"):
@@ -240,7 +242,7 @@ def test_whole_recompute_is_token_for_token_exact_on_real_models(name, model_hom
     m = _llama.load(path, n_ctx=2048, n_batch=512, n_ubatch=512, threads=2, flash_attn=True, n_seq_max=3,
                     swa_full=True)
     try:
-        assert _llama.can_shift(m)
+        assert mem.can_shift(m)
         text = (ROOT / "samples" / "kv-cache-reuse.txt").read_text()
         paras = [p for p in text.split("\n\n") if p.strip()]
         head = m.bos + m.tokenize("You answer questions using only the documents.\n\nDocuments:\n\n")

@@ -8,7 +8,8 @@ import pytest
 
 from pipeline.dev.synthetic import write_moe_model
 from pipeline.engine import _llama
-from pipeline.engine.cache import PrefixCache
+from pipeline.engine._llama import composing as mem
+from pipeline.engine.cache.store import PrefixCache
 from pipeline.engine.compose import Seams, compose
 from pipeline.engine.section_states import EVICTED, NO_STATE, SectionStates, namespace
 

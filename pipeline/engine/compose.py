@@ -17,7 +17,7 @@ A few of its tokens are therefore decoded again at their place (the *seams*, see
 how many, is measured by ``benchmarks/compose_quality.py``. A section right after
 the head (the first one) is exact as restored, so it is never recomputed.
 
-Composition needs a memory whose positions can be shifted (:func:`._llama.can_shift`):
+Composition needs a memory whose positions can be shifted (:func:`.mem.can_shift`):
 attention-only models, with every cell of sliding-window layers kept. Recurrent and
 hybrid models cannot shift a recurrent state; they keep exact prefix reuse.
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from ..errors import EngineError
-from . import _llama
+from ._llama import composing as mem
 
 STRATEGIES = ("none", "first", "last", "headers", "focus", "whole")
 """How a moved section's tokens are chosen for recompute (:class:`Seams`); ``+`` combines them."""
@@ -160,7 +160,7 @@ def compose(model, head: Sequence[int], pieces: Sequence[Piece], states: States,
     holds the whole documents part, ready for the question; raises EngineError if llama.cpp
     refused a step (sequence 0 is then cleared).
     """
-    if not _llama.can_shift(model):
+    if not mem.can_shift(model):
         raise EngineError("this model's memory cannot shift positions (recurrent or hybrid): it cannot compose")
     h = len(head)
     pos = h + sum(len(p) for p in pieces[:held])
@@ -189,7 +189,7 @@ def compose(model, head: Sequence[int], pieces: Sequence[Piece], states: States,
         raise
     finally:
         if guard_seq is not None:
-            _llama.seq_remove(model, guard_seq)
+            mem.seq_remove(model, guard_seq)
     return out
 
 
@@ -202,12 +202,12 @@ def _guarded(model, guard: int) -> int | None:
     after it), so while it is composed every cell of sequence 0 is also held by ``guard``
     (shared, not copied: no memory).
     """
-    if _llama.sliding_window(model) == 0:
+    if mem.sliding_window(model) == 0:
         return None
     if model.n_seq_max <= guard:
         raise EngineError(f"composing on a sliding-window model needs {guard + 1} sequences; the context has "
                           f"{model.n_seq_max}")
-    _llama.seq_remove(model, guard)
+    mem.seq_remove(model, guard)
     model.seq_copy(0, guard, 0, -1)
     return guard
 
@@ -227,33 +227,33 @@ def _place(model, head: Sequence[int], piece: Piece, pos: int, states: States, s
         out.seconds["restore"] += time.perf_counter() - t0
     else:
         out.lost.append(states.why(piece))
-        _llama.seq_remove(model, scratch)
+        mem.seq_remove(model, scratch)
         model.seq_copy(0, scratch, 0, h)  # the scratch sequence sees the head only
         _decode_span(model, piece.tokens, h, scratch)
-        _llama.seq_remove(model, scratch, 0, h)
+        mem.seq_remove(model, scratch, 0, h)
         states.store(piece, model, scratch, h)
         out.computed += 1
         out.computed_tokens += n
         out.seconds["compute"] += time.perf_counter() - t0
     # (a sliding-window cache keeps only a window's worth of a section's cells: they may start later)
-    if model.seq_end(scratch) != h + n - 1 or not h <= _llama.seq_start(model, scratch) <= h + n - 1:
+    if model.seq_end(scratch) != h + n - 1 or not h <= mem.seq_start(model, scratch) <= h + n - 1:
         raise EngineError("a section state does not hold the positions it was saved at")
     if pos != h:
-        _llama.seq_shift(model, scratch, h, h + n, pos - h)
+        mem.seq_shift(model, scratch, h, h + n, pos - h)
     model.seq_copy(scratch, 0, pos, pos + n)
-    _llama.seq_remove(model, scratch)
+    mem.seq_remove(model, scratch)
 
 
 def _recompute(model, tokens: Sequence[int], a: int, b: int, scratch: int, guard: int | None) -> None:
     """Decode positions ``[a, b)`` of sequence 0 again, attending to everything before them."""
-    if not _llama.seq_remove(model, 0, a, b):
+    if not mem.seq_remove(model, 0, a, b):
         raise EngineError(f"the KV memory could not drop positions {a}..{b - 1} to recompute them")
     if guard is not None:
-        _llama.seq_remove(model, guard, a, b)  # the old cells are freed
+        mem.seq_remove(model, guard, a, b)  # the old cells are freed
     model.seq_copy(0, scratch, 0, a)
     _decode_span(model, tokens[a:b], a, scratch)
     model.seq_copy(scratch, 0, a, b)
-    _llama.seq_remove(model, scratch)
+    mem.seq_remove(model, scratch)
     _protect(model, guard, a, b)
 
 
@@ -264,7 +264,7 @@ def _decode_span(model, tokens: Sequence[int], pos: int, seq: int) -> None:
     arr = np.asarray(tokens, dtype=np.int32)
     step = model.n_batch
     for lo in range(0, len(arr), step):
-        _llama.decode_outputs(model, arr[lo:lo + step], pos + lo, seq=seq)
+        mem.decode_outputs(model, arr[lo:lo + step], pos + lo, seq=seq)
 
 
 __all__ = ["Composed", "Piece", "STRATEGIES", "Seams", "States", "compose", "runs", "seam_positions"]

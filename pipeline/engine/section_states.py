@@ -1,6 +1,6 @@
 """Section states on disk: each section's KV cells, computed once after the prompt head, found by content.
 
-A section state is one entry of the prefix cache (:class:`.cache.PrefixCache`: same
+A section state is one entry of the prefix cache (:class:`.cache.store.PrefixCache`: same
 directory, same ``cache.max_gb`` budget and LRU order, same integrity checks and crash
 safety), in a namespace of its own: :func:`namespace` hashes the engine's namespace (the
 model file and every setting that shapes its KV cache) with the head's tokens (the
@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Sequence
 
 from .._sqlite import connect, transaction
-from .cache import PrefixCache
-from .cache_index import Entry
-from .cache_keys import full_hash, token_bytes
+from .cache.index import Entry
+from .cache.keys import full_hash, token_bytes
+from .cache.store import PrefixCache
 from .compose import Piece
 
 SEEN_NAME = "sections.sqlite"
