@@ -372,13 +372,14 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=22)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--quick", action="store_true", help="2 questions per corpus, prompts for a 4K context")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: SmolLM2, the generated manual, one question, prompts for a 2K context")
     ap.add_argument("--verbose", action="store_true", help="time each step on stderr")
     args = ap.parse_args(argv)
     global VERBOSE
     VERBOSE = args.verbose
     if args.quick:
-        args.questions, args.ctx = 2, 4096
+        args.models, args.corpora, args.questions, args.ctx = "smollm2", "manual", 1, 2048
     from pipeline.config import resolve_home
     from pipeline.engine.host import usable_cpus
     from pipeline.models import resolve
