@@ -86,6 +86,7 @@ _TOPICS = [("opening pressure", "kPa"), ("flow limit", "litres per minute"), ("s
 class Question:
     text: str
     keyword: str
+    answer: str = ""  # where known (the generated manual): a string the right answer contains
 
 
 def manual_pages(n_pages: int = 120, *, seed: int = 22) -> tuple[list[tuple[int, str]], list[Question]]:
@@ -108,7 +109,7 @@ def manual_pages(n_pages: int = 120, *, seed: int = 22) -> tuple[list[tuple[int,
             lines.append(rng.choice(_FILLER).format(unit=unit, area=area, part=part))
         pages.append((p, "\n".join(lines)))
         topic = rng.choice(sorted(values))
-        facts.append(Question(f"What is the {topic} of {unit}?", unit))
+        facts.append(Question(f"What is the {topic} of {unit}?", unit, str(values[topic][0])))
     step = max(1, len(facts) // 12)
     return pages, facts[3::step][:12]
 

@@ -56,6 +56,7 @@ from pipeline.store.sections import Section  # noqa: E402
 
 MODELS = {"smollm2": "builtin:SmolLM2-135M-Instruct", "gemma3": "builtin:gemma-3-270m"}
 ANSWER = 32
+REFERENCE = "exact, q8_0 KV (scale)"
 RS = (8, 32, 128)
 SYSTEM = ("You answer questions using only the numbered documents provided. Cite the documents you "
           "use as [1] or, with a page, as [1, p. 3]. If the documents do not contain the answer, say so.")
@@ -184,9 +185,9 @@ class MemoryStates:
 
 
 class Runner:
-    def __init__(self, path: Path, *, ctx: int, threads: int):
+    def __init__(self, path: Path, *, ctx: int, threads: int, kv: str = "f16"):
         self.model = _llama.load(path, n_ctx=ctx, n_batch=2048, n_ubatch=512, threads=threads, flash_attn=True,
-                                 n_seq_max=3, swa_full=True)
+                                 n_seq_max=3, swa_full=True, type_k=kv, type_v=kv)
 
     def decode(self, tokens, pos: int, seq: int = 0) -> None:
         step = self.model.n_batch
@@ -240,12 +241,17 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-def score(ref_rows, ref_answer, rows, answer) -> dict:
+def score(ref_rows, ref_answer, rows, answer, *, found=None) -> dict:
+    """Agreement of ``rows`` (and the greedy ``answer``) with exact prefill's; ``found(tokens)`` says
+    whether an answer holds the known right value (where one is known)."""
     lp_ref, lp = _log_softmax(ref_rows), _log_softmax(rows)
     kl = float((np.exp(lp_ref) * (lp_ref - lp)).sum(axis=-1).mean())
     top1 = float(np.mean(rows.argmax(axis=-1) == np.asarray(ref_answer)))
     same = next((i for i, (a, b) in enumerate(zip(answer, ref_answer)) if a != b), len(ref_answer))
-    return {"top1": top1, "kl": kl, "greedy_same": answer == ref_answer, "greedy_prefix": same}
+    out = {"top1": top1, "kl": kl, "greedy_same": answer == ref_answer, "greedy_prefix": same}
+    if found is not None:
+        out["correct"] = found(answer)
+    return out
 
 
 def deviation_positions(dev: dict[int, float], places, r: int) -> list[int]:
@@ -277,8 +283,10 @@ def profile(dev: dict[int, float], places) -> dict:
 
 
 def run_prompt(run: Runner, layout: Layout, pieces: list[Piece], question: str, states: MemoryStates, *,
-               whole: bool = True) -> dict:
-    """Every configuration on one prompt; ``whole`` False leaves out the exact recompute (a full prefill)."""
+               whole: bool = True, reference: Runner | None = None, expected: str = "") -> dict:
+    """Every configuration on one prompt; ``whole`` False leaves out the exact recompute (a full prefill).
+    ``reference`` (a q8_0 KV cache) gives the scale: exact prefill with an approximation users accept.
+    ``expected``: a string the right answer holds, where one is known."""
     m = run.model
     head = list(layout.head_tokens)
     suffix = layout.suffix(f"Question: {question}", lambda t, special=False: m.tokenize(t, special=special))
@@ -300,8 +308,16 @@ def run_prompt(run: Runner, layout: Layout, pieces: list[Piece], question: str, 
             places.append((pos, p))
         pos += len(p)
     dev = None
+    found = (lambda toks: expected in m.detokenize(toks).decode("utf-8", "replace")) if expected else None
     result = {"tokens": end + len(suffix), "sections": [len(p) for p in pieces], "exact_s": exact_s,
               "self_top1": float(np.mean(ref_rows.argmax(-1) == np.asarray(ref))), "configs": {}}
+    if found is not None:
+        result["exact_correct"] = found(ref)
+    if reference is not None:
+        reference.exact(head, pieces)
+        rows = reference.forced(suffix, ref, end)
+        result["configs"][REFERENCE] = {**score(ref_rows, ref, rows, reference.greedy(suffix, end), found=found),
+                                        "recomputed": 0, "seconds": 0.0, "runs": 0}
     for name, how in configs():
         if name == "whole" and not whole:
             continue
@@ -319,7 +335,8 @@ def run_prompt(run: Runner, layout: Layout, pieces: list[Piece], question: str, 
             dev = kv_state.deviation(exact_state, mem.state_bytes(m, 0))
             result["profile"] = profile(dev, places)
         answer = run.greedy(suffix, end)
-        result["configs"][name] = {**score(ref_rows, ref, rows, answer), "recomputed": done.recomputed_tokens,
+        result["configs"][name] = {**score(ref_rows, ref, rows, answer, found=found),
+                                   "recomputed": done.recomputed_tokens,
                                    "seconds": seconds, "runs": done.runs}
         if VERBOSE:
             print(f"    {name}: compose {seconds:.1f} s, {done.runs} runs, then {time.perf_counter() - t0:.1f} s",
@@ -342,7 +359,7 @@ def layout_for(run: Runner, path: Path) -> Layout:
 
 def aggregate(results: list[dict]) -> dict[str, dict]:
     out = {}
-    for name, _ in configs():
+    for name in [REFERENCE] + [n for n, _ in configs()]:
         rows = [r["configs"][name] for r in results if name in r["configs"]]
         if not rows:
             continue
@@ -350,15 +367,19 @@ def aggregate(results: list[dict]) -> dict[str, dict]:
                      "greedy": statistics.mean(float(r["greedy_same"]) for r in rows),
                      "recomputed": statistics.mean(r["recomputed"] for r in rows),
                      "seconds": statistics.mean(r["seconds"] for r in rows)}
+        right = [float(r["correct"]) for r in rows if "correct" in r]
+        out[name]["correct"] = statistics.mean(right) if right else None
     return out
 
 
 def print_table(title: str, agg: dict[str, dict], exact_s: float) -> None:
     print(f"\n{title} (exact prefill of the documents: {exact_s:.1f} s)")
-    print("| recompute | top-1 agreement | mean KL (nats) | greedy identical | tokens recomputed | compose (s) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| recompute | top-1 agreement | mean KL (nats) | greedy identical | right answer | tokens recomputed "
+          "| compose (s) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name, a in agg.items():
-        print(f"| {name} | {a['top1']:.1%} | {a['kl']:.4f} | {a['greedy']:.0%} | {a['recomputed']:.0f} | "
+        right = "" if a.get("correct") is None else f"{a['correct']:.0%}"
+        print(f"| {name} | {a['top1']:.1%} | {a['kl']:.4f} | {a['greedy']:.0%} | {right} | {a['recomputed']:.0f} | "
               f"{a['seconds']:.2f} |")
 
 
@@ -375,6 +396,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: SmolLM2, the generated manual, one question, prompts for a 2K context")
     ap.add_argument("--verbose", action="store_true", help="time each step on stderr")
+    ap.add_argument("--no-reference", dest="reference", action="store_false",
+                    help="leave out the q8_0-KV row (exact prefill with a quantised KV cache, for scale)")
     args = ap.parse_args(argv)
     global VERBOSE
     VERBOSE = args.verbose
@@ -390,6 +413,7 @@ def main(argv=None) -> int:
     for mname in args.models.split(","):
         path = resolve(MODELS[mname], home=resolve_home(), fetch=True)
         run = Runner(path, ctx=args.ctx + 512, threads=threads)
+        reference = Runner(path, ctx=args.ctx + 512, threads=threads, kv="q8_0") if args.reference else None
         layout = layout_for(run, path)
         results = []
         for cname, doc in docs.items():
@@ -399,7 +423,8 @@ def main(argv=None) -> int:
                                                  n=args.questions, seed=args.seed)):
                 t0 = time.perf_counter()
                 pieces = [with_focus(p, text, starts, q.keyword) for p, starts, text in (secs[i] for i in idx)]
-                r = run_prompt(run, layout, pieces, q.text, states, whole=j == 0)
+                r = run_prompt(run, layout, pieces, q.text, states, whole=j == 0, reference=reference,
+                               expected=q.answer)
                 r.update(corpus=cname, question=q.text, placed=idx)
                 results.append(r)
                 c = r["configs"]
@@ -407,10 +432,15 @@ def main(argv=None) -> int:
                       + "  ".join(f"{n}: {c[n]['top1']:.0%}/{c[n]['kl']:.3f}" for n in
                                   ("none", "first 32", "last 32", "deviation 32", "whole") if n in c), flush=True)
         run.model.close()
+        if reference is not None:
+            reference.model.close()
         agg = aggregate(results)
         exact_s = statistics.mean(r["exact_s"] for r in results)
+        right = [float(r["exact_correct"]) for r in results if "exact_correct" in r]
         print_table(f"{mname}: {len(results)} prompts of {statistics.mean(r['tokens'] for r in results):,.0f} tokens "
-                    f"({args.sections} sections)", agg, exact_s)
+                    f"({args.sections} sections)" + (f"; exact prefill's answer right in {statistics.mean(right):.0%} "
+                                                     f"of the {len(right)} with a known answer" if right else ""),
+                    agg, exact_s)
         prof = {k: statistics.mean(r["profile"][k] for r in results if r["profile"].get(k) is not None)
                 for k in results[0]["profile"]}
         print("KV deviation with nothing recomputed, mean by offset in a moved section: "

@@ -39,10 +39,13 @@ class EngineStats:
     decode_seconds: float = 0.0
     decode_tokens_per_second: float = 0.0
     load_seconds: float = 0.0
-    cache: str = "none"  # none | memory (kept in the KV cache) | disk (restored) | miss | server
+    cache: str = "none"  # none | memory (kept in the KV cache) | disk (restored) | composed | miss | server
     cache_load_seconds: float = 0.0
     states_saved: int = 0  # prefix states written by this prompt (whole prefix and boundaries)
     cache_save_seconds: float = 0.0
+    composed_sections: int = 0  # sections restored from their saved states (a composed prompt)
+    recomputed_tokens: int = 0  # tokens decoded again at the seams of moved sections
+    sections_lost: list[str] = field(default_factory=list)  # why each section computed now was not reused
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:

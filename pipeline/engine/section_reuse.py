@@ -1,0 +1,181 @@
+"""Section reuse: what a sections-mode prompt takes from section states, decided before it runs.
+
+The counterpart of the prefix-reuse policy (:mod:`.reuse`) for a prompt whose documents
+part is fixed sections (``[head][S1]..[Sk][question]``, see :class:`Sections`). Such a
+prompt is composed (:mod:`.compose`): every section's state is computed once, on its own
+after the head, saved (:mod:`.section_states`), and restored at its place in any prompt
+that holds it, with a few tokens recomputed at each seam. The result does not depend on
+what was saved (a section without a state is computed the same way, and saved), so an
+answer from reused states is token for token the answer without them.
+
+What the engine's memory holds of a prompt is kept as well: a prompt that starts with
+the same sections as the one composed before it (same head, same order) keeps them, up
+to the first that differs. Memory made any other way (whole mode, passages, an exact
+sections prompt) is never taken for composed sections.
+
+:meth:`SectionReuse.why_off` says why a prompt is not composed: composition turned off
+(``ask.compose = "off"``), no section store, or a model whose memory cannot shift
+(recurrent and hybrid ones keep exact prefix reuse). Every figure a prompt reports comes
+from :class:`~.compose.Composed` into :class:`~.contract.EngineStats` (:meth:`report`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from .compose import Composed, Piece, Seams, compose
+from .reuse import common_prefix
+from .section_states import SectionStates
+
+if TYPE_CHECKING:
+    from .cache.store import PrefixCache
+    from .contract import EngineStats
+
+
+@dataclass(frozen=True)
+class Sections:
+    """Where a sections-mode prompt's sections are: ``tokens[:head]`` is the head, section ``i``
+    ends at ``ends[i]`` (the first starts at ``head``; the last end is the documents' end).
+    ``headers`` and ``focus`` are, per section, offsets of its header tokens and of the tokens
+    most relevant to the question (best first), for the seam strategies that use them."""
+
+    head: int
+    ends: tuple[int, ...]
+    headers: tuple[tuple[int, ...], ...] = ()
+    focus: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        bounds = (self.head, *self.ends)
+        if not self.ends or self.head < 1 or any(b <= a for a, b in zip(bounds, bounds[1:])):
+            raise ValueError(f"sections must follow a head and each other: head {self.head}, ends {self.ends}")
+
+    @property
+    def end(self) -> int:
+        return self.ends[-1]
+
+    def pieces(self, tokens: Sequence[int]) -> list[Piece]:
+        starts = (self.head, *self.ends[:-1])
+        return [Piece(tuple(tokens[a:b]),
+                      headers=self.headers[i] if i < len(self.headers) else (),
+                      focus=self.focus[i] if i < len(self.focus) else ())
+                for i, (a, b) in enumerate(zip(starts, self.ends))]
+
+
+@dataclass(frozen=True)
+class SectionPlan:
+    """What a composed prompt would reuse: ``held`` sections kept in memory (``held_tokens`` with
+    the head), and for each other section whether a state is saved."""
+
+    held: int
+    held_tokens: int
+    saved: tuple[bool, ...]
+    sizes: tuple[int, ...]
+
+    @property
+    def restorable_tokens(self) -> int:
+        return sum(n for n, ok in zip(self.sizes[self.held:], self.saved) if ok)
+
+    @property
+    def reused(self) -> int:
+        """Tokens this prompt would not prefill (held or restored; seams aside)."""
+        return self.held_tokens + self.restorable_tokens
+
+
+class SectionReuse:
+    """The section reuse of one engine: its section store (states in ``store``, a
+    :class:`~.cache.store.PrefixCache`, under ``namespace()``), the seams it recomputes, and what
+    its memory holds composed. Not thread-safe: the engine calls it within its turn (probes
+    only read)."""
+
+    def __init__(self, store: PrefixCache | None, *, namespace: Callable[[], str], seams: Seams,
+                 enabled: bool = True):
+        self.store = store
+        self.seams = seams
+        self.enabled = enabled
+        self._namespace = namespace
+        self.composed: tuple[int, ...] = ()  # the tokens the memory holds as a composition made them
+
+    def why_off(self, *, can_shift: bool | None) -> str:
+        """Why prompts are not composed ("" when they are); ``can_shift`` None: the model is not loaded yet."""
+        if not self.enabled:
+            return "composition is off (ask.compose = \"off\")"
+        if self.store is None:
+            return "composition needs the prefix cache (cache.enabled = false)"
+        if self.store.unavailable:
+            return f"composition needs the prefix cache, which is unavailable ({self.store.unavailable})"
+        if can_shift is False:
+            return ("this model's memory cannot be shifted (recurrent or hybrid layers): sections are reused "
+                    "as a prefix only")
+        return ""
+
+    def states(self, tokens: Sequence[int], sections: Sections) -> SectionStates:
+        return SectionStates(self.store, self._namespace(), tokens[:sections.head])
+
+    def plan(self, memory: Sequence[int], tokens: Sequence[int], sections: Sections) -> SectionPlan:
+        """What a run now would reuse (memory, saved states), running nothing and counting no miss."""
+        held, held_tokens = self._held(memory, tokens, sections)
+        pieces = sections.pieces(tokens)
+        states = self.states(tokens, sections)
+        try:
+            saved = tuple(states.held(pieces[held:]))
+        finally:
+            states.close()
+        return SectionPlan(held, held_tokens, saved, tuple(len(p) for p in pieces))
+
+    def _held(self, memory: Sequence[int], tokens: Sequence[int], sections: Sections) -> tuple[int, int]:
+        """Sections (and tokens, with the head) the memory holds as this composition would make them."""
+        n = common_prefix(self.composed, tokens, sections.end)
+        n = min(n, common_prefix(memory, tokens, sections.end))
+        if n < sections.head:
+            return 0, 0
+        held = sum(1 for e in sections.ends if e <= n)
+        return held, (sections.ends[held - 1] if held else sections.head)
+
+    def run(self, model, memory, tokens: Sequence[int], sections: Sections, stats: EngineStats,
+            prefill: Callable[[Sequence[int], int], None]) -> Composed:
+        """Bring ``memory`` (a :class:`~.reuse.Memory` on ``model``) to the prompt's documents part,
+        composed; ``prefill(tokens, start)`` decodes the head where the memory does not hold it.
+        Fills the composition's figures into ``stats``."""
+        held, held_tokens = self._held(memory.tokens, tokens, sections)
+        if held_tokens == 0:
+            memory.clear()
+            prefill(tokens[:sections.head], 0)
+        elif not memory.cut(held_tokens):
+            memory.clear()
+            held, held_tokens = 0, 0
+            prefill(tokens[:sections.head], 0)
+        self.composed = ()
+        states = self.states(tokens, sections)
+        t0 = time.perf_counter()
+        try:
+            done = compose(model, tokens[:sections.head], sections.pieces(tokens), states, self.seams, held=held)
+        except BaseException:
+            memory.clear()
+            raise
+        finally:
+            states.close()
+        memory.tokens = list(tokens[:sections.end])
+        self.composed = tuple(memory.tokens)
+        self.report(done, stats, held_tokens=held_tokens, states=states, seconds=time.perf_counter() - t0)
+        return done
+
+    @staticmethod
+    def report(done: Composed, stats: EngineStats, *, held_tokens: int, states: SectionStates,
+               seconds: float) -> None:
+        stats.composed_sections = done.restored
+        stats.recomputed_tokens = done.recomputed_tokens
+        stats.cached_tokens = held_tokens + done.restored_tokens
+        stats.cache = "composed" if done.restored else ("memory" if held_tokens else "miss")
+        stats.sections_lost = list(done.lost)
+        stats.states_saved += states.saved
+        stats.cache_load_seconds += done.seconds["restore"]
+        stats.notes.extend(states.notes)
+
+    def forget(self) -> None:
+        """The memory was changed some other way: nothing in it counts as composed."""
+        self.composed = ()
+
+
+__all__ = ["SectionPlan", "SectionReuse", "Sections"]

@@ -1,0 +1,120 @@
+"""Section reuse (pipeline.engine.section_reuse): plans what a sections-mode prompt reuses, keeps sections the
+memory holds composed, restores the others from their states, and reports it in the prompt's stats."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.dev.synthetic import write_moe_model
+from pipeline.engine import _llama
+from pipeline.engine._llama import composing as mem
+from pipeline.engine.cache.store import PrefixCache
+from pipeline.engine.compose import Seams
+from pipeline.engine.contract import EngineStats
+from pipeline.engine.reuse import Memory
+from pipeline.engine.section_reuse import SectionReuse, Sections
+from pipeline.engine.section_states import NO_STATE
+
+from test_compose import _decode, _prompt, answer
+
+
+@pytest.fixture(scope="module")
+def moe_path(tmp_path_factory):
+    return write_moe_model(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf", n_ctx_train=8192)
+
+
+@pytest.fixture
+def memory(moe_path):
+    m = _llama.load(moe_path, n_ctx=2048, n_batch=256, n_ubatch=256, threads=1, n_seq_max=3)
+    mem = Memory()
+    mem.model = m
+    yield mem
+    m.close()
+
+
+def layout(head, pieces, q):
+    tokens = list(head) + [t for p in pieces for t in p.tokens] + list(q)
+    ends, at = [], len(head)
+    for p in pieces:
+        at += len(p)
+        ends.append(at)
+    return tokens, Sections(len(head), tuple(ends))
+
+
+def prefill(memory):
+    def run(tokens, start):
+        _decode(memory.model, tokens[start:], start)
+        memory.tokens.extend(tokens[start:])
+    return run
+
+
+def test_plan_run_and_report(memory, tmp_path):
+    head, pieces, q = _prompt(20)
+    tokens, sections = layout(head, pieces, q)
+    with PrefixCache(tmp_path / "cache", max_bytes=2**30) as cache:
+        reuse = SectionReuse(cache, namespace=lambda: "ns", seams=Seams("first", 16))
+        assert reuse.why_off(can_shift=True) == ""
+        plan = reuse.plan(memory.tokens, tokens, sections)
+        assert (plan.held, plan.saved, plan.reused) == (0, (False,) * 4, 0)
+        stats = EngineStats()
+        done = reuse.run(memory.model, memory, tokens, sections, stats, prefill(memory))
+        assert memory.tokens == tokens[:sections.end]
+        assert (stats.composed_sections, stats.states_saved, stats.cached_tokens) == (0, 4, 0)
+        assert stats.sections_lost == [NO_STATE] * 4 and stats.recomputed_tokens == done.recomputed_tokens == 48
+        cold, _ = answer(memory.model, q, sections.end)
+        assert mem.seq_remove(memory.model, 0, sections.end)  # (answer() decoded past what memory.tokens says)
+
+        # the same sections in another order: nothing held in memory past the head, all restored
+        other = [pieces[2], pieces[0], pieces[1], pieces[3]]
+        tokens2, sections2 = layout(head, other, q)
+        plan = reuse.plan(memory.tokens, tokens2, sections2)
+        assert (plan.held, plan.held_tokens, plan.saved) == (0, len(head), (True,) * 4)
+        stats = EngineStats()
+        reuse.run(memory.model, memory, tokens2, sections2, stats, prefill(memory))
+        assert stats.composed_sections == 4 and stats.cache == "composed" and stats.sections_lost == []
+        assert stats.cached_tokens == len(head) + sum(len(p) for p in pieces)
+
+        # back to the first order: restored again, the answer is the cold one
+        reuse.run(memory.model, memory, tokens, sections, EngineStats(), prefill(memory))
+        warm, _ = answer(memory.model, q, sections.end)
+        assert np.array_equal(warm, cold)
+
+
+def test_sections_held_in_memory_are_kept(memory, tmp_path):
+    head, pieces, q = _prompt(21)
+    tokens, sections = layout(head, pieces, q)
+    with PrefixCache(tmp_path / "cache", max_bytes=2**30) as cache:
+        reuse = SectionReuse(cache, namespace=lambda: "ns", seams=Seams("first", 16))
+        reuse.run(memory.model, memory, tokens, sections, EngineStats(), prefill(memory))
+        longer, sections3 = layout(head, pieces[:2] + [pieces[3]], q)
+        plan = reuse.plan(memory.tokens, longer, sections3)
+        assert (plan.held, plan.saved) == (2, (True,))
+        stats = EngineStats()
+        reuse.run(memory.model, memory, longer, sections3, stats, prefill(memory))
+        assert stats.cache == "composed" and stats.composed_sections == 1
+        assert stats.cached_tokens == sections3.end
+        # memory made another way is never taken for composed sections
+        reuse.forget()
+        assert reuse.plan(memory.tokens, longer, sections3).held == 0
+
+
+def test_why_off():
+    assert "off" in SectionReuse(None, namespace=lambda: "", seams=Seams(), enabled=False).why_off(can_shift=True)
+    assert "cache" in SectionReuse(None, namespace=lambda: "", seams=Seams()).why_off(can_shift=True)
+
+
+def test_why_off_for_a_model_that_cannot_shift(tmp_path):
+    with PrefixCache(tmp_path / "c", max_bytes=2**20) as cache:
+        note = SectionReuse(cache, namespace=lambda: "", seams=Seams()).why_off(can_shift=False)
+    assert "cannot be shifted" in note and "prefix" in note
+
+
+def test_sections_are_checked():
+    with pytest.raises(ValueError):
+        Sections(10, (10, 20))
+    with pytest.raises(ValueError):
+        Sections(0, (5,))
+    with pytest.raises(ValueError):
+        Sections(4, ())
+
