@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from .errors import InputError
+from ..errors import InputError
 
 if TYPE_CHECKING:
-    from .retrieve import Hit
-    from .store.store import Store
+    from .search import Hit
+    from ..store.store import Store
 
 KS = (1, 5, 10)
 DEPTH = max(KS)  # chunks retrieved per question

@@ -12,9 +12,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from .store.catalog import StoredChunk
-from .engine.stages import TextEmbedder
-from .store.store import Store
+from ..store.catalog_sqlite import StoredChunk
+from ..engine.stages import TextEmbedder
+from ..store.store import Store
 
 if TYPE_CHECKING:
     from .rerank import Reranker

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from ..errors import StoreError
-from .catalog import _WORD, CollectionInfo, DocumentRecord, StoredChunk
+from .catalog_sqlite import _WORD, CollectionInfo, DocumentRecord, StoredChunk
 from .pg_pool import pool
 from .pg_schema import LEXEMES, upgrade
 from .sections import Section

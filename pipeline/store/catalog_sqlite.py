@@ -83,7 +83,7 @@ def fts_query(text: str) -> str | None:
 class Catalog:
     """SQLite catalog of one store. Not shared between threads; the store lock serialises processes.
 
-    :class:`pipeline.store.postgres.PostgresCatalog` is the same interface on a PostgreSQL
+    :class:`pipeline.store.catalog_pg.PostgresCatalog` is the same interface on a PostgreSQL
     server, shared by many processes (``shared`` is True there: no store lock is taken).
 
     Opening it creates the schema in a new file and migrates an older one (see :mod:`.schema`);
