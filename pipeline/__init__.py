@@ -26,7 +26,7 @@ _EXPORTS = {
     "AskOptions": "ask.request", "AsyncAnswerStream": "ask.aio", "CancelToken": "concurrency",
     "PrefillProgress": "ask.progress",
     "Config": "config", "load_config": "config",
-    "Hit": "retrieval.search", "Passage": "retrieval.search",
+    "Hit": "types", "Passage": "types",
     "IngestReport": "ingest.run", "IngestEvent": "ingest.run", "FileOutcome": "ingest.run",
     "Summary": "summarize.outputs", "SummaryEvent": "summarize.outputs", "SummaryRun": "summarize.job",
     "EngineStats": "engine.stages", "TextEmbedder": "engine.stages", "TextGenerator": "engine.stages",
@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from .ingest.run import FileOutcome, IngestEvent, IngestReport
     from .ask.request import AskOptions
     from .ask.progress import PrefillProgress
-    from .retrieval.search import Hit, Passage
+    from .types import Hit, Passage
     from .summarize.job import SummaryRun
     from .summarize.outputs import Summary, SummaryEvent
 

@@ -24,12 +24,13 @@ from .concurrency import CancelToken, EnginePool, once
 from .config import Config, load_config
 from .ingest.run import IngestReport, Progress, ingest
 from .ingest.scan import scan
-from .retrieval.search import Hit, search
+from .types import Hit
+from .retrieval.search import search
 from .store.shared import SharedStore
 from .store.store import Store
 
 if TYPE_CHECKING:
-    from .ask.prompt import Prompt
+    from .types import Prompt
     from .engine.stages import TextEmbedder, TextGenerator
     from .ask.aio import AsyncAnswerStream
     from .retrieval.evaluate import EvalReport, Question

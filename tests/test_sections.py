@@ -8,8 +8,7 @@ from pipeline.ask.prompt import Layout
 from pipeline.engine.generator import Engine
 from pipeline.ingest.sections import cut, target_tokens
 from pipeline.ask.packing import PackHistory, SectionTokens, Shelf, plan, reuse_note
-from pipeline.retrieval.search import Hit
-from pipeline.store.catalog_sqlite import DocumentRecord
+from pipeline.types import DocumentRecord, Hit
 
 
 def words(text: str, *, special: bool = False) -> list[int]:
@@ -46,7 +45,7 @@ def test_states_are_saved_at_the_prefix_and_a_bounded_spread_of_boundaries():
 
 
 def _shelf(n_docs=4, per_doc=3, words_per=60):
-    from pipeline.store.sections import Section
+    from pipeline.types import Section
 
     sections, segments, docs = [], {}, {}
     for d in range(n_docs):

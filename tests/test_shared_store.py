@@ -9,8 +9,7 @@ import pytest
 from servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 from pipeline.errors import StoreBusyError, StoreError
-from pipeline.ingest.chunking import Chunk
-from pipeline.store.catalog_sqlite import DocumentRecord
+from pipeline.types import Chunk, DocumentRecord
 from pipeline.store.store import Store
 
 # Real servers (chroma run, a PostgreSQL cluster) and real processes: not the fakes-only fast subset.

@@ -21,7 +21,7 @@ from pipeline.cli import cli
 from pipeline.engine.generator import EngineStats
 from pipeline.summarize.jobstore import JobStore
 from pipeline.store import sections as section_rows
-from pipeline.store.catalog_sqlite import DocumentRecord, StoredChunk
+from pipeline.types import DocumentRecord, StoredChunk
 from pipeline.summarize.job import Job, Settings
 from pipeline.summarize.outputs import output_names
 

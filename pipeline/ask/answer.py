@@ -14,7 +14,7 @@ from ..concurrency import CancelToken
 from ..engine.stages import EngineStats
 
 if TYPE_CHECKING:
-    from .prompt import Prompt
+    from ..types import Prompt
     from ..engine.stages import Generation
 
 

@@ -23,7 +23,7 @@ from ..ingest.scan import source_names
 from ..store.store import Store
 
 if TYPE_CHECKING:
-    from .prompt import Prompt
+    from ..types import Prompt
     from .request import AskOptions
     from .progress import PrefillProgress
 

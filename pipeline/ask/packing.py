@@ -39,13 +39,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from .prompt import Layout, PackedSection, Prompt, Tokenize, label, render_section, section_prompt
 from ..ingest.sections import cut as cut_sections
-from ..retrieval.search import Hit, merge_chunks
-from ..store.catalog_sqlite import DocumentRecord
-from ..store.sections import Section
-
-Key = tuple[str, str, int]  # (source, content_hash, section index)
+from ..retrieval.search import merge_chunks
+from ..types import DocumentRecord, Hit, Key, PackedSection, Prompt, Section
+from .prompt import Layout, Tokenize, label, render_section, section_prompt
 
 HISTORY_KEEP = 64
 """Packs remembered per model and collection, most recent first."""

@@ -24,13 +24,12 @@ Two ways to fill the documents part:
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from ..errors import EngineError
-from ..retrieval.search import Passage
-from ..store.sections import Section
+from ..types import PackedSection, Passage, Prompt, Section
 
 _SENTINEL = "\x00DOCUMENTS\x00"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -76,43 +75,6 @@ class Layout:
                               f"and {reserve} answer tokens: raise engine.n_ctx or lower ask.max_tokens and "
                               "summarize.max_tokens (the layout holds back the larger)")
         return budget
-
-
-@dataclass(frozen=True)
-class PackedSection:
-    """A section as placed in a prompt: its document's number there and its rendered tokens."""
-
-    n: int
-    section: Section
-    of: int  # sections in its document
-    tokens: tuple[int, ...]
-
-    def to_dict(self) -> dict:
-        s = self.section
-        return {"n": self.n, "source": s.source, "section": s.index, "of": self.of,
-                "pages": list(s.pages), "tokens": len(self.tokens)}
-
-
-@dataclass
-class Prompt:
-    """A packed prompt: ``prefix`` (head + documents) and ``suffix`` (question + tail).
-
-    ``boundaries`` are the positions (in ``tokens``) where each document part ends;
-    the last is ``len(prefix_tokens)``. ``mode`` is "passages", "whole" (every document
-    of the selection, whole) or "sections" (chosen sections).
-    """
-
-    prefix: str
-    suffix: str
-    passages: list[Passage] = field(default_factory=list)
-    dropped: int = 0
-    truncated: bool = False
-    prefix_tokens: list[int] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    boundaries: list[int] = field(default_factory=list)
-    mode: str = "passages"
-    sections: list[PackedSection] = field(default_factory=list)
-    sources: list[dict] = field(default_factory=list)
 
 
 def label(source: str) -> str:

@@ -28,9 +28,9 @@ import numpy as np
 
 from ..engine.stages import TextEmbedder
 from ..errors import LoadError, StoreError
-from ..store.catalog_sqlite import DocumentRecord
+from ..types import Chunk, DocumentRecord
 from ..store.store import Store
-from .chunking import Chunk, Chunker, for_embedder
+from .chunking import Chunker, for_embedder
 from .loaders import NotADocument, detect_format, load, may_be_text, sniff_text
 from .scan import Scan, file_hash
 from .sections import cut as cut_sections

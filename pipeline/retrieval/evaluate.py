@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 from ..errors import InputError
 
 if TYPE_CHECKING:
-    from .search import Hit
+    from ..types import Hit
     from ..store.store import Store
 
 KS = (1, 5, 10)

@@ -9,58 +9,14 @@ misses; reciprocal-rank fusion needs no score calibration between the two.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from ..store.catalog_sqlite import StoredChunk
 from ..engine.stages import TextEmbedder
 from ..store.store import Store
+from ..types import Hit, Passage, StoredChunk
 
 if TYPE_CHECKING:
     from .rerank import Reranker
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One retrieved chunk. ``found_by`` names the sides that returned it."""
-
-    source: str
-    page: int | None
-    score: float
-    text: str
-    found_by: tuple[str, ...]
-    chunk_id: str
-    index: int
-    content_hash: str
-    dense_rank: int | None = None
-    dense_similarity: float | None = None
-    lexical_rank: int | None = None
-    bm25: float | None = None
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["found_by"] = list(self.found_by)
-        return d
-
-
-@dataclass(frozen=True)
-class Passage:
-    """Consecutive chunks of one document, merged without repeating their overlaps."""
-
-    source: str
-    content_hash: str
-    first: int  # chunk indexes, inclusive
-    last: int
-    pages: tuple[int, ...]
-    text: str
-    rank: int  # best (lowest) rank of the hits inside it, from 0
-
-    @property
-    def page_label(self) -> str:
-        if not self.pages:
-            return ""
-        lo, hi = min(self.pages), max(self.pages)
-        return f"page {lo}" if lo == hi else f"pages {lo}-{hi}"
 
 
 def rrf(rankings: dict[str, list[tuple[StoredChunk, float]]], *, k: int) -> list[tuple[StoredChunk, float, dict]]:

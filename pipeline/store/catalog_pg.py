@@ -25,17 +25,14 @@ import hashlib
 import math
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from ..errors import StoreError
-from .catalog_sqlite import _WORD, CollectionInfo, DocumentRecord, StoredChunk
+from ..types import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
+from .catalog_sqlite import _WORD
 from .pg_pool import pool
 from .pg_schema import LEXEMES, upgrade
-from .sections import Section
 from .vectors import redact
-
-if TYPE_CHECKING:
-    from ..ingest.chunking import Chunk
 
 _DOC = ("source, content_hash, size, mtime_ns, format, title, pages, n_chunks, n_tokens, ingested_at")
 _CHUNK = 'chunk_id, source, content_hash, idx, page, start, "end", tokens, text'

@@ -14,60 +14,15 @@ import re
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from .._sqlite import transaction
 from ..errors import StoreError
+from ..types import Chunk, CollectionInfo, DocumentRecord, StoredChunk
 from . import sections as _sections
 from .failures import storage_error
 from .schema import upgrade
-
-if TYPE_CHECKING:
-    from ..ingest.chunking import Chunk
-
-@dataclass(frozen=True)
-class DocumentRecord:
-    """A committed document as the catalog knows it."""
-
-    source: str
-    content_hash: str
-    size: int
-    mtime_ns: int
-    format: str
-    title: str | None = None
-    pages: int | None = None
-    n_chunks: int = 0
-    n_tokens: int = 0
-    ingested_at: float = 0.0
-
-
-@dataclass(frozen=True)
-class StoredChunk:
-    """A chunk of a committed document, as stored on either side."""
-
-    chunk_id: str
-    source: str
-    content_hash: str
-    index: int
-    page: int | None
-    start: int
-    end: int
-    tokens: int
-    text: str
-
-
-@dataclass(frozen=True)
-class CollectionInfo:
-    name: str
-    embedder: str
-    embedder_id: str
-    dim: int
-    chunk_size: int
-    chunk_overlap: int
-    created_at: float
-
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

@@ -39,7 +39,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from .catalog_sqlite import Catalog, CollectionInfo, DocumentRecord, StoredChunk
+from ..types import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
+from .catalog_sqlite import Catalog
 from .failures import storage_error
 from ..errors import StoreError
 from .lock import StoreLock
@@ -49,9 +50,6 @@ from .vectors import redact
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from ..ingest.chunking import Chunk
-    from .sections import Section
 
 __all__ = ["Store", "check_collection_name", "chunk_id"]
 

@@ -33,16 +33,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..ask import packing
-from ..ask.prompt import Layout, Prompt, pack, section_prompt
+from ..types import Passage, Prompt
+from ..ask.prompt import Layout, pack, section_prompt
 from ..errors import EngineError, InputError, RagError
 from .jobstore import JobStore, StoredResult, Unit, digest
-from ..retrieval.search import Passage
 from .outputs import JobReport, Outputs, Summary, SummaryEvent
 
 if TYPE_CHECKING:
     from ..engine.generator import Engine, EngineStats
-    from ..store.catalog_sqlite import DocumentRecord
-    from ..store.sections import Section
+    from ..types import DocumentRecord, Section
     from ..store.store import Store
 
 # Bumped when prompts or the method change in a way that changes outputs: old units are then not reused.

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from .jobstore import JobStore
-from ..store.catalog_sqlite import DocumentRecord
+from ..types import DocumentRecord
 
 LEASE_SECONDS = 60.0
 POLL_SECONDS = 0.5
