@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "Pipeline": "api", "CollectionStatus": "api",
+    "Pipeline": "api", "CollectionStatus": "collection", "AskRequest": "ask.request",
     "Answer": "ask.answer", "AnswerStream": "ask.answer", "AskStats": "ask.answer",
     "AskOptions": "ask.request", "AsyncAnswerStream": "ask.aio", "CancelToken": "concurrency",
     "PrefillProgress": "ask.progress",
@@ -39,14 +39,15 @@ __all__ = [*_EXPORTS, "__version__"]
 if TYPE_CHECKING:
     from .ask.aio import AsyncAnswerStream
     from .ask.answer import Answer, AnswerStream, AskStats
-    from .api import CollectionStatus, Pipeline
+    from .api import Pipeline
+    from .collection import CollectionStatus
     from .concurrency import CancelToken
     from .config import Config, load_config
     from .engine.stages import EngineStats, TextEmbedder, TextGenerator
     from .errors import (Cancelled, ConfigError, EngineClosed, EngineError, InputError, LoadError, ModelError,
                          RagError, StoreBusyError, StoreError)
     from .ingest.run import FileOutcome, IngestEvent, IngestReport
-    from .ask.request import AskOptions
+    from .ask.request import AskOptions, AskRequest
     from .ask.progress import PrefillProgress
     from .types import Hit, Passage
     from .summarize.job import SummaryRun

@@ -185,7 +185,7 @@ def test_only_api_cli_and_profiles_use_the_planner():
 
 
 def test_answering_does_not_import_the_tuner():
-    """The API reads tuned profiles through pipeline.profiles, which needs no planner module at all."""
+    """The runtime reads tuned profiles through pipeline.profiles, which needs no planner module at all."""
     seen, todo = set(), ["pipeline.profiles"]
     while todo:
         m = todo.pop()
@@ -193,6 +193,6 @@ def test_answering_does_not_import_the_tuner():
             seen.add(m)
             todo += [o for n in _imports(m) if (o := _owner(n))]
     assert not any(m.startswith("pipeline.planner") for m in seen), seen
-    api = MODULES["pipeline.api"].read_text(encoding="utf-8")
-    engine_settings = api[api.index("def engine_settings"):api.index("def plan(")]
+    runtime = MODULES["pipeline.runtime"].read_text(encoding="utf-8")
+    engine_settings = runtime[runtime.index("def engine_settings"):runtime.index("def pool(")]
     assert "planner" not in engine_settings and "profiles" in engine_settings

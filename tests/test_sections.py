@@ -7,7 +7,9 @@ from types import SimpleNamespace
 from pipeline.ask.prompt import Layout
 from pipeline.engine.generator import Engine
 from pipeline.ingest.sections import cut, target_tokens
-from pipeline.ask.packing import PackHistory, SectionTokens, Shelf, plan, reuse_note
+from pipeline.ask.history import PackHistory, reuse_note
+from pipeline.ask.packing import Shelf, plan
+from pipeline.ask.prompt import SectionTokens
 from pipeline.types import DocumentRecord, Hit
 
 

@@ -16,6 +16,7 @@ from ..store.store import Store
 from ..types import Hit, Passage, StoredChunk
 
 if TYPE_CHECKING:
+    from ..runtime import Runtime
     from .rerank import Reranker
 
 
@@ -91,6 +92,38 @@ def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: in
                         dense_rank=d_rank, dense_similarity=None if d_score is None else round(d_score, 4),
                         lexical_rank=l_rank, bm25=None if l_score is None else round(l_score, 4)))
     return hits
+
+
+def retrieve(rt: "Runtime", store: Store, query: str, *, top_k: int, source: str | Sequence[str] | None = None,
+             use_mmr: bool = False, timings: dict[str, float] | None = None, **changes) -> list[Hit]:
+    """:func:`search` as configured (``[retrieval]``, ``ask.mmr_lambda``), with the runtime's embedder;
+    ``changes`` override retrieval settings for this call (dense, lexical, rerank)."""
+    import dataclasses
+
+    from .rerank import make_reranker
+
+    r = dataclasses.replace(rt.config.retrieval, **changes) if changes else rt.config.retrieval
+    if r.dense:
+        rt.embedder.dim  # loads the model outside the timed stages
+    reranker = make_reranker(r.rerank, candidates=max(r.rerank_candidates, top_k),
+                             dense_weight=r.rerank_dense_weight, normalise=r.rerank_normalise)
+    return search(query, store=store, embedder=rt.embedder if r.dense else None, top_k=top_k,
+                  dense=r.dense, lexical=r.lexical, candidates=max(r.candidates, top_k), rrf_k=r.rrf_k,
+                  source=source, use_mmr=use_mmr, mmr_lambda=rt.config.ask.mmr_lambda,
+                  rerank=reranker, timings=timings)
+
+
+def search_collection(rt: "Runtime", query: str, *, top_k: int | None = None,
+                      timings: dict[str, float] | None = None) -> list[Hit]:
+    """:meth:`Pipeline.search <pipeline.api.Pipeline.search>`: the collection's best chunks for ``query``."""
+    from ..errors import InputError
+
+    if not query.strip():
+        raise InputError("the query is empty")
+    with rt.store(create=False) as store:
+        store.require()
+        rt.check_embedder(store)
+        return retrieve(rt, store, query, top_k=top_k or rt.config.retrieval.top_k, timings=timings)
 
 
 class _Stopwatch:

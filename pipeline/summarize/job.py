@@ -33,15 +33,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..ask import packing
-from ..types import Passage, Prompt
-from ..ask.prompt import Layout, pack, section_prompt
+from ..ask.prompt import Layout, SectionTokens, pack, section_prompt
 from ..errors import EngineError, InputError, RagError
+from ..types import DocumentRecord, Passage, Prompt, Section
 from .jobstore import JobStore, StoredResult, Unit, digest
 from .outputs import JobReport, Outputs, Summary, SummaryEvent
 
 if TYPE_CHECKING:
     from ..engine.generator import Engine, EngineStats
-    from ..types import DocumentRecord, Section
     from ..store.store import Store
 
 # Bumped when prompts or the method change in a way that changes outputs: old units are then not reused.
@@ -65,7 +64,7 @@ def sections_of(store: "Store", source: str, *, target: int) -> "packing.Shelf":
     return packing.gather(store, sources=[source], target=target, fetch_tokens=2**62)
 
 
-def map_groups(shelf: "packing.Shelf", budget: int, memo: "packing.SectionTokens") -> list[list["Section"]]:
+def map_groups(shelf: "packing.Shelf", budget: int, memo: SectionTokens) -> list[list["Section"]]:
     """The document's sections in order, in runs of consecutive sections that fit ``budget`` together.
 
     The first run is the prefix ``rag warm`` saves for a document that does not fit
@@ -101,7 +100,7 @@ class Settings:
     system: str
     reserve: int = 0
     """The answer room the layout decision holds back (whole or map-reduce, where runs end): the one
-    ``ask`` and ``warm`` use (:func:`.packing.layout_reserve`); 0 = ``max_tokens``."""
+    ``ask`` and ``warm`` use (:func:`pipeline.ask.prompt.layout_reserve`); 0 = ``max_tokens``."""
 
     @property
     def layout_reserve(self) -> int:
@@ -123,7 +122,7 @@ class Job:
 
     def __init__(self, *, engine: "Engine", jobs: JobStore, open_store: Callable[[], AbstractContextManager],
                  collection: str, documents: Sequence["DocumentRecord"], prompts: Sequence[str],
-                 settings: Settings, section_target: int, memo: "packing.SectionTokens | None" = None,
+                 settings: Settings, section_target: int, memo: SectionTokens | None = None,
                  progress: Callable[[SummaryEvent], None] | None = None,
                  record: "Callable[[Sequence[packing.Key]], None] | None" = None):
         if not prompts:
@@ -137,7 +136,7 @@ class Job:
         self.prompts = list(dict.fromkeys(p.strip() for p in prompts))
         self.settings = settings
         self.section_target = section_target  # for documents whose sections are not in the catalog yet
-        self.memo = memo or packing.SectionTokens(engine.tokenize)
+        self.memo = memo or SectionTokens(engine.tokenize)
         self.progress = progress or (lambda ev: None)
         # Each prefix a summary prompt prefilled (its sections' keys), told to ask's pack history, so
         # that a later question prefers a pack whose state a summary saved (see packing.plan).
@@ -467,48 +466,3 @@ class Job:
             StoredResult(doc.source, doc.content_hash, s.prompt, s.method, s.sections, s.reduce_steps, s.levels,
                          s.text),
             doc_key=self.doc_key(doc), prompt_key=self.prompt_key(s.prompt))
-
-
-class SummaryRun:
-    """A summarisation run: iterate for :class:`Summary` objects as they finish; ``report`` once it ends.
-
-    ``prepare`` returns the job (documents resolved, paths ingested), its open job
-    database, and the inputs that could not be taken (failed to load, unsupported),
-    each as a dict with "source" and "error".
-    """
-
-    def __init__(self, prepare: Callable[[], tuple[Job, JobStore, list[dict], list[dict]]], *, restart: bool = False,
-                 out_dir: Path | None = None, jsonl: Path | None = None,
-                 progress: Callable[[SummaryEvent], None] | None = None):
-        self._prepare = prepare
-        self.restart = restart
-        self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.jsonl = Path(jsonl) if jsonl is not None else None
-        self.progress = progress
-        self.report: JobReport | None = None
-
-    def __iter__(self) -> Iterator[Summary]:
-        job, jobs, failed, skipped = self._prepare()
-        with jobs:
-            if self.progress is not None:
-                job.progress = self.progress
-            self.report = job.report
-            self.report.skipped = list(skipped)
-            if self.restart:
-                job.forget()
-            outputs = Outputs(out_dir=self.out_dir, jsonl=self.jsonl, sources=[d.source for d in job.documents],
-                               n_prompts=len(job.prompts))
-            try:
-                for f in failed:  # inputs that never reached the collection: reported, the rest go on
-                    for i, prompt in enumerate(job.prompts, start=1):
-                        s = Summary(f["source"], "", prompt, i, error=f["error"])
-                        self.report.failed.append({"source": s.source, "prompt_index": i, "error": s.error})
-                        outputs.write(s)
-                        yield s
-                yield from job.run(outputs=outputs)
-            finally:
-                outputs.close()
-
-    def result(self) -> list[Summary]:
-        """Run to the end; every summary, in order."""
-        return list(self)

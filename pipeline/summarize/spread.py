@@ -57,7 +57,7 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
         # request (a tokenize call from another worker) arrives. The tokens are the same on every server.
         mine.__dict__.pop("layout", None)
         if hasattr(job, "memo"):
-            from ..ask.packing import SectionTokens
+            from ..ask.prompt import SectionTokens
 
             mine.memo = SectionTokens(engine.tokenize)
         key = None
