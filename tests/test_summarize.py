@@ -20,7 +20,7 @@ from pipeline.ask import packing
 from pipeline.ask.prompt import layout_reserve
 from pipeline.cli import cli
 from pipeline.engine.generator import EngineStats
-from pipeline.summarize.jobstore import JobStore
+from pipeline.summarize.jobstore import SQLiteJobStore
 from pipeline.store import sections as section_rows
 from pipeline.types import DocumentRecord, StoredChunk
 from pipeline.summarize.job import Job, Settings
@@ -130,7 +130,7 @@ def fake_job(tmp_path, docs: dict[str, list[str]], *, n_ctx: int, prompts=("Summ
         yield store
 
     engine = engine or FakeEngine(n_ctx)
-    jobs = JobStore(tmp_path / "jobs.sqlite")
+    jobs = SQLiteJobStore(tmp_path / "jobs.sqlite")
     settings = Settings(max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0, seed=0, system="Be brief.",
                         reserve=reserve)
     job = Job(engine=engine, jobs=jobs, open_store=open_store, collection="c", documents=list(catalog.docs.values()),
@@ -233,8 +233,8 @@ def test_units_decoded_together_are_committed_together(tmp_path, monkeypatch):
     # A kill between two units of one group must not leave half a group done: a resumed job would
     # then decode fewer sequences together, and on several threads that may change greedy output.
     commits: list[int] = []
-    real = JobStore.commit_units
-    monkeypatch.setattr(JobStore, "commit_units", lambda self, rows: (commits.append(len(rows)), real(self, rows)))
+    real = SQLiteJobStore.commit_units
+    monkeypatch.setattr(SQLiteJobStore, "commit_units", lambda self, rows: (commits.append(len(rows)), real(self, rows)))
     job, jobs, multi = fake_job(tmp_path, {"/d/short.txt": doc_chunks(2)}, n_ctx=200, prompts=("One.", "Two."),
                                 engine=FakeMultiEngine(200))
     with jobs:

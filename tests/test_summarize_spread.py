@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pipeline.summarize.jobstore import JobStore
+from pipeline.summarize.jobstore import SQLiteJobStore
 from pipeline.summarize.spread import spread
 
 from servers import pg_cluster, pg_url  # noqa: F401  (fixtures, for the PostgreSQL job store)
@@ -66,8 +66,8 @@ def job_stores(request, tmp_path):
     (a fresh database in the cluster of ``servers.py``)."""
     if request.param == "sqlite":
         path = tmp_path / "jobs.sqlite"
-        JobStore(path).close()
-        return lambda: JobStore(path)
+        SQLiteJobStore(path).close()
+        return lambda: SQLiteJobStore(path)
     from pipeline.summarize.jobstore_pg import PostgresJobStore
 
     url = request.getfixturevalue("pg_url")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence
 
 from ..errors import InputError, StoreError
 from .job import Job, Settings
-from .jobstore import JobStore
+from .jobstore import JobStore, SQLiteJobStore
 from .outputs import JobReport, Outputs, Summary, SummaryEvent
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def open_jobs(rt: "Runtime") -> JobStore:
         from .jobstore_pg import PostgresJobStore
 
         return PostgresJobStore(rt.config.store.catalog_url)
-    return JobStore(rt.config.store_path / "jobs.sqlite")
+    return SQLiteJobStore(rt.config.store_path / "jobs.sqlite")
 
 
 __all__ = ["SummaryRun", "open_jobs", "prepare", "status", "summarize"]
