@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Sequence
 from ..errors import ConfigError
 from ..types import Chunk
 from .headings import HeadingTrail, context_header
-from .loaders import TextUnit
+from .text import TextUnit
 
 Tokenize = Callable[[str], Sequence[int]]
 
