@@ -74,6 +74,19 @@ def job_stores(request, tmp_path):
     return lambda: PostgresJobStore(url)
 
 
+def test_units_decoded_together_commit_together_on_each_backend(job_stores):
+    """``commit_units`` is one transaction on both job stores (units decoded together are finished together)."""
+    from pipeline.summarize.jobstore import Unit
+
+    rows = [(Unit(f"u{i}", "map", f"text {i}\x00", 10, 8, 2, 0.5), "doc", "prompt", f"[{i}]") for i in range(3)]
+    with job_stores() as jobs:
+        jobs.commit_units(rows)
+        assert jobs.units_done("doc", "prompt") == 3
+        assert jobs.unit("u1").text.startswith("text 1") and jobs.unit("u1").decode_tokens == 2
+        jobs.commit_units(rows[:1])  # committing the same unit again replaces it
+        assert jobs.units_done("doc", "prompt") == 3
+
+
 def test_claims_give_each_item_to_one_worker(job_stores):
     """The JobStore claim/renew/release interface, on each backend: workers in parallel take every item
     exactly once; a released item goes back; a lease that ends frees the item of a dead worker."""

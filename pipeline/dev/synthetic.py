@@ -15,9 +15,7 @@ stays at about one tensor even for a model of tens of gigabytes.
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -177,9 +175,16 @@ def write_moe_model(
         raise ConfigError(f"Only the qwen3moe architecture can be generated, not {arch!r}.")
     if dtype not in ("f32", "f16"):
         raise ConfigError(f"dtype must be 'f32' or 'f16', not {dtype!r}.")
-    _check_moe_shape(n_layers=n_layers, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
-                     n_experts=n_experts, n_experts_used=n_experts_used, expert_ff=expert_ff,
-                     n_ctx_train=n_ctx_train)
+    for key, value in dict(
+        n_layers=n_layers, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+        n_experts=n_experts, n_experts_used=n_experts_used, expert_ff=expert_ff, n_ctx_train=n_ctx_train,
+    ).items():
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{key} must be a positive integer, not {value!r}.")
+    if n_head % n_head_kv:
+        raise ConfigError(f"n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv}).")
+    if n_experts_used > n_experts:
+        raise ConfigError(f"n_experts_used ({n_experts_used}) cannot exceed n_experts ({n_experts}).")
     if vocab == "bytes":
         tokens, types, merges = byte_vocab()
     elif isinstance(vocab, int) and not isinstance(vocab, bool):
@@ -204,60 +209,37 @@ def write_moe_model(
         scale = 1.0 / np.sqrt(shape[-1])
         return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(dt, copy=False)
 
-    with _writing(path, arch) as writer:
-        writer.add_name("synthetic-moe")
-        _add_moe_hparams(writer, n_ctx_train=n_ctx_train, n_embd=n_embd, n_layers=n_layers,
-                         expert_ff=expert_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
-                         n_experts=n_experts, n_experts_used=n_experts_used)
-        writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
-        _add_tokenizer(writer, tokens, types, merges)
-        for name, shape in shapes:
-            dt = _tensor_dtype(name, shape, np_dtype)
-            writer.add_tensor_info(name, shape, dt, int(np.prod(shape)) * dt.itemsize)
-        _write_data(writer, (make(name, shape) for name, shape in shapes))
-    return Path(path)
-
-
-def _check_moe_shape(*, n_head: int, n_head_kv: int, n_experts: int, n_experts_used: int, **sizes: int) -> None:
-    for key, value in dict(sizes, n_head=n_head, n_head_kv=n_head_kv, n_experts=n_experts,
-                           n_experts_used=n_experts_used).items():
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{key} must be a positive integer, not {value!r}.")
-    if n_head % n_head_kv:
-        raise ConfigError(f"n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv}).")
-    if n_experts_used > n_experts:
-        raise ConfigError(f"n_experts_used ({n_experts_used}) cannot exceed n_experts ({n_experts}).")
-
-
-@contextmanager
-def _writing(path: str | os.PathLike[str], arch: str) -> Iterator:
-    """A ``gguf.GGUFWriter`` on a temporary file beside ``path``, renamed onto it once the block ends
-    (removed if it raises): a reader never sees half a model."""
-    import gguf
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         writer = gguf.GGUFWriter(tmp, arch)
         try:
-            yield writer
+            writer.add_name("synthetic-moe")
+            _add_moe_hparams(writer, n_ctx_train=n_ctx_train, n_embd=n_embd, n_layers=n_layers,
+                             expert_ff=expert_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+                             n_experts=n_experts, n_experts_used=n_experts_used)
+            writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32)
+
+            _add_tokenizer(writer, tokens, types, merges)
+
+            # Stream: declare every tensor, write the header, then generate and
+            # write the tensors one by one so only one is ever in memory.
+            for name, shape in shapes:
+                dt = _tensor_dtype(name, shape, np_dtype)
+                writer.add_tensor_info(name, shape, dt, int(np.prod(shape)) * dt.itemsize)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            for name, shape in shapes:
+                writer.write_tensor_data(make(name, shape))
         finally:
             writer.close()
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-def _write_data(writer, arrays: Iterable[np.ndarray]) -> None:
-    """The header, the metadata and the tensor infos (all declared), then each tensor's data as it is
-    generated, so only one is ever in memory."""
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for data in arrays:
-        writer.write_tensor_data(data)
+    return path
 
 
 def tensor_names(path: str | os.PathLike[str]) -> list[str]:
@@ -265,6 +247,7 @@ def tensor_names(path: str | os.PathLike[str]) -> list[str]:
     import gguf
 
     return [t.name for t in gguf.GGUFReader(path).tensors]
+
 
 
 def write_timing_moe_model(
@@ -315,36 +298,50 @@ def write_timing_moe_model(
             return "f16"
         return qtype
 
-    def data(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        k = kind(name, shape)
-        if name.endswith("norm.weight"):
-            return np.ones(shape, dtype=np.float32)
-        if k == "f32":
-            return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(np.float32)
-        if name == "token_embd.weight":
-            return rng.standard_normal(shape, dtype=np.float32).astype(np.float16)
-        if qtype == "f16":
-            return np.zeros(shape, dtype=np.float16)
-        return np.zeros((*shape[:-1], shape[-1] // block * type_size), dtype=np.uint8)
-
-    with _writing(path, "qwen3moe") as writer:
-        writer.add_name("synthetic-moe-timing")
-        _add_moe_hparams(writer, n_ctx_train=n_ctx_train, n_embd=n_embd, n_layers=n_layers,
-                         expert_ff=expert_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
-                         n_experts=n_experts, n_experts_used=n_experts_used)
-        _add_tokenizer(writer, tokens, types, merges)
-        for name, shape in shapes:
-            k = kind(name, shape)
-            if k == "f32":
-                writer.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
-            elif k == "f16" or qtype == "f16":
-                writer.add_tensor_info(name, shape, np.dtype(np.float16), int(np.prod(shape)) * 2)
-            else:
-                byte_shape = (*shape[:-1], shape[-1] // block * type_size)
-                writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
-                                       raw_dtype=qtypes[qtype])
-        _write_data(writer, (data(name, shape) for name, shape in shapes))
-    return Path(path)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        writer = gguf.GGUFWriter(tmp, "qwen3moe")
+        try:
+            writer.add_name("synthetic-moe-timing")
+            _add_moe_hparams(writer, n_ctx_train=n_ctx_train, n_embd=n_embd, n_layers=n_layers,
+                             expert_ff=expert_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+                             n_experts=n_experts, n_experts_used=n_experts_used)
+            _add_tokenizer(writer, tokens, types, merges)
+            for name, shape in shapes:
+                k = kind(name, shape)
+                if k == "f32":
+                    writer.add_tensor_info(name, shape, np.dtype(np.float32), int(np.prod(shape)) * 4)
+                elif k == "f16" or qtype == "f16":
+                    writer.add_tensor_info(name, shape, np.dtype(np.float16), int(np.prod(shape)) * 2)
+                else:
+                    byte_shape = (*shape[:-1], shape[-1] // block * type_size)
+                    writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
+                                           raw_dtype=qtypes[qtype])
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            for name, shape in shapes:
+                k = kind(name, shape)
+                if name.endswith("norm.weight"):
+                    data = np.ones(shape, dtype=np.float32)
+                elif k == "f32":
+                    data = (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(np.float32)
+                elif name == "token_embd.weight":
+                    data = rng.standard_normal(shape, dtype=np.float32).astype(np.float16)
+                elif qtype == "f16":
+                    data = np.zeros(shape, dtype=np.float16)
+                else:
+                    data = np.zeros((*shape[:-1], shape[-1] // block * type_size), dtype=np.uint8)
+                writer.write_tensor_data(data)
+        finally:
+            writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 __all__ = ["CHATML_TEMPLATE", "byte_vocab", "moe_tensor_shapes", "tensor_names", "write_mamba_model",
@@ -380,23 +377,34 @@ def write_mamba_model(path: str | os.PathLike[str], *, n_layers: int = 2, n_embd
             return -np.exp(rng.standard_normal(shape).astype(np.float32) * 0.5)
         return (rng.standard_normal(shape, dtype=np.float32) / np.sqrt(shape[-1])).astype(np.float32)
 
-    with _writing(path, "mamba") as writer:
-        writer.add_name("synthetic-mamba")
-        writer.add_context_length(n_ctx_train)
-        writer.add_embedding_length(n_embd)
-        writer.add_block_count(n_layers)
-        writer.add_feed_forward_length(0)
-        writer.add_head_count(0)
-        writer.add_ssm_conv_kernel(d_conv)
-        writer.add_ssm_inner_size(d_inner)
-        writer.add_ssm_state_size(d_state)
-        writer.add_ssm_time_step_rank(dt_rank)
-        writer.add_layer_norm_rms_eps(1e-5)
-        writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-        _add_tokenizer(writer, tokens, types, merges)
-        for name, shape in shapes:
-            writer.add_tensor(name, make(name, shape))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    return Path(path)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        writer = gguf.GGUFWriter(tmp, "mamba")
+        try:
+            writer.add_name("synthetic-mamba")
+            writer.add_context_length(n_ctx_train)
+            writer.add_embedding_length(n_embd)
+            writer.add_block_count(n_layers)
+            writer.add_feed_forward_length(0)
+            writer.add_head_count(0)
+            writer.add_ssm_conv_kernel(d_conv)
+            writer.add_ssm_inner_size(d_inner)
+            writer.add_ssm_state_size(d_state)
+            writer.add_ssm_time_step_rank(dt_rank)
+            writer.add_layer_norm_rms_eps(1e-5)
+            writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+            _add_tokenizer(writer, tokens, types, merges)
+            for name, shape in shapes:
+                writer.add_tensor(name, make(name, shape))
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
