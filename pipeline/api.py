@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .ask.aio import AsyncAnswerStream
     from .ask.progress import PrefillProgress
     from .ask.stops import Stops
-    from .engine.stages import TextEmbedder, TextGenerator
+    from .engine.contract import TextEmbedder, TextGenerator
     from .ingest.run import IngestReport, Progress
     from .retrieval.evaluate import EvalReport, Question
     from .store.store import Store
@@ -47,7 +47,7 @@ class Pipeline:
 
     The embedder and the generator are the configured llama.cpp models, loaded on first
     use, unless ``embedder`` or ``generator`` is given: any object that fulfils
-    :class:`~pipeline.engine.stages.TextEmbedder` / :class:`~pipeline.engine.stages.TextGenerator`
+    :class:`~pipeline.engine.contract.TextEmbedder` / :class:`~pipeline.engine.contract.TextGenerator`
     (the tests' fakes, a remote backend). The pipeline closes only what it made.
     """
 
@@ -267,7 +267,7 @@ class Pipeline:
     def ask_many(self, questions: Sequence[str], *, doc: Paths = None, source: Paths = None,
                  max_tokens: int | None = None, system_prompt: str | None = None) -> list[Answer]:
         """Answer several questions at once: those whose prompts share their prefix (the same packed
-        documents) are decoded together in one context (:meth:`~.engine.generator.Engine.generate_many`,
+        documents) are decoded together in one context (:meth:`~.engine.local.Engine.generate_many`,
         ``engine.n_seq_max`` sequences per decode), the others one after another. Greedy answers
         are those of :meth:`ask`; this is what a server batching concurrent questions calls."""
         return flow.ask_many(self.runtime, [AskRequest.make(q, doc=doc, source=source, max_tokens=max_tokens,

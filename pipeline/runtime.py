@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from .ask.prompt import Layout, SectionTokens
     from .ask.stops import Stops
     from .config import EngineConfig
-    from .engine.cache import PrefixCache
-    from .engine.stages import TextEmbedder, TextGenerator
+    from .engine.cache.store import PrefixCache
+    from .engine.contract import TextEmbedder, TextGenerator
 
 #: The lazily built resources :meth:`Runtime.close` closes (those it made).
 RESOURCES = ("embedder", "engine", "prefix_cache", "pack_history")
@@ -40,7 +40,7 @@ class Runtime:
     """The settings and the resources of one pipeline.
 
     ``embedder`` and ``generator``, when given, are used instead of the configured models
-    (any :class:`~pipeline.engine.stages.TextEmbedder` / ``TextGenerator``: the tests'
+    (any :class:`~pipeline.engine.contract.TextEmbedder` / ``TextGenerator``: the tests'
     fakes, a backend of the application's own); the runtime never closes them.
     """
 
@@ -76,7 +76,7 @@ class Runtime:
         """The configured embedder: a server's (``openai:``) or the local GGUF, loaded on first use."""
         ref = self.config.models.embedder
         if models.is_server(ref):
-            from .engine.remote_embedder import remote_embedder
+            from .engine.remote.embedder import remote_embedder
 
             return remote_embedder(ref, self.config.remote)
         from .engine.embed import Embedder
@@ -90,7 +90,7 @@ class Runtime:
         """The configured generator: a server's (``openai:``) or a local llama.cpp engine."""
         ref = self.config.models.generator
         if models.is_server(ref):
-            from .engine.remote_generator import remote_generator
+            from .engine.remote.generator import remote_generator
 
             return remote_generator(ref, self.config.engine, self.config.remote, log=self.log)
         return self.new_engine(self.model_path("generator"))
@@ -104,7 +104,7 @@ class Runtime:
     def new_engine(self, path: Path | None = None):
         """Another local engine on the generator's file (or ``path``), with the tuned settings and the
         prefix cache; with ``engine.parallel`` > 1 and automatic threads, the engines share the cores."""
-        from .engine.generator import Engine
+        from .engine.local import Engine
         from .engine.host import usable_cpus
 
         path = path or self.engine.model_path
@@ -122,7 +122,7 @@ class Runtime:
         settings = self.config.engine
         if not settings.tuned:
             return settings
-        from .engine.model_info import ModelInfo
+        from .engine.gguf.info import ModelInfo
 
         n_ctx = ModelInfo.read(model_path).context_length(settings.n_ctx, settings.rope_scaling)
         settings, changes, note = tuned_engine(settings, self.config.home_path, model_path, n_ctx)
@@ -175,7 +175,7 @@ class Runtime:
     def section_tokens(self) -> int:
         """The size new documents' sections are cut to, in embedder tokens (``chunking.section_tokens``,
         else a quarter of the generator's context; see :mod:`.ingest.sections`)."""
-        from .engine.generator import Engine
+        from .engine.local import Engine
         from .errors import RagError
         from .ingest.sections import target_tokens
 
@@ -207,7 +207,7 @@ class Runtime:
         """The on-disk prefix KV cache, or None when ``cache.enabled`` is off."""
         if not self.config.cache.enabled:
             return None
-        from .engine.cache import PrefixCache
+        from .engine.cache.store import PrefixCache
 
         return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..concurrency import CancelToken
-from ..engine.multiseq import Completion
 from ..errors import InputError, StoreError
 from ..ingest.scan import source_names
 from ..retrieval.search import expand, retrieve, whole_document
@@ -54,13 +53,12 @@ def ask_stream(rt: "Runtime", request: AskRequest) -> AnswerStream:
     stats = AskStats(mode=prompt.mode, sections=[p.to_dict() for p in prompt.sections])
     stops = rt.stops.with_strings(options.stop)
     engine = rt.pool.pick(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries)
-    extra = _supported(engine, stop_tokens=stops.tokens, cancel=request.cancel,
-                       progress=_tracker(request.progress) if request.progress else None)
-    cancel = extra.get("cancel") or request.cancel
+    cancel = request.cancel or CancelToken()  # every generator takes one: a stream can always be cancelled
     generation = engine.generate(prompt.tokens, max_tokens=options.max_tokens, temperature=options.temperature,
                                  repeat_penalty=rt.config.ask.repeat_penalty,
                                  prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries,
-                                 stats=stats, **extra)
+                                 stats=stats, stop_tokens=stops.tokens, cancel=cancel,
+                                 progress=_tracker(request.progress) if request.progress else None)
     return AnswerStream(request.question, prompt, generation, built.notes, built.timings, built.finish,
                         stops=stops.strings, cancel=cancel)
 
@@ -80,11 +78,7 @@ def ask_many(rt: "Runtime", requests: Sequence[AskRequest]) -> list[Answer]:
         options = requests[members[0]].options(rt.config.ask)
         kw = dict(prefix_len=len(prefix), boundaries=boundaries, max_tokens=options.max_tokens,
                   temperature=options.temperature, repeat_penalty=rt.config.ask.repeat_penalty)
-        if hasattr(engine, "generate_many"):
-            done = engine.generate_many([built[i].prompt.tokens for i in members], **kw)
-        else:  # a generator without multi-sequence decoding: one after another
-            done = [Completion(g.read(), g.stats) for g in (engine.generate(built[i].prompt.tokens, **kw)
-                                                             for i in members)]
+        done = engine.generate_many([built[i].prompt.tokens for i in members], **kw)
         for i, completion in zip(members, done):
             b = built[i]
             stats = AskStats(**completion.stats.__dict__, mode=b.prompt.mode,
@@ -245,26 +239,6 @@ def _tracker(callback):
     from .progress import tracker
 
     return tracker(callback)
-
-
-_OPTIONAL = ("stop_tokens", "progress", "cancel")
-
-
-def _supported(generator, **kwargs) -> dict:
-    """The optional ``generate`` arguments (see :class:`~pipeline.engine.stages.TextGenerator`) that
-    ``generator`` takes and that are set; an unset ``cancel`` is made where it is taken, so a
-    stream can always be cancelled."""
-    import inspect
-
-    try:
-        params = inspect.signature(generator.generate).parameters
-    except (TypeError, ValueError):
-        return {}
-    takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    out = {k: v for k, v in kwargs.items() if (takes_all or k in params) and k in _OPTIONAL}
-    if "cancel" in out and out["cancel"] is None:
-        out["cancel"] = CancelToken()
-    return {k: v for k, v in out.items() if v is not None and v != frozenset()}
 
 
 __all__ = ["Built", "ask_many", "ask_stream", "build_prompt", "chat_stream", "selected_sources"]

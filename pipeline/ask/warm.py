@@ -2,7 +2,7 @@
 
 ``rag warm`` (and ``rag ingest --warm``) lays the collection out exactly as ``ask`` and
 ``summarize`` will (:mod:`.packing`, with the one shared answer reserve) and saves the
-prefix states with states at their boundaries (:meth:`~pipeline.engine.generator.Engine.warm`),
+prefix states with states at their boundaries (:meth:`~pipeline.engine.local.Engine.warm`),
 so that the first question over the documents prefills only itself.
 """
 
@@ -99,9 +99,7 @@ def _warm_one(rt: "Runtime", shelf: Shelf, name: str, prompt: Prompt | None) -> 
     elif len(prompt.prefix_tokens) < rt.config.cache.min_tokens:
         outcome = "too short"
     else:
-        probe = getattr(engine, "reusable", None)
-        reused = probe(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries) \
-            if probe else 0
+        reused = engine.reusable(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries)
         before = {e.id for e in cache.entries(engine.namespace)}
         outcome = "saved" if engine.warm(prompt.prefix_tokens, boundaries=prompt.boundaries) else "cached"
         written = sum(e.bytes for e in cache.entries(engine.namespace) if e.id not in before)

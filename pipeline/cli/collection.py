@@ -35,7 +35,7 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
     and files whose name says nothing (README, NEWS) when their content is text; other files
     are skipped. Unchanged files are not embedded again; changed files replace their old chunks.
     """
-    rag = open_pipeline(ctx, **store_overrides(collection, store_path))
+    rag = openopen_pipeline(ctx, **store_overrides(collection, store_path))
     bar = IngestProgress(bar=sys.stderr.isatty())
     try:
         report = rag.ingest(paths, prune=prune, include=include, exclude=exclude,
@@ -107,7 +107,7 @@ def warm(ctx, collection, store_path, purpose, as_json):
     `--for summarize`, each document's own prefix, what its summaries start from), else each
     document's leading sections.
     """
-    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
+    with openopen_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
         report = _warm(rag, quiet=as_json, purpose=purpose)
     if as_json:
         echo_json(report)
@@ -120,7 +120,7 @@ def cache():
 
 def _prefix_cache(ctx):
     """The configured prefix cache (a context manager), or a user error when it is off."""
-    rag = open_pipeline(ctx)
+    rag = openopen_pipeline(ctx)
     if rag.prefix_cache is None:
         raise UserError(ConfigError("the prefix cache is off (cache.enabled = false)"))
     return rag.prefix_cache
@@ -217,17 +217,31 @@ class IngestProgress:
 @click.pass_context
 @handles_errors
 def status(ctx, collection, store_path, as_json):
-    """Show what a collection holds: documents, chunks, models and the store path."""
-    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
+    """Show what a collection holds (documents, chunks, store path), then what a bug report needs:
+    versions, the llama.cpp build (instruction sets or CUDA architectures), the models with their
+    sizes and the prefix cache's size and hits."""
+    from ..system_report import system_report
+
+    with openopen_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
         st = rag.status()
+        report = system_report(rag.config)
     if as_json:
-        echo_json(st.to_dict())
+        echo_json({**st.to_dict(), "system": report.to_dict()})
         return
     click.echo(f"store:       {printable(st.store)}")
     if not st.exists:
         others = f" (collections here: {', '.join(st.collections)})" if st.collections else ""
         click.echo(f"collection:  {st.collection} (does not exist yet{others})")
-        return
+    else:
+        _echo_collection(st)
+    click.echo("\n" + _printable_lines(report.describe()))
+
+
+def _printable_lines(text: str) -> str:
+    return "\n".join(printable(line) for line in text.splitlines())
+
+
+def _echo_collection(st) -> None:
     click.echo(f"collection:  {st.collection}")
     click.echo(f"documents:   {st.documents:,}")
     click.echo(f"chunks:      {st.chunks:,} ({st.tokens:,} tokens; chunk size {st.chunk_size}, overlap {st.chunk_overlap})")
@@ -247,7 +261,7 @@ def status(ctx, collection, store_path, as_json):
 @handles_errors
 def drop(ctx, collection, store_path, yes):
     """Delete a collection (its vectors, chunks and lexical index)."""
-    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
+    with openopen_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
         name = rag.config.store.collection
         missing = InputError(f"collection '{name}' does not exist in {rag.config.store_path}")
         if not rag.status().exists:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..engine.ggml import KV_TYPE_IDS
+from ..engine.gguf.ggml import KV_TYPE_IDS
 from ..errors import ConfigError
 from .sources import toml_value
 

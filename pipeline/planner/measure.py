@@ -25,7 +25,7 @@ from .speed import prefill_speed
 
 def gpu_offload_available() -> bool:
     """Whether this llama.cpp build can offload to a GPU."""
-    from ..engine._llama import supports_gpu_offload
+    from ..engine.loading import supports_gpu_offload
 
     return supports_gpu_offload()
 
@@ -38,7 +38,8 @@ def _prompt(rng: random.Random, n_vocab: int, n: int, first: int) -> list[int]:
 def measure(model_path: Path, settings: EngineConfig, *, n_tokens: int, n_vocab: int, repeats: int = 1,
             seed: int = 0) -> tuple[list[float], float]:
     """(prefill tokens/s of each of ``repeats`` prefills of ``n_tokens`` tokens, load seconds), after a warm-up."""
-    from ..engine.generator import Engine, EngineStats
+    from ..engine.contract import EngineStats
+    from ..engine.local import Engine
 
     rng = random.Random(seed)
     warm = max(8, min(settings.n_ubatch, n_tokens // 4))

@@ -42,7 +42,7 @@ from ..config import EngineConfig, toml_value
 from ..errors import ConfigError, RagError
 from ..profiles import PROFILE_KEYS
 from ..engine.host import detect_ram
-from ..engine.model_info import effective_n_ctx
+from ..engine.gguf.info import effective_n_ctx
 from .hardware import GiB, HardwareProfile
 from .hardware import measure_hardware as _measure_hardware
 from .measure import CURVE_UBATCHES, gpu_offload_available, measure, measure_cpu_curve

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from ..engine.stages import TextEmbedder
+from ..engine.contract import TextEmbedder
 from ..store.store import Store
 from ..types import Hit, Passage, StoredChunk
 

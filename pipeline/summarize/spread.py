@@ -21,8 +21,9 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from .jobstore import JobStore
+from ..ask.prompt import SectionTokens
 from ..types import DocumentRecord
+from .jobstore import JobStore
 
 LEASE_SECONDS = 60.0
 POLL_SECONDS = 0.5
@@ -56,10 +57,7 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
         # Tokens from the worker's own server: llama_cpp.server cuts a running stream short when another
         # request (a tokenize call from another worker) arrives. The tokens are the same on every server.
         mine.__dict__.pop("layout", None)
-        if hasattr(job, "memo"):
-            from ..ask.prompt import SectionTokens
-
-            mine.memo = SectionTokens(engine.tokenize)
+        mine.memo = SectionTokens(engine.tokenize)
         key = None
         try:
             while not stop.is_set():
