@@ -28,7 +28,7 @@ _EXPORTS = {
     "Config": "config", "load_config": "config",
     "Hit": "types", "Passage": "types",
     "IngestReport": "ingest.run", "IngestEvent": "ingest.run", "FileOutcome": "ingest.run",
-    "Summary": "summarize.outputs", "SummaryEvent": "summarize.outputs", "SummaryRun": "summarize.job",
+    "Summary": "summarize.outputs", "SummaryEvent": "summarize.outputs", "SummaryRun": "summarize.run",
     "EngineStats": "engine.contract", "TextEmbedder": "engine.contract", "TextGenerator": "engine.contract",
     "RagError": "errors", "ConfigError": "errors", "InputError": "errors", "ModelError": "errors",
     "StoreError": "errors", "StoreBusyError": "errors", "EngineError": "errors", "LoadError": "errors",
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from .ask.request import AskOptions, AskRequest
     from .ask.progress import PrefillProgress
     from .types import Hit, Passage
-    from .summarize.job import SummaryRun
+    from .summarize.run import SummaryRun
     from .summarize.outputs import Summary, SummaryEvent
 
 

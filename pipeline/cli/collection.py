@@ -35,7 +35,7 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
     and files whose name says nothing (README, NEWS) when their content is text; other files
     are skipped. Unchanged files are not embedded again; changed files replace their old chunks.
     """
-    rag = openopen_pipeline(ctx, **store_overrides(collection, store_path))
+    rag = open_pipeline(ctx, **store_overrides(collection, store_path))
     bar = IngestProgress(bar=sys.stderr.isatty())
     try:
         report = rag.ingest(paths, prune=prune, include=include, exclude=exclude,
@@ -107,7 +107,7 @@ def warm(ctx, collection, store_path, purpose, as_json):
     `--for summarize`, each document's own prefix, what its summaries start from), else each
     document's leading sections.
     """
-    with openopen_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
+    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
         report = _warm(rag, quiet=as_json, purpose=purpose)
     if as_json:
         echo_json(report)
@@ -120,7 +120,7 @@ def cache():
 
 def _prefix_cache(ctx):
     """The configured prefix cache (a context manager), or a user error when it is off."""
-    rag = openopen_pipeline(ctx)
+    rag = open_pipeline(ctx)
     if rag.prefix_cache is None:
         raise UserError(ConfigError("the prefix cache is off (cache.enabled = false)"))
     return rag.prefix_cache
@@ -222,7 +222,7 @@ def status(ctx, collection, store_path, as_json):
     sizes and the prefix cache's size and hits."""
     from ..system_report import system_report
 
-    with openopen_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
+    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
         st = rag.status()
         report = system_report(rag.config)
     if as_json:
@@ -261,7 +261,7 @@ def _echo_collection(st) -> None:
 @handles_errors
 def drop(ctx, collection, store_path, yes):
     """Delete a collection (its vectors, chunks and lexical index)."""
-    with openopen_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
+    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
         name = rag.config.store.collection
         missing = InputError(f"collection '{name}' does not exist in {rag.config.store_path}")
         if not rag.status().exists:

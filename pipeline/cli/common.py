@@ -65,7 +65,7 @@ def open_pipeline(ctx: click.Context, **overrides: Any):
 
 def handles_errors(fn: Callable) -> Callable:
     """A :class:`RagError` becomes its message on stderr and its exit status; with ``--json``, also
-    ``{"schema": 1, "error": {...}, "exit_code": N}`` on stdout (see :mod:`.schemas`)."""
+    ``{"schema": 1, "error": {...}, "exit_code": N}`` on stdout (see :mod:`pipeline.schemas`)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:

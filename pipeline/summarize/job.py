@@ -1,7 +1,7 @@
 """Batch summaries: whole documents where they fit, map-reduce over fixed sections where they do not.
 
-Prompts are laid out exactly as ``rag ask`` lays them out (:mod:`.packing`,
-:func:`.context.section_prompt`): system prompt, the document as its page-marked
+Prompts are laid out exactly as ``rag ask`` lays them out (:mod:`pipeline.ask.packing`,
+:func:`pipeline.ask.prompt.section_prompt`): system prompt, the document as its page-marked
 fixed sections (the catalog's, cut at ingest), the instruction last, with a boundary
 after every section. A document that fits is summarised whole with the very prefix
 of ``rag ask --doc`` and ``rag warm``, so a warmed or already-asked document costs
@@ -15,7 +15,7 @@ sections that fit (:func:`map_groups`; the first run is the prefix ``rag warm``
 saves for it): each run gets every prompt (the *map* step), then each prompt's
 partial results are combined in order (the *reduce* step), in several levels when
 the partials do not fit one prompt together. Every unit is committed to the job
-database as it finishes (:mod:`.jobs`), so a job stopped at any moment resumes where
+database as it finishes (:mod:`.jobstore`), so a job stopped at any moment resumes where
 it was, with the same output as an uninterrupted run.
 """
 
@@ -445,7 +445,7 @@ class Job:
     def _generate(self, prompts: Sequence[Prompt]) -> tuple[list[tuple[str, "EngineStats"]], bool]:
         """Each prompt's text and figures, and whether they were decoded together. Prompts with one
         prefix are decoded together where the engine runs several sequences (``engine.n_seq_max`` > 1),
-        else one after the other (see :mod:`.engine.multiseq` for when greedy texts match)."""
+        else one after the other (see :mod:`pipeline.engine.multiseq` for when greedy texts match)."""
         g = self.settings
         kw = dict(max_tokens=g.max_tokens, temperature=g.temperature, repeat_penalty=g.repeat_penalty, seed=g.seed)
         first = prompts[0]

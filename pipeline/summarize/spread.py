@@ -33,7 +33,7 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
            ) -> Iterator[tuple[DocumentRecord, list]]:
     """Each document's summaries as a worker finishes them, one worker (thread) per engine.
 
-    ``job`` is a :class:`pipeline.summarize.Job` (not imported: it calls this); each worker
+    ``job`` is a :class:`pipeline.summarize.job.Job` (not imported: it calls this); each worker
     runs a copy of it on its engine, with a job-store connection of its own.
     """
     items = {job.doc_key(d): d for d in job.documents}
