@@ -62,9 +62,10 @@ class AskRequest:
     ``doc`` names ingested documents and ``source`` documents or folders (both empty: the
     whole collection). ``history`` (earlier ``{"role": "user" | "assistant", "content"}``
     turns) makes it a follow-up, and ``chat_id`` names the conversation whose turns are kept
-    on disk (see :mod:`.chat`; its turns are read from there unless ``history`` is given). ``cancel`` stops the call from another thread; ``progress``
-    receives a :class:`~.progress.PrefillProgress` after each prefilled piece. The other
-    fields are the call's :class:`AskOptions`, None for the ``[ask]`` setting.
+    on disk (see :mod:`.chat`; its turns are read from there unless ``history`` is given).
+    ``cancel`` stops the call from another thread; ``progress`` receives a
+    :class:`~.progress.PrefillProgress` after each prefilled piece. The other fields are the
+    call's :class:`AskOptions`, None for the ``[ask]`` setting.
     """
 
     question: str

@@ -358,8 +358,9 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
 
     def emit(kind: str, i: int = 0, c: Candidate | None = None, **kw: Any) -> None:
         if progress is not None:
-            progress(TuneEvent(kind, index=i, total=len(candidates), label=c.label if c else "",  # type: ignore[arg-type]
-                               elapsed=time.perf_counter() - t0, max_seconds=max_seconds, **kw))
+            progress(TuneEvent(kind, index=i, total=len(candidates),  # type: ignore[arg-type]
+                               label=c.label if c else "", elapsed=time.perf_counter() - t0,
+                               max_seconds=max_seconds, **kw))
 
     if measure_hardware:
         notes.append(f"measuring the hardware took {hw_seconds:.0f} s of the budget; it always runs whole, as "
