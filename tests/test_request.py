@@ -18,7 +18,9 @@ Q = "Which fruit is rich in potassium?"
     ({"temperature": -1}, "temperature"), ({"temperature": 6}, "temperature"), ({"temperature": "hot"}, "temperature"),
     ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 2.5}, "max_tokens"), ({"top_k": 0}, "top_k"),
     ({"top_k": 1001}, "top_k"), ({"mode": "sections"}, "mode must be one of auto, passages"),
-    ({"stop": [1, 2]}, "stop"),
+    ({"stop": [1, 2]}, "stop"), ({"top_k": True}, "top_k"), ({"stop": ["a\ud800"]}, "a stop string is not valid text"),
+    ({"system_prompt": "x\0y"}, "NUL"), ({"system_prompt": "\udcff"}, "the system prompt is not valid text"),
+    ({"history": [{"role": "user", "content": "\ud800"}]}, "an earlier turn is not valid text"),
 ])
 def test_a_bad_option_is_refused_when_the_request_is_made(bad, message):
     with pytest.raises(InputError, match=message):
@@ -29,6 +31,8 @@ def test_an_empty_question_is_refused():
     for question in ("", "   ", None):
         with pytest.raises(InputError, match="the question is empty"):
             AskRequest(question)  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="the question is not valid text: character 6"):
+        AskRequest("what \udcff is it")  # undecodable bytes of a command-line argument
 
 
 def test_options_left_out_come_from_the_ask_settings():
@@ -108,3 +112,13 @@ def test_a_bad_option_fails_before_anything_is_read(fake_pipeline):
     with pytest.raises(InputError, match="top_k"):
         rag.ask(Q, top_k=0)
     assert not rag.runtime.has("pool")
+
+
+def test_search_refuses_what_cannot_be_a_query(fake_pipeline):
+    rag = fake_pipeline()
+    for bad, message in (("\ud800", "the query is not valid text"), ("  ", "the query is empty")):
+        with pytest.raises(InputError, match=message):
+            rag.search(bad)
+    for top_k in (0, -1, 10**30, True):
+        with pytest.raises(InputError, match="top_k must be between 1 and 1000"):
+            rag.search("tomato", top_k=top_k)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..config import ASK_MODES, AskConfig
 from ..errors import InputError
+from ..inputs import check_text, check_top_k
 
 if TYPE_CHECKING:
     from ..concurrency import CancelToken
@@ -85,6 +86,9 @@ class AskRequest:
     def __post_init__(self) -> None:
         if not isinstance(self.question, str) or not self.question.strip():
             raise InputError("the question is empty")
+        check_text(self.question, "the question")
+        for turn in self.history or ():
+            check_text(turn.get("content", "") if isinstance(turn, dict) else "", "an earlier turn")
         given = _checked(temperature=self.temperature, max_tokens=self.max_tokens,
                          system_prompt=self.system_prompt, stop=self.stop, top_k=self.top_k, mode=self.mode)
         given.update(doc=_listed(self.doc), source=_listed(self.source),
@@ -148,14 +152,18 @@ def _checked(*, temperature, max_tokens, system_prompt, stop, top_k, mode) -> di
         raise InputError(f"temperature must be a number between 0 and 5 (got {temperature!r})")
     if max_tokens is not None and not (isinstance(max_tokens, int) and 1 <= max_tokens <= 1_000_000):
         raise InputError(f"max_tokens must be a positive number of tokens (got {max_tokens!r})")
-    if top_k is not None and not (isinstance(top_k, int) and 1 <= top_k <= 1000):
-        raise InputError(f"top_k must be between 1 and 1000 (got {top_k!r})")
+    check_top_k(top_k)
     if mode is not None and mode not in ASK_MODES:
         raise InputError(f"mode must be one of {', '.join(ASK_MODES)}, got {mode!r}")
     if isinstance(stop, str):
         stop = [stop]
     if stop is not None and not all(isinstance(s, str) for s in stop):
         raise InputError("stop must be a string or a list of strings")
+    for s in stop or ():
+        check_text(s, "a stop string")
+    if system_prompt is not None:
+        if "\0" in check_text(str(system_prompt), "the system prompt"):
+            raise InputError("the system prompt must not contain NUL characters (the prompt layout's marker)")
     return {"temperature": None if temperature is None else float(temperature), "max_tokens": max_tokens,
             "system_prompt": None if system_prompt is None else str(system_prompt),
             "stop": tuple(s for s in (stop or ()) if s), "top_k": top_k, "mode": mode}

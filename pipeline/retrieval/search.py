@@ -117,9 +117,12 @@ def search_collection(rt: "Runtime", query: str, *, top_k: int | None = None,
                       timings: dict[str, float] | None = None) -> list[Hit]:
     """:meth:`Pipeline.search <pipeline.api.Pipeline.search>`: the collection's best chunks for ``query``."""
     from ..errors import InputError
+    from ..inputs import check_text, check_top_k
 
-    if not query.strip():
+    if not isinstance(query, str) or not query.strip():
         raise InputError("the query is empty")
+    check_text(query, "the query")
+    check_top_k(top_k)
     with rt.store(create=False) as store:
         store.require()
         rt.check_embedder(store)
