@@ -95,11 +95,10 @@ class Runtime:
             return remote_generator(ref, self.config.engine, self.config.remote, log=self.log)
         return self.new_engine(self.model_path("generator"))
 
-    def model_path(self, role: str, ref: str | None = None) -> Path:
-        """The local GGUF of the configured ``role`` ("embedder", "generator") or of ``ref``, provisioned
-        on first use."""
-        ref = ref or getattr(self.config.models, role)
-        return models.resolve(ref, home=self.config.home_path, what=role, log=self.log)
+    def model_path(self, role: str) -> Path:
+        """The local GGUF of the configured ``role`` ("embedder" or "generator"), provisioned on first use."""
+        return models.resolve(getattr(self.config.models, role), home=self.config.home_path, what=role,
+                              log=self.log)
 
     def new_engine(self, path: Path | None = None):
         """Another local engine on the generator's file (or ``path``), with the tuned settings and the
