@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .ingest.run import FileOutcome, IngestEvent, IngestReport
     from .ask.request import AskOptions, AskRequest
     from .ask.progress import PrefillProgress
-    from .types import Hit, Passage
+    from .records import Hit, Passage
     from .summarize.run import SummaryRun
     from .summarize.outputs import Summary, SummaryEvent
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .store.store import Store
     from .summarize.outputs import SummaryEvent
     from .summarize.run import SummaryRun
-    from .types import Hit, Prompt
+    from .records import Hit, Prompt
 
 __all__ = ["CollectionStatus", "Pipeline"]
 

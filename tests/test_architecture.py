@@ -213,7 +213,7 @@ ASK_LEAVES = ("pipeline.ask.prompt", "pipeline.ask.history", "pipeline.ask.stops
 def _layer_rules():
     below_runtime = (*TOP, *OPERATIONS, "pipeline.runtime", "pipeline.planner")
     return [
-        ("pipeline.types", ("pipeline.",)),  # the shared records import nothing of the package
+        ("pipeline.records", ("pipeline.",)),  # the shared records import nothing of the package
         ("pipeline.engine.", (*below_runtime, "pipeline.ingest", "pipeline.store", "pipeline.profiles")),
         ("pipeline.store.", (*below_runtime, "pipeline.engine", "pipeline.ingest")),
         ("pipeline.ingest.", below_runtime),
@@ -394,3 +394,17 @@ def test_the_length_check_sees_a_long_method():
     body = "\n".join(f"        x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     tree = ast.parse(f"class A:\n    def f(self):\n{body}\n\ndef g():\n    pass\n")
     assert _long_functions("pipeline.x", tree) == {"pipeline.x.A.f": MAX_FUNCTION_LINES + 1}
+
+
+def test_no_top_level_module_shadows_the_standard_library():
+    """``python pipeline/_build.py`` puts ``pipeline/`` first on sys.path: a ``pipeline/types.py``
+    there would replace the standard library's ``types`` and break set-up before anything runs."""
+    import subprocess
+    import sys
+
+    top = sorted(p.stem for p in PACKAGE.glob("*.py")) + sorted(p.name for p in PACKAGE.iterdir() if p.is_dir())
+    clashes = [name for name in top if name in sys.stdlib_module_names]
+    assert clashes == []
+    # And the build script itself starts (its --help exits before building anything).
+    run = subprocess.run([sys.executable, str(PACKAGE / "_build.py"), "--help"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.ask.prompt import pack
 from pipeline.errors import EngineError
-from pipeline.types import Passage, StoredChunk
+from pipeline.records import Passage, StoredChunk
 from pipeline.retrieval.search import merge_chunks
 
 

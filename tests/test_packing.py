@@ -262,7 +262,7 @@ def test_document_and_question_text_cannot_inject_control_tokens(model_home, mod
     from pipeline.ask.prompt import Layout, pack
     from pipeline.engine.local import Engine
     from pipeline.models import resolve
-    from pipeline.types import Passage
+    from pipeline.records import Passage
 
     eng = Engine(resolve(model, home=model_home), EngineConfig(n_ctx=1024, threads=1))
     markers = ["<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "<|endoftext|>", "<eos>", "<bos>"]

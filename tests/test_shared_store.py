@@ -11,7 +11,7 @@ from servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
 from pipeline.errors import StoreBusyError, StoreError
 from pipeline.retrieval.search import retrieve
 from pipeline.store.store import Store
-from pipeline.types import Chunk, DocumentRecord
+from pipeline.records import Chunk, DocumentRecord
 
 # Real servers (chroma run, a PostgreSQL cluster) and real processes: not the fakes-only fast subset.
 pytestmark = pytest.mark.slow

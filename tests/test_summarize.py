@@ -22,7 +22,7 @@ from pipeline.cli import cli
 from pipeline.engine.contract import EngineStats, GeneratorBase
 from pipeline.summarize.jobstore import SQLiteJobStore
 from pipeline.store import sections as section_rows
-from pipeline.types import DocumentRecord, StoredChunk
+from pipeline.records import DocumentRecord, StoredChunk
 from pipeline.summarize.job import Job, Settings
 from pipeline.summarize.outputs import output_names
 

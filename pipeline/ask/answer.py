@@ -14,7 +14,7 @@ from ..concurrency import CancelToken
 from ..engine.contract import EngineStats
 
 if TYPE_CHECKING:
-    from ..types import Prompt
+    from ..records import Prompt
     from ..engine.contract import Generation
 
 

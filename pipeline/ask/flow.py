@@ -31,7 +31,7 @@ from .request import AskOptions, AskRequest
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
-    from ..types import Prompt
+    from ..records import Prompt
 
 
 @dataclass

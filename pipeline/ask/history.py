@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from ..types import DocumentRecord, Key, Prompt
+from ..records import DocumentRecord, Key, Prompt
 from .prompt import label
 
 HISTORY_KEEP = 64

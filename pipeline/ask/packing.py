@@ -35,7 +35,7 @@ from typing import Callable, Iterable, Sequence
 
 from ..ingest.sections import cut as cut_sections
 from ..retrieval.search import merge_chunks
-from ..types import DocumentRecord, Hit, Key, PackedSection, Prompt, Section
+from ..records import DocumentRecord, Hit, Key, PackedSection, Prompt, Section
 from .prompt import Layout, SectionTokens, Tokenize, render_section, section_prompt
 
 _PROBES = 4  # cache-preferring candidates probed against the cache besides the best-scoring pack

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from ..errors import EngineError
-from ..types import PackedSection, Passage, Prompt, Section
+from ..records import PackedSection, Passage, Prompt, Section
 
 _SENTINEL = "\x00DOCUMENTS\x00"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import ConfigError
-from ..types import PackedSection, Prompt, Section
+from ..records import PackedSection, Prompt, Section
 from .packing import Shelf, gather, number, shelf_prompt
 from .prompt import Layout, SectionTokens, Tokenize
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Sequence
 
 from ..errors import ConfigError
-from ..types import Chunk
+from ..records import Chunk
 from .headings import HeadingTrail, context_header
 from .text import TextUnit
 

@@ -29,7 +29,7 @@ import numpy as np
 from ..engine.contract import TextEmbedder
 from ..errors import LoadError, StoreError
 from ..store.store import Store
-from ..types import Chunk, DocumentRecord
+from ..records import Chunk, DocumentRecord
 from .chunking import Chunker, for_embedder
 from .loaders import NotADocument, detect_format, load, may_be_text, sniff_text
 from .scan import Scan, file_hash

@@ -38,7 +38,7 @@ from ..errors import InputError
 if TYPE_CHECKING:
     from ..runtime import Runtime
     from ..store.store import Store
-    from ..types import Hit
+    from ..records import Hit
 
 KS = (1, 5, 10)
 DEPTH = max(KS)  # chunks retrieved per question

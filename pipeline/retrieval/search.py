@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..engine.contract import TextEmbedder
 from ..store.store import Store
-from ..types import Hit, Passage, StoredChunk
+from ..records import Hit, Passage, StoredChunk
 
 if TYPE_CHECKING:
     from ..runtime import Runtime

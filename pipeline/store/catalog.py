@@ -18,7 +18,7 @@ import re
 from contextlib import AbstractContextManager
 from typing import Iterable, Protocol, Sequence
 
-from ..types import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
+from ..records import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from typing import Iterable, Iterator, Sequence
 
 from ..errors import StoreError, redact
-from ..types import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
+from ..records import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
 from .catalog import query_words
 from .pg_pool import advisory_key, pool
 from .pg_schema import LEXEMES, upgrade

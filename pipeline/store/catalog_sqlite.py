@@ -16,7 +16,7 @@ from typing import Iterable, Iterator, Sequence
 
 from .._sqlite import transaction
 from ..errors import StoreError
-from ..types import Chunk, CollectionInfo, DocumentRecord, StoredChunk
+from ..records import Chunk, CollectionInfo, DocumentRecord, StoredChunk
 from . import sections as _sections
 from .catalog import query_words
 from .failures import storage_error

@@ -28,7 +28,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Iterable, Sequence
 
-from ..types import Section
+from ..records import Section
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sections (

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .._testhooks import crash_point
 from ..errors import StoreError, redact
-from ..types import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
+from ..records import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
 from .catalog import Catalog
 from .failures import storage_error
 from .lock import StoreLock

@@ -36,7 +36,7 @@ from ..ask import packing
 from ..ask.prompt import Layout, SectionTokens, pack, section_prompt
 from ..digest import digest
 from ..errors import EngineError, InputError, RagError
-from ..types import DocumentRecord, Passage, Prompt, Section
+from ..records import DocumentRecord, Passage, Prompt, Section
 from .jobstore import JobStore, StoredResult, Unit
 from .outputs import JobReport, Outputs, Summary, SummaryEvent
 

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from ..ask.prompt import SectionTokens
-from ..types import DocumentRecord
+from ..records import DocumentRecord
 from .jobstore import JobStore
 
 LEASE_SECONDS = 60.0
