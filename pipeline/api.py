@@ -379,9 +379,12 @@ class Pipeline:
         ``timings``, when given, receives seconds per stage (embed_query, dense, lexical, fuse, rerank).
         """
         from .errors import InputError
+        from .options import check_text, check_top_k
 
-        if not query.strip():
+        if not isinstance(query, str) or not query.strip():
             raise InputError("the query is empty")
+        check_text(query, "the query")
+        check_top_k(top_k)
         with self.store(create=False) as store:
             store.require()
             self._check_embedder(store)

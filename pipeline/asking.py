@@ -39,10 +39,13 @@ def ask_stream(rag: "Pipeline", question: str, *, doc: Paths = None, source: Pat
                history: Sequence[dict] | None = None) -> AnswerStream:
     """:meth:`Pipeline.ask_stream`: the prompt is built here, generation starts when the stream is iterated."""
     from .errors import InputError
-    from .options import AskOptions
+    from .options import AskOptions, check_text
 
     if not isinstance(question, str) or not question.strip():
         raise InputError("the question is empty")
+    check_text(question, "the question")
+    for turn in history or ():
+        check_text(turn.get("content", "") if isinstance(turn, dict) else "", "an earlier turn")
     options = AskOptions.resolve(rag.config.ask, temperature=temperature, max_tokens=max_tokens,
                                  system_prompt=system_prompt, stop=stop, top_k=top_k, mode=mode)
     text, query = question, None
@@ -79,6 +82,9 @@ def ask_many(rag: "Pipeline", questions: Sequence[str], *, doc: Paths = None, so
             from .errors import InputError
 
             raise InputError("a question is empty")
+        from .options import check_text
+
+        check_text(q, "a question")
         timings: dict[str, float] = {}
         built.append((q, *build_prompt(rag, q, doc=doc, source=source, mode=options.mode, top_k=options.top_k,
                                        timings=timings, options=options), timings))

@@ -95,6 +95,9 @@ class StoreConfig:
     path: str = ""
     collection: str = "default"
     wait: float = 10.0
+    timeout: float = 30.0
+    """Seconds a Chroma server may take to connect or to answer one request before the command fails
+    (exit 4) instead of waiting for a server that is stopped or overloaded."""
     url: str = ""
     catalog_url: str = ""
     catalog_pool: int = 8
@@ -121,6 +124,8 @@ class RetrievalConfig:
 #: planner chooses and a tuned profile sets (threads, seed, RoPE and ``-ot`` patterns are left alone).
 PLANNED_KEYS = ("n_ctx", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v", "gpu_layers", "n_cpu_moe",
                 "cpu_moe", "cpu_moe_from", "mmap")
+#: The most threads ggml runs one computation with (``GGML_MAX_N_THREADS``).
+MAX_THREADS = 512
 #: KV cache types that are not quantised: llama.cpp needs flash attention for any other V cache type.
 UNQUANTISED_KV = ("f32", "f16", "bf16")
 
@@ -186,6 +191,9 @@ class EngineConfig:
             raise ConfigError(f"engine.n_seq_max must be >= 1, got {self.n_seq_max}")
         if self.n_cpu_moe < 0 or self.threads < 0 or self.threads_batch < 0:
             raise ConfigError("engine.n_cpu_moe, engine.threads and engine.threads_batch must be >= 0")
+        if max(self.threads, self.threads_batch) > MAX_THREADS:
+            raise ConfigError(f"engine.threads and engine.threads_batch must be at most {MAX_THREADS} (ggml's "
+                              f"limit; 0 = every usable core), got {max(self.threads, self.threads_batch)}")
         return self
 
     # -- what the settings mean for a model of ``n_layers`` layers (llama.cpp's placement rules) --
@@ -313,6 +321,23 @@ class RemoteConfig:
 
 
 @dataclass(frozen=True)
+class ServeConfig:
+    """What ``rag serve`` may read and whom it answers. Lists come from TOML arrays, or from a
+    ``RAG_SERVE_*`` variable as comma-separated text."""
+
+    allow: tuple[str, ...] = ()
+    """Folders ``POST /ingest`` may read: every requested path is resolved (symlinks and ``..``
+    included) and must lie under one of them; relative paths are taken against them. Empty:
+    ``/ingest`` is off."""
+    allow_hosts: tuple[str, ...] = ()
+    """Host names the server answers besides the address it listens on (``NAME`` for any port,
+    ``NAME:PORT``, ``*`` for any host: only behind a proxy that checks ``Host`` itself)."""
+    cors_origins: tuple[str, ...] = ()
+    """Origins (``https://app.example``) whose browser pages may call the server (``*``: any);
+    other cross-origin requests are refused."""
+
+
+@dataclass(frozen=True)
 class Config:
     """All settings. ``home`` empty means ``$RAG_HOME`` or the per-user cache directory."""
 
@@ -328,6 +353,7 @@ class Config:
     cache: CacheConfig = field(default_factory=CacheConfig)
     summarize: SummarizeConfig = field(default_factory=SummarizeConfig)
     remote: RemoteConfig = field(default_factory=RemoteConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
     @property
     def home_path(self) -> Path:
@@ -373,6 +399,9 @@ class Config:
             raise ConfigError(f"remote.embed_max_tokens must be at least 16, got {r.embed_max_tokens}")
         if self.embed.threads < 0 or self.embed.batch_tokens < 0:
             raise ConfigError("embed.threads and embed.batch_tokens must be >= 0 (0 = automatic)")
+        if self.embed.threads > MAX_THREADS:
+            raise ConfigError(f"embed.threads must be at most {MAX_THREADS} (ggml's limit; 0 = automatic), "
+                              f"got {self.embed.threads}")
         r = self.retrieval
         if r.top_k < 1:
             raise ConfigError(f"retrieval.top_k must be at least 1, got {r.top_k}")
@@ -389,6 +418,8 @@ class Config:
             raise ConfigError("retrieval.rerank_candidates must be >= 1 and retrieval.rerank_dense_weight in [0, 1]")
         if self.store.wait < 0:
             raise ConfigError("store.wait must be >= 0 seconds")
+        if not 0 < self.store.timeout <= 3600:
+            raise ConfigError(f"store.timeout must be > 0 and at most 3600 seconds, got {self.store.timeout}")
         if self.store.catalog_pool < 1:
             raise ConfigError("store.catalog_pool must be >= 1 connection")
         check_store_urls(self.store.url, self.store.catalog_url)
@@ -434,7 +465,7 @@ def _check_values(config: Config) -> None:
             raise ConfigError(f"{key} must be a finite number, got {v!r}")
         if isinstance(v, int) and not -2**31 <= v < 2**31:
             raise ConfigError(f"{key} is out of range: {v} (at most {2**31 - 1:,})")
-        if isinstance(v, str) and "\0" in v:
+        if any(isinstance(t, str) and "\0" in t for t in (v if isinstance(v, tuple) else (v,))):
             raise ConfigError(f"{key} contains a NUL character")
 
 
@@ -489,6 +520,12 @@ def _coerce(key: str, value: Any, typ: Any, *, from_text: bool) -> Any:
             return value
         if from_text:
             return str(value)
+    elif typ == "tuple[str, ...]":
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        if from_text:
+            return tuple(part.strip() for part in str(value).split(",") if part.strip())
+        raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
     else:  # pragma: no cover - every field uses one of the types above
         return value
     expected = typ if isinstance(typ, str) else typ.__name__
@@ -542,13 +579,22 @@ def _flatten(data: Mapping[str, Any], origin: str) -> dict[str, Any]:
     return flat
 
 
+#: The largest settings file read (a settings file is a few KiB; ``/dev/zero`` never ends).
+MAX_TOML_BYTES = 1 << 20
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     """The dotted-key settings of one TOML file, with a clear error for a missing or malformed file."""
     try:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            raw = fh.read(MAX_TOML_BYTES + 1)
+        if len(raw) > MAX_TOML_BYTES:
+            raise ConfigError(f"config file {path} is larger than {MAX_TOML_BYTES // 1024} KiB: not a settings file")
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     except OSError as exc:
@@ -646,11 +692,13 @@ def toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 __all__ = [
     "Config", "ModelsConfig", "IngestConfig", "ChunkingConfig", "EmbedConfig", "StoreConfig", "RetrievalConfig",
-    "EngineConfig", "AskConfig", "CacheConfig", "ConfigWarning", "PLANNED_KEYS",
+    "EngineConfig", "AskConfig", "CacheConfig", "ServeConfig", "ConfigWarning", "PLANNED_KEYS",
     "load_config", "read_toml", "env_settings", "env_names", "resolve_home", "to_toml",
 ]
