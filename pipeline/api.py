@@ -81,7 +81,7 @@ class Pipeline:
         self._given: set[str] = set()
         c = self.config.store
         self._stores = SharedStore(self.config.store_path, wait=c.wait, url=c.url, catalog_url=c.catalog_url,
-                                   catalog_pool=c.catalog_pool)
+                                   catalog_pool=c.catalog_pool, timeout=c.timeout)
         if embedder is not None:
             self.__dict__["embedder"] = embedder  # fills the cached property
             self._given.add("embedder")
