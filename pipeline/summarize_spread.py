@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .jobs import JobStore
 from .store.catalog import DocumentRecord
@@ -106,6 +106,61 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
         raise errors[0]
 
 
+def in_turn(job: Any, compute: Callable[[DocumentRecord], list], *, lease: float = LEASE_SECONDS,
+            poll: float = POLL_SECONDS) -> Iterator[tuple[DocumentRecord, list]]:
+    """Each document's summaries by this process's one engine, taking turns with other processes on
+    the same job: a document another live worker holds is left to it and read from the job store once
+    it is done (or taken over when the holder's lease ends), so no unit is computed twice.
+
+    ``compute(doc)`` is :meth:`pipeline.summarize.Job._document` (stored results are reused, the rest
+    computed); documents come in order unless another process holds one.
+    """
+    jobs, job_id = job.jobs, job.job_id
+    items = {job.doc_key(d): d for d in job.documents}
+    jobs.clear_finished_claims(job_id)
+    worker = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    left = list(items)
+    while left:
+        key = jobs.claim(job_id, left, worker=worker, lease=lease)
+        if key is None:  # the rest is held by others, or done by them
+            held = jobs.claims(job_id)
+            done = [k for k in left if held.get(k, {}).get("done")]
+            if not done:
+                for k in left:  # a holder on this machine that no longer runs gives its document back now
+                    if not _alive(held.get(k, {}).get("worker", "")):
+                        jobs.release(job_id, k, worker=held[k]["worker"], done=False)
+                time.sleep(poll)
+                continue
+            key = done[0]
+            left.remove(key)
+            yield items[key], compute(items[key])  # their results, from the job store
+            continue
+        try:
+            with _heartbeat(jobs, job_id, key, worker, lease):
+                summaries = compute(items[key])
+        except BaseException:
+            jobs.release(job_id, key, worker=worker, done=False)
+            raise
+        jobs.release(job_id, key, worker=worker, done=True)
+        left.remove(key)
+        yield items[key], summaries
+
+
+def _alive(worker: str) -> bool:
+    """False for a worker of this machine whose process has ended (its lease need not run out)."""
+    host, _, rest = worker.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return True  # another machine's: its lease decides
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
 @contextmanager
 def _heartbeat(store: JobStore, job_id: str, item: str, worker: str, lease: float):
     """Renew ``worker``'s lease on ``item`` every third of the lease while the block runs."""
@@ -128,4 +183,4 @@ def _heartbeat(store: JobStore, job_id: str, item: str, worker: str, lease: floa
         thread.join()
 
 
-__all__ = ["LEASE_SECONDS", "spread"]
+__all__ = ["LEASE_SECONDS", "in_turn", "spread"]
