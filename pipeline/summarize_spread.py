@@ -108,42 +108,55 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
 
 def in_turn(job: Any, compute: Callable[[DocumentRecord], list], *, lease: float = LEASE_SECONDS,
             poll: float = POLL_SECONDS) -> Iterator[tuple[DocumentRecord, list]]:
-    """Each document's summaries by this process's one engine, taking turns with other processes on
-    the same job: a document another live worker holds is left to it and read from the job store once
-    it is done (or taken over when the holder's lease ends), so no unit is computed twice.
+    """Each document's summaries, in the job's order, computed by this process's one engine while
+    other processes on the same job take other documents: a document another live worker holds is
+    left to it and read from the job store once it is done (or taken over when the holder's lease
+    ends, or at once when the holder was a process of this machine that has ended), so no unit is
+    computed twice. Documents finished ahead of their turn wait, so outputs keep the job's order.
 
     ``compute(doc)`` is :meth:`pipeline.summarize.Job._document` (stored results are reused, the rest
-    computed); documents come in order unless another process holds one.
+    computed).
     """
     jobs, job_id = job.jobs, job.job_id
-    items = {job.doc_key(d): d for d in job.documents}
+    order = [job.doc_key(d) for d in job.documents]
+    items = dict(zip(order, job.documents))
     jobs.clear_finished_claims(job_id)
     worker = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
-    left = list(items)
-    while left:
-        key = jobs.claim(job_id, left, worker=worker, lease=lease)
-        if key is None:  # the rest is held by others, or done by them
-            held = jobs.claims(job_id)
-            done = [k for k in left if held.get(k, {}).get("done")]
-            if not done:
-                for k in left:  # a holder on this machine that no longer runs gives its document back now
-                    if not _alive(held.get(k, {}).get("worker", "")):
-                        jobs.release(job_id, k, worker=held[k]["worker"], done=False)
-                time.sleep(poll)
-                continue
-            key = done[0]
-            left.remove(key)
-            yield items[key], compute(items[key])  # their results, from the job store
+    left, ready = list(order), {}
+    while order:
+        while order and order[0] in ready:
+            key = order.pop(0)
+            yield items[key], ready.pop(key)
+        if not left:
             continue
-        try:
-            with _heartbeat(jobs, job_id, key, worker, lease):
-                summaries = compute(items[key])
-        except BaseException:
-            jobs.release(job_id, key, worker=worker, done=False)
-            raise
-        jobs.release(job_id, key, worker=worker, done=True)
-        left.remove(key)
-        yield items[key], summaries
+        _free_the_dead(jobs, job_id, left)
+        key = jobs.claim(job_id, left, worker=worker, lease=lease)
+        if key is not None:
+            try:
+                with _heartbeat(jobs, job_id, key, worker, lease):
+                    ready[key] = compute(items[key])
+            except BaseException:
+                jobs.release(job_id, key, worker=worker, done=False)
+                raise
+            jobs.release(job_id, key, worker=worker, done=True)
+            left.remove(key)
+            continue
+        held = jobs.claims(job_id)  # the rest is held by others, or done by them
+        done = [k for k in left if held.get(k, {}).get("done")]
+        if not done:
+            time.sleep(poll)
+            continue
+        left.remove(done[0])
+        ready[done[0]] = compute(items[done[0]])  # their results, from the job store
+
+
+def _free_the_dead(jobs: JobStore, job_id: str, items: Sequence[str]) -> None:
+    """Give back the items of holders on this machine whose process has ended (no need to wait for
+    their leases: a rerun after a crash starts at once)."""
+    for item, claim in jobs.claims(job_id).items():
+        if item in items and not claim["done"] and claim["lease_until"] > time.time() and \
+                not _alive(claim["worker"]):
+            jobs.release(job_id, item, worker=claim["worker"], done=False)
 
 
 def _alive(worker: str) -> bool:

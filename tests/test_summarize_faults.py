@@ -174,3 +174,19 @@ def test_two_rag_summarize_processes_share_a_job(tmp_path, store_dir):
     assert sum(r["units_computed"] for r in reports) == 6, [r["units_computed"] for r in reports]
     texts = [{s["source"]: s["summary"] for s in r["summaries"]} for r in reports]
     assert texts[0] == texts[1]
+
+
+def test_a_crashed_processs_claim_neither_delays_nor_reorders_the_rerun(tmp_path):
+    import socket
+
+    docs = {f"/d/doc{i}.txt": doc_chunks(12) for i in range(3)}
+    job, jobs, engine = fake_job(tmp_path, docs, n_ctx=160)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process of this machine that has ended, holding a live lease on the second document
+    with jobs:
+        second = job.doc_key(job.documents[1])
+        assert jobs.claim(job.job_id, [second], worker=f"{socket.gethostname()}:{gone.pid}:1", lease=600) == second
+        t0 = time.monotonic()
+        out = [s.source for s in job.run()]
+    assert out == sorted(docs)  # the job's order, as an uninterrupted run writes it
+    assert time.monotonic() - t0 < 30  # not the lease's 600 s

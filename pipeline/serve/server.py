@@ -16,6 +16,7 @@ import threading
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import ConfigError, InputError
+from .folders import ReadableFolders
 from .guards import is_loopback
 from .limits import DEFAULT_MAX_BODY, DEFAULT_PORT, GRACEFUL_SHUTDOWN_SECONDS
 
@@ -67,15 +68,15 @@ def run(rag: "Pipeline", *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, t
     from .app import create_app
 
     check_exposure(host, token, insecure=insecure)
+    folders = ReadableFolders(rag.config.serve.allow if allow is None else allow)  # checked before binding
     sock = bind(host, port)
     port = sock.getsockname()[1]
     try:
-        app = create_app(rag, token=token, max_body=max_body, host=host, port=port, allow=allow,
+        app = create_app(rag, token=token, max_body=max_body, host=host, port=port, allow=folders.roots,
                          allow_hosts=allow_hosts, cors_origins=cors_origins)
     except BaseException:
         sock.close()
         raise
-    folders = app.state.served.folders
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     access = "bearer token required" if token else "no token: local use only"
     reads = (f"/ingest reads {', '.join(map(str, folders.roots))}" if folders.enabled
