@@ -120,7 +120,7 @@ def test_thread_counts_are_bounded_and_clamped_to_the_cores(tmp_store):
         load_config(environ={"RAG_EMBED_THREADS": "10000"})
     ran = rag("ask", "x", env={"RAG_ENGINE_THREADS": "10000"})
     assert ran.returncode == 2 and "engine.threads" in _one_error(ran)
-    from pipeline.engine.generator import load_params
+    from pipeline.engine.loading import load_params
     from pipeline.engine.host import usable_cpus
 
     params = load_params(load_config(environ={"RAG_ENGINE_THREADS": str(MAX_THREADS)}).engine, n_ctx=512)
