@@ -20,7 +20,7 @@ from .http_errors import HTTPError
 
 #: The one answer to a path the server may not read (identical for every reason).
 NOT_ALLOWED = ("each path must name an existing file or folder inside the folders this server may read "
-               "(rag serve --allow DIR); this request names one that is not")
+               "(rag serve --allow DIR), a relative path one inside them; this request names one that is not")
 #: The answer when no folder is allowed at all.
 INGEST_OFF = ("this server reads no files: /ingest is off. Start it with `rag serve --allow DIR` (or set "
               "serve.allow = [\"DIR\"]) to let /ingest read the files under DIR")
