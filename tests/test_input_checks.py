@@ -82,7 +82,7 @@ def test_a_system_prompt_holding_the_layout_marker_is_refused(fake_pipeline, cor
 
 
 def test_a_chat_id_with_a_trailing_newline_is_refused(tmp_store, fake_pipeline):
-    from pipeline.chat import ChatStore
+    from pipeline.ask.chat import ChatStore
 
     chats = ChatStore(tmp_store / "chats")
     with pytest.raises(InputError, match="invalid chat id"):

@@ -16,8 +16,8 @@ import pytest
 
 from full_disk import small_disk
 from pipeline.errors import InputError
-from pipeline.jobs import KILL_HOOK
-from pipeline.summary import Outputs, Summary, output_names
+from pipeline._testhooks import PREFIX
+from pipeline.summarize.outputs import Outputs, Summary, output_names
 from test_summarize import FakeEngine, doc_chunks, fake_job
 
 
@@ -72,7 +72,7 @@ class _FullDisk:
 
 def test_jsonl_on_a_full_disk_is_one_input_error(tmp_path, monkeypatch):
     """The fault-injecting twin of the tmpfs test: the error is raised once, and closing stays quiet."""
-    import pipeline.summary as summary
+    import pipeline.summarize.outputs as summary
 
     monkeypatch.setattr(summary, "open", lambda *a, **kw: _FullDisk(), raising=False)
     (tmp_path / "s.jsonl").write_text("previous\n")
@@ -112,7 +112,7 @@ def test_a_killed_rerun_leaves_the_previous_jsonl_whole(tmp_path, store_dir):
     assert rag(*args).returncode == 0
     complete = jsonl.read_bytes()
     assert len(complete.splitlines()) == 8
-    killed = rag(*args, "--restart", env={KILL_HOOK: "3"})  # SIGKILLed after its third commit
+    killed = rag(*args, "--restart", env={PREFIX + "AFTER_COMMITS": "3"})  # SIGKILLed after its third commit
     assert killed.returncode == -9
     assert jsonl.read_bytes() == complete
     assert rag(*args).returncode == 0 and len(jsonl.read_bytes().splitlines()) == 8  # the next run finishes it

@@ -7,7 +7,7 @@ Endpoints (JSON in and out; errors are ``{"error": {"message", "type", "code"}}`
   from retrieval, with the numbered sources in an extra ``sources`` field (on the first
   streamed chunk, and on the whole response) and the engine's figures in ``stats``.
   ``temperature``, ``max_tokens``, ``stop`` and ``top_k`` are per-call options. Earlier
-  turns make it a conversation (see :mod:`pipeline.chat`).
+  turns make it a conversation (see :mod:`pipeline.ask.chat`).
 - ``GET /v1/models``: the generator (credentials in its URL hidden), for clients that list models.
 - ``POST /search``: ``{"query", "top_k"}`` → ``{"schema": 1, "hits": [...]}``.
 - ``POST /ingest``: ``{"paths": [...], "prune": false}`` → 202 and a job, only for paths inside

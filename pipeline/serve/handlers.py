@@ -108,8 +108,7 @@ async def chat_completions(request: "Request"):
     s = served(request)
     chat = chat_request(await Body.read(request, limit=s.max_body))
     reply = _Reply(s, chat)
-    stream = (s.rag.aask_stream(chat.question, history=chat.history, **chat.options) if chat.history
-              else s.rag.aask_stream(chat.question, **chat.options))
+    stream = s.rag.aask_stream(chat.ask)
     try:
         if not chat.stream:
             answer = await until_gone(request, stream.result(), stream.cancel)
@@ -162,7 +161,7 @@ class _Reply:
         self.model = s.model_name
         self.id = f"chatcmpl-{next(s.ids)}-{uuid.uuid4().hex[:8]}"
         self.created = int(time.time())
-        self.limit = chat.options.get("max_tokens") or s.rag.config.ask.max_tokens
+        self.limit = chat.ask.max_tokens or s.rag.config.ask.max_tokens
         self.include_usage = chat.include_usage
 
     def _chunk(self, delta: dict | None, **kw) -> dict:

@@ -6,7 +6,7 @@ and each is answered with a 4xx that names the bound, never a 500.
 
 from __future__ import annotations
 
-from ..options import MAX_TOP_K
+from ..inputs import MAX_TOP_K
 
 DEFAULT_PORT = 8765
 DEFAULT_MAX_BODY = 1 << 20

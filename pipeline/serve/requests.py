@@ -11,8 +11,9 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..ask.request import AskRequest
 from ..errors import InputError
-from ..options import MAX_TOP_K, check_text
+from ..inputs import MAX_TOP_K, check_text
 from .http_errors import HTTPError
 from .limits import MAX_PATHS, MAX_TEMPERATURE, MAX_TOKENS
 
@@ -122,28 +123,24 @@ def _text(value: str, what: str) -> str:
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """What ``POST /v1/chat/completions`` asks: the question, earlier turns, per-call options."""
+    """What ``POST /v1/chat/completions`` asks: the question with its earlier turns and per-call options
+    (an :class:`~pipeline.ask.request.AskRequest`), and how the answer is sent."""
 
-    question: str
-    history: list[dict]
-    options: dict
+    ask: AskRequest
     stream: bool
     include_usage: bool
 
 
 def chat_request(body: Body) -> ChatRequest:
     turns = messages(body.value("messages", list, required=True))
-    options = {
-        "temperature": body.number("temperature", low=0.0, high=MAX_TEMPERATURE),
-        "max_tokens": (body.integer("max_completion_tokens", low=1, high=MAX_TOKENS)
-                       or body.integer("max_tokens", low=1, high=MAX_TOKENS)),
-        "top_k": body.integer("top_k", low=1, high=MAX_TOP_K),
-        "stop": body.strings("stop"),
-    }
+    ask = AskRequest.make(turns[-1]["content"], history=turns[:-1] or None,
+                          temperature=body.number("temperature", low=0.0, high=MAX_TEMPERATURE),
+                          max_tokens=(body.integer("max_completion_tokens", low=1, high=MAX_TOKENS)
+                                      or body.integer("max_tokens", low=1, high=MAX_TOKENS)),
+                          top_k=body.integer("top_k", low=1, high=MAX_TOP_K), stop=body.strings("stop"))
     stream_options = body.value("stream_options", dict) or {}
-    return ChatRequest(question=turns[-1]["content"], history=turns[:-1],
-                       options={k: v for k, v in options.items() if v is not None},
-                       stream=body.flag("stream"), include_usage=stream_options.get("include_usage") is True)
+    return ChatRequest(ask=ask, stream=body.flag("stream"),
+                       include_usage=stream_options.get("include_usage") is True)
 
 
 def messages(items: list) -> list[dict]:
