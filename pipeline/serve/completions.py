@@ -11,7 +11,7 @@ import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..answer import Answer
+    from ..ask.answer import Answer
 
 
 def sse(data: dict) -> str:

@@ -21,7 +21,7 @@ from .writer import SCHEMA, IngestWriter
 if TYPE_CHECKING:
     from starlette.requests import Request
 
-    from ..aio import AsyncAnswerStream
+    from ..ask.aio import AsyncAnswerStream
     from ..api import Pipeline
 
 
