@@ -53,7 +53,7 @@ class Runtime:
         self._layouts_mu = threading.Lock()
         c = self.config.store
         self._stores = SharedStore(self.config.store_path, wait=c.wait, url=c.url, catalog_url=c.catalog_url,
-                                   catalog_pool=c.catalog_pool)
+                                   catalog_pool=c.catalog_pool, timeout=c.timeout)
         if embedder is not None:
             self.__dict__["embedder"] = embedder  # fills the lazily built resource
             self._given.add("embedder")

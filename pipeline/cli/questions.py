@@ -248,26 +248,40 @@ def eval_(ctx, questions, settings, compare, answers, misses, write_template, pe
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (keep 127.0.0.1 unless a token is set and the network is trusted).")
+              help="Address to listen on. Off loopback it needs RAG_SERVE_TOKEN (or --insecure).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True, help="TCP port.")
 @click.option("--max-body", type=click.IntRange(min=1024), default=1 << 20, show_default=True,
               help="Largest request body in bytes.")
+@click.option("--allow", "allow", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A folder POST /ingest may read (repeatable). [default: serve.allow; none: /ingest is off]")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME[:PORT]",
+              help="Another Host name to answer for, e.g. a reverse proxy's (repeatable). "
+                   "[default: serve.allow_hosts]")
+@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="A site whose browser pages may call the server, e.g. https://app.example (repeatable). "
+                   "[default: serve.cors_origins]")
+@click.option("--insecure", is_flag=True, help="Listen off loopback without RAG_SERVE_TOKEN.")
 @store_options
 @click.pass_context
 @handles_errors
-def serve(ctx, host, port, max_body, collection, store_path):
+def serve(ctx, host, port, max_body, allow, allow_hosts, cors_origins, insecure, collection, store_path):
     """Serve the collection over HTTP: OpenAI-compatible /v1/chat/completions with sources,
     /search, /ingest, /status, /health. Set RAG_SERVE_TOKEN to require a bearer token.
 
-    This process owns the store and the models; ingests posted to it run in its own
-    writer while searches and answers go on.
+    It answers only requests for the address it listens on (or --allow-host names),
+    from its own origin (or --cors-origin ones), with JSON bodies; /ingest reads only
+    inside the --allow folders. This process owns the store and the models; ingests
+    posted to it run in its own writer while searches and answers go on.
     """
     import os
 
     from ..serve import TOKEN_ENV, run
 
     token = os.environ.get(TOKEN_ENV) or None
-    if host not in ("127.0.0.1", "localhost", "::1") and not token:
-        click.echo(f"warning: listening on {host} without {TOKEN_ENV}: anyone who can reach it can use it", err=True)
-    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
-        run(rag, host=host, port=port, token=token, max_body=max_body, log=lambda m: click.echo(m, err=True))
+    overrides = store_overrides(collection, store_path)
+    overrides.update({"serve.allow": tuple(str(p) for p in allow) or None,
+                      "serve.allow_hosts": tuple(allow_hosts) or None,
+                      "serve.cors_origins": tuple(cors_origins) or None})
+    with open_pipeline(ctx, **overrides) as rag:
+        run(rag, host=host, port=port, token=token, max_body=max_body, insecure=insecure,
+            log=lambda m: click.echo(m, err=True))

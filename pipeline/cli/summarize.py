@@ -10,6 +10,9 @@ import click
 from .common import (cli, display_path, echo_json, handles_errors, json_option, open_pipeline, store_options,
                      store_overrides)
 
+#: The largest --prompt-file read (instructions are lines of text).
+MAX_PROMPT_FILE = 1 << 20
+
 
 @cli.command()
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
@@ -44,7 +47,12 @@ def summarize(ctx, paths, collection, store_path, prompts, prompt_file, out_dir,
     prompts = list(prompts)
     if prompt_file is not None:
         try:
-            lines = prompt_file.read_text(encoding="utf-8").splitlines()
+            with open(prompt_file, "rb") as fh:
+                raw = fh.read(MAX_PROMPT_FILE + 1)  # bounded: /dev/zero never ends
+            if len(raw) > MAX_PROMPT_FILE:
+                raise click.BadParameter(f"{prompt_file} is larger than {MAX_PROMPT_FILE // 1024} KiB",
+                                         param_hint="--prompt-file")
+            lines = raw.decode("utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise click.BadParameter(str(exc), param_hint="--prompt-file") from None
         from_file = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]

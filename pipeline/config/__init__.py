@@ -21,9 +21,9 @@ from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
 from . import sources
-from .engine import KV_TYPES, PLANNED_KEYS, UNQUANTISED_KV, EngineConfig
+from .engine import KV_TYPES, MAX_THREADS, PLANNED_KEYS, UNQUANTISED_KV, EngineConfig
 from .sections import (ASK_MODES, AskConfig, CacheConfig, ChunkingConfig, EmbedConfig, IngestConfig, ModelsConfig,
-                       RemoteConfig, RetrievalConfig, StoreConfig, SummarizeConfig)
+                       RemoteConfig, RetrievalConfig, ServeConfig, StoreConfig, SummarizeConfig)
 from .sources import ENV_PREFIX, toml_value
 
 
@@ -59,6 +59,8 @@ class Config:
     """Batch summaries."""
     remote: RemoteConfig = field(default_factory=RemoteConfig)
     """OpenAI-compatible servers for generation and embeddings."""
+    serve: ServeConfig = field(default_factory=ServeConfig)
+    """What rag serve may read and whom it answers."""
 
     @property
     def home_path(self) -> Path:
@@ -114,7 +116,7 @@ def _check_values(config: Config) -> None:
             raise ConfigError(f"{key} must be a finite number, got {v!r}")
         if isinstance(v, int) and not -2**31 <= v < 2**31:
             raise ConfigError(f"{key} is out of range: {v} (at most {2**31 - 1:,})")
-        if isinstance(v, str) and "\0" in v:
+        if any(isinstance(t, str) and "\0" in t for t in (v if isinstance(v, tuple) else (v,))):
             raise ConfigError(f"{key} contains a NUL character")
 
 
@@ -185,7 +187,8 @@ def to_toml(config: Config) -> str:
 
 __all__ = [
     "Config", "ModelsConfig", "IngestConfig", "ChunkingConfig", "EmbedConfig", "StoreConfig", "RetrievalConfig",
-    "EngineConfig", "AskConfig", "CacheConfig", "SummarizeConfig", "RemoteConfig", "ConfigWarning", "PLANNED_KEYS",
+    "EngineConfig", "AskConfig", "CacheConfig", "SummarizeConfig", "RemoteConfig", "ServeConfig", "ConfigWarning",
+    "MAX_THREADS", "PLANNED_KEYS",
     "UNQUANTISED_KV", "ASK_MODES", "ENV_PREFIX", "KV_TYPES", "apply_settings", "load_config", "read_toml",
     "env_settings", "env_names", "resolve_home", "to_toml", "toml_value",
 ]

@@ -24,6 +24,8 @@ PLANNED_KEYS = ("n_ctx", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v"
                 "cpu_moe", "cpu_moe_from", "mmap")
 #: KV cache types that are not quantised: llama.cpp needs flash attention for any other V cache type.
 UNQUANTISED_KV = ("f32", "f16", "bf16")
+#: The most threads ggml runs one computation with (``GGML_MAX_N_THREADS``).
+MAX_THREADS = 512
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,9 @@ class EngineConfig:
             raise ConfigError(f"engine.n_seq_max must be >= 1, got {self.n_seq_max}")
         if self.n_cpu_moe < 0 or self.threads < 0 or self.threads_batch < 0:
             raise ConfigError("engine.n_cpu_moe, engine.threads and engine.threads_batch must be >= 0")
+        if max(self.threads, self.threads_batch) > MAX_THREADS:
+            raise ConfigError(f"engine.threads and engine.threads_batch must be at most {MAX_THREADS} (ggml's "
+                              f"limit; 0 = every usable core), got {max(self.threads, self.threads_batch)}")
         return self
 
     # -- what the settings mean for a model of ``n_layers`` layers (llama.cpp's placement rules) --

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from .engine import MAX_THREADS
 from ..store.names import check_collection_name
 from ..store.vectors import check_store_urls
 
@@ -94,6 +95,9 @@ class EmbedConfig:
     def validate(self) -> "EmbedConfig":
         if self.threads < 0 or self.batch_tokens < 0:
             raise ConfigError("embed.threads and embed.batch_tokens must be >= 0 (0 = automatic)")
+        if self.threads > MAX_THREADS:
+            raise ConfigError(f"embed.threads must be at most {MAX_THREADS} (ggml's limit; 0 = automatic), "
+                              f"got {self.threads}")
         return self
 
 
@@ -115,6 +119,8 @@ class StoreConfig:
     """The collection commands read and write, so that corpora stay apart in one store."""
     wait: float = 10.0
     """Seconds to wait for another rag process holding the embedded store before exiting with status 5."""
+    timeout: float = 30.0
+    """Seconds a Chroma server may take per request before the command fails (exit 4), not hangs."""
     url: str = ""
     """A Chroma server (http://host:port) for the vectors, so many processes share them; empty = embedded."""
     catalog_url: str = ""
@@ -126,6 +132,8 @@ class StoreConfig:
         check_collection_name(self.collection)
         if self.wait < 0:
             raise ConfigError("store.wait must be >= 0 seconds")
+        if not 0 < self.timeout <= 3600:
+            raise ConfigError(f"store.timeout must be > 0 and at most 3600 seconds, got {self.timeout}")
         if self.catalog_pool < 1:
             raise ConfigError("store.catalog_pool must be >= 1 connection")
         check_store_urls(self.url, self.catalog_url)
@@ -305,5 +313,21 @@ class RemoteConfig:
         return self
 
 
+@dataclass(frozen=True)
+class ServeConfig:
+    """What ``rag serve`` may read and whom it answers. Lists come from TOML arrays, or from a
+    ``RAG_SERVE_*`` variable as comma-separated text."""
+
+    allow: tuple[str, ...] = ()
+    """Folders POST /ingest may read (paths resolved, symlinks included, relative ones against these); empty = off."""
+    allow_hosts: tuple[str, ...] = ()
+    """Host names answered besides the address listened on (NAME, NAME:PORT; * = any, behind a checking proxy)."""
+    cors_origins: tuple[str, ...] = ()
+    """Origins (https://app.example) whose browser pages may call the server (* = any); others are refused."""
+
+    def validate(self) -> "ServeConfig":
+        return self  # the folders are resolved (and refused) when a server starts: pipeline.serve.folders
+
+
 __all__ = ["ASK_MODES", "AskConfig", "CacheConfig", "ChunkingConfig", "EmbedConfig", "IngestConfig", "ModelsConfig",
-           "RemoteConfig", "RetrievalConfig", "StoreConfig", "SummarizeConfig"]
+           "RemoteConfig", "RetrievalConfig", "ServeConfig", "StoreConfig", "SummarizeConfig"]

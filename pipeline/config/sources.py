@@ -36,7 +36,8 @@ def sections(settings: type) -> dict[str, type]:
 
 
 def coerce(key: str, value: Any, typ: Any, *, from_text: bool) -> Any:
-    """``value`` as a setting of type ``typ`` (bool, int, float, str); text (``from_text``) is parsed."""
+    """``value`` as a setting of type ``typ`` (bool, int, float, str, a tuple of str); text (``from_text``)
+    is parsed, a list from comma-separated text."""
     if typ in ("bool", bool):
         if isinstance(value, bool):
             return value
@@ -65,6 +66,12 @@ def coerce(key: str, value: Any, typ: Any, *, from_text: bool) -> Any:
             return value
         if from_text:
             return str(value)
+    elif typ == "tuple[str, ...]":
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        if from_text:
+            return tuple(part.strip() for part in str(value).split(",") if part.strip())
+        raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
     else:  # pragma: no cover - every field uses one of the types above
         return value
     expected = typ if isinstance(typ, str) else typ.__name__
@@ -122,13 +129,22 @@ def flatten(data: Mapping[str, Any], origin: str, *, settings: type) -> dict[str
     return flat
 
 
+#: The largest settings file read (a settings file is a few KiB; ``/dev/zero`` never ends).
+MAX_TOML_BYTES = 1 << 20
+
+
 def read_toml(path: Path, *, settings: type) -> dict[str, Any]:
     """The dotted-key settings of one TOML file, with a clear error for a missing or malformed file."""
     try:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            raw = fh.read(MAX_TOML_BYTES + 1)
+        if len(raw) > MAX_TOML_BYTES:
+            raise ConfigError(f"config file {path} is larger than {MAX_TOML_BYTES // 1024} KiB: not a settings file")
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     except OSError as exc:
@@ -193,11 +209,13 @@ def to_toml(settings: Any) -> str:
 
 
 def toml_value(value: Any) -> str:
-    """A TOML literal for a setting's value (bool, number or string)."""
+    """A TOML literal for a setting's value (bool, number, string or a list of them)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

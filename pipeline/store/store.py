@@ -71,7 +71,7 @@ class Store:
     """
 
     def __init__(self, path: Path, collection: str, *, wait: float = 10.0, create: bool = True,
-                 url: str = "", catalog_url: str = "", shared=None):
+                 url: str = "", catalog_url: str = "", shared=None, timeout: float = 30.0):
         """``create=False`` opens an existing store only: reads never create one. ``shared`` (a
         :class:`~.shared.SharedStore`) supplies the process lock and Chroma client of this process's
         threads (embedded stores only)."""
@@ -79,6 +79,7 @@ class Store:
         self.create = create
         self.name = check_collection_name(collection)
         self.url = url
+        self.timeout = timeout  # seconds a Chroma server may take per request
         self.catalog_url = catalog_url
         self.on_servers = bool(url and catalog_url)
         self._lock = None if self.on_servers else StoreLock(self.path, wait=wait)
@@ -166,27 +167,32 @@ class Store:
         self.close()
 
     @contextmanager
-    def _writing(self) -> Iterator[None]:
-        """Turn a failed write (full disk, read-only files, a Chroma error) into a :class:`StoreError`."""
+    def _writing(self, doing: str = "writing to") -> Iterator[None]:
+        """Turn a failed write or read (full disk, read-only files, a Chroma error, a Chroma server
+        that does not answer) into a :class:`StoreError`."""
         try:
             yield
         except (OSError, sqlite3.Error) as exc:
-            raise storage_error(exc, self.path) from None
+            raise storage_error(exc, self.path, doing=doing) from None
         except Exception as exc:
             # Chroma (embedded or its HTTP client), PostgreSQL: the store's state; anything else is a bug.
             if not type(exc).__module__.startswith(("chromadb", "psycopg", "httpx")):
                 raise
+            if self.url and "timeout" in type(exc).__name__.lower():
+                raise StoreError(f"the Chroma server at {redact(self.url)} did not answer within store.timeout "
+                                 f"({self.timeout:g} s): is it stopped or overloaded? (raise store.timeout "
+                                 "for a slow server)") from None
             if self.on_servers:
-                raise StoreError(f"writing to the store {self.where} failed: "
+                raise StoreError(f"{doing} the store {self.where} failed: "
                                  f"{' '.join(str(exc).split())[:300] or type(exc).__name__}") from None
-            raise storage_error(exc, self.path) from None
+            raise storage_error(exc, self.path, doing=doing) from None
 
     @property
     def _chroma(self):
         if self._client is None and self._shared is not None:
             self._client = self._shared.client()
         if self._client is None:
-            self._client = vector_client(path=self.path, url=self.url)
+            self._client = vector_client(path=self.path, url=self.url, timeout=self.timeout)
         return self._client
 
     def _batch_size(self) -> int:
@@ -198,8 +204,9 @@ class Store:
     def _col(self):
         """The Chroma collection (cosine space). The catalog decides whether the collection exists."""
         if self._collection is None:
-            self._collection = self._chroma.get_or_create_collection(
-                self.name, configuration={"hnsw": {"space": "cosine"}}, embedding_function=None)
+            with self._writing(doing="opening"):
+                self._collection = self._chroma.get_or_create_collection(
+                    self.name, configuration={"hnsw": {"space": "cosine"}}, embedding_function=None)
         return self._collection
 
     # -- collections ------------------------------------------------------------------------
@@ -339,12 +346,13 @@ class Store:
         import numpy as np
 
         col = self._col()
-        n = min(limit, col.count())
-        if n == 0:
-            return []
-        res = col.query(query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
-                        n_results=n, include=["metadatas", "documents", "distances"],
-                        where=_where_source(source))
+        with self._writing(doing="reading"):
+            n = min(limit, col.count())
+            if n == 0:
+                return []
+            res = col.query(query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
+                            n_results=n, include=["metadatas", "documents", "distances"],
+                            where=_where_source(source))
         committed = self.catalog.committed_hashes(self.name)
         hits = []
         for cid, meta, text, dist in zip(res["ids"][0], res["metadatas"][0], res["documents"][0],
@@ -367,9 +375,13 @@ class Store:
 
         if not chunk_ids:
             return {}
-        got = self._col().get(ids=chunk_ids, include=["embeddings"])
+        col = self._col()
+        with self._writing(doing="reading"):
+            got = col.get(ids=chunk_ids, include=["embeddings"])
         return {cid: np.asarray(v, dtype=np.float32) for cid, v in zip(got["ids"], got["embeddings"])}
 
     def chunk_count(self) -> int:
         """Chunks on the dense side, committed or not (for status and consistency checks)."""
-        return self._col().count()
+        col = self._col()
+        with self._writing(doing="reading"):
+            return col.count()

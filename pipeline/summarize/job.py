@@ -238,15 +238,23 @@ class Job:
                 self.report.outputs = list(outputs.written)
 
     def _in_order(self, total: int) -> Iterator[tuple["DocumentRecord", list[Summary]]]:
-        """Each document's summaries, one document after the other, with progress per unit."""
-        done_tokens = 0
-        for n, doc in enumerate(self.documents, start=1):
-            def tick(fraction: float, detail: str, _base=done_tokens, _doc=doc, _n=n) -> None:
-                self.progress(SummaryEvent("unit", _doc.source, _n - 1, len(self.documents),
-                                           _base + int(_doc.n_tokens * min(fraction, 1.0)), total, detail))
+        """Each document's summaries, one document after the other, with progress per unit; other
+        processes running the same job take other documents (claims in the job store)."""
+        from .spread import in_turn
 
-            yield doc, self._document(doc, tick)
-            done_tokens += doc.n_tokens
+        done = {"documents": 0, "tokens": 0}
+
+        def compute(doc: "DocumentRecord") -> list[Summary]:
+            def tick(fraction: float, detail: str) -> None:
+                self.progress(SummaryEvent("unit", doc.source, done["documents"], len(self.documents),
+                                           done["tokens"] + int(doc.n_tokens * min(fraction, 1.0)), total, detail))
+
+            summaries = self._document(doc, tick)
+            done["documents"] += 1
+            done["tokens"] += doc.n_tokens
+            return summaries
+
+        yield from in_turn(self, compute)
 
     def _account(self, s: Summary) -> None:
         self.report.summaries += 1

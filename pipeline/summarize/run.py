@@ -57,6 +57,7 @@ class SummaryRun:
                         outputs.write(s)
                         yield s
                 yield from job.run(outputs=outputs)
+                outputs.finish()
             finally:
                 outputs.close()
 
