@@ -44,10 +44,12 @@ def load_params(settings: EngineConfig, *, n_ctx: int, overrides: Sequence[offlo
     them for fast copies).
     """
     s = settings
-    threads = s.threads or usable_cpus()
+    cpus = usable_cpus()  # more threads than cores only wait at ggml's barriers (10-50x slower decodes)
+    threads = min(s.threads, cpus) if s.threads else cpus
     return dict(
         n_ctx=n_ctx, n_batch=min(s.n_batch, n_ctx), n_ubatch=min(s.n_ubatch, s.n_batch, n_ctx),
-        threads=threads, threads_batch=s.threads_batch or threads, flash_attn=s.flash_attn,
+        threads=threads, threads_batch=min(s.threads_batch, cpus) if s.threads_batch else threads,
+        flash_attn=s.flash_attn,
         type_k=s.type_k, type_v=s.type_v, gpu_layers=s.gpu_layers, seed=s.seed,
         mmap=s.mmap and not overrides, rope_scaling=s.rope_scaling, rope_freq_scale=s.rope_freq_scale,
         overrides=list(overrides), n_seq_max=max(1, s.n_seq_max),
