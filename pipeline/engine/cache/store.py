@@ -257,11 +257,10 @@ class PrefixCache:
 
     def save(self, namespace: str, tokens: Sequence[int], model: Model, *, seq: int = 0,
              start: int = 0) -> Entry | None:
-        """Save sequence ``seq`` of ``model``, which holds exactly ``tokens`` (at positions
-        ``start..``: a section's state sits after the prompt head it was computed after).
+        """Save sequence ``seq`` of ``model``, which holds exactly ``tokens`` at positions ``start..``.
 
         Returns the entry, or None when nothing was saved (empty, larger than the whole
-        cap, the sequence does not end at position ``len(tokens) - 1``, llama.cpp
+        cap, the sequence does not end at position ``start + len(tokens) - 1``, llama.cpp
         failed, the cache is read-only or its index or disk failed; :attr:`last_error`
         says which). If the same prefix is already saved, it is marked used and returned
         instead. Evicts least recently used entries to stay within ``max_bytes``.
