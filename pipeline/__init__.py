@@ -26,7 +26,7 @@ _EXPORTS = {
     "AskOptions": "ask.request", "AsyncAnswerStream": "ask.aio", "CancelToken": "concurrency",
     "PrefillProgress": "ask.progress",
     "Config": "config", "load_config": "config",
-    "Hit": "types", "Passage": "types",
+    "Hit": "records", "Passage": "records",
     "IngestReport": "ingest.run", "IngestEvent": "ingest.run", "FileOutcome": "ingest.run",
     "Summary": "summarize.outputs", "SummaryEvent": "summarize.outputs", "SummaryRun": "summarize.run",
     "EngineStats": "engine.contract", "TextEmbedder": "engine.contract", "TextGenerator": "engine.contract",
