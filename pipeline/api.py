@@ -294,6 +294,16 @@ class Pipeline:
 
         return warm(self.runtime, progress=progress, purpose=purpose)
 
+    def warm_sections(self, *, progress: Callable[[int, int], None] | None = None) -> dict:
+        """Prefill every section of the collection once, in order, on its own, and save its state, so
+        that any question's prompt is composed from states (``ask.compose = "auto"``): for collections
+        larger than the context. ``progress(done, total)`` counts the sections' tokens. Returns
+        ``{"mode": "sections", "documents", "sections", "saved", "cached" (had a state already),
+        "tokens", "prefilled_tokens", "bytes_written", "seconds", "notes"}``."""
+        from .ask.warm import warm_sections
+
+        return warm_sections(self.runtime, progress=progress)
+
     # -- conversations (see .ask.chat) --------------------------------------------------------
 
     def chat(self, question: str, *, chat_id: str | None = None, history: Sequence[dict] | None = None,

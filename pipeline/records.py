@@ -169,7 +169,8 @@ class Prompt:
 
     ``boundaries`` are the positions (in ``tokens``) where each document part ends;
     the last is ``len(prefix_tokens)``. ``mode`` is "passages", "whole" (every document
-    of the selection, whole) or "sections" (chosen sections).
+    of the selection, whole) or "sections" (chosen sections); ``head`` is how many tokens
+    come before the first document part (the template's head and the system prompt).
     """
 
     prefix: str
@@ -183,6 +184,7 @@ class Prompt:
     mode: str = "passages"
     sections: list[PackedSection] = field(default_factory=list)
     sources: list[dict] = field(default_factory=list)
+    head: int = 0
 
 
 __all__ = ["Chunk", "CollectionInfo", "DocumentRecord", "Hit", "Key", "PackedSection", "Passage", "Prompt",

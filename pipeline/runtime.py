@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .config import EngineConfig
     from .engine.cache.store import PrefixCache
     from .engine.contract import TextEmbedder, TextGenerator
+    from .engine.seams import Seams
 
 #: The lazily built resources :meth:`Runtime.close` closes (those it made).
 RESOURCES = ("embedder", "engine", "prefix_cache", "pack_history")
@@ -102,7 +103,8 @@ class Runtime:
 
     def new_engine(self, path: Path | None = None):
         """Another local engine on the generator's file (or ``path``), with the tuned settings and the
-        prefix cache; with ``engine.parallel`` > 1 and automatic threads, the engines share the cores."""
+        prefix cache (and section states, with ``ask.compose = "auto"``); with ``engine.parallel`` > 1
+        and automatic threads, the engines share the cores."""
         from .engine.local import Engine
         from .engine.host import usable_cpus
 
@@ -112,7 +114,14 @@ class Runtime:
             settings = dataclasses.replace(settings, threads=max(1, usable_cpus() // self.config.engine.parallel))
         return Engine(path, settings, log=self.log, cache=self.prefix_cache,
                       cache_min_tokens=self.config.cache.min_tokens,
-                      boundary_states=self.config.cache.boundary_states)
+                      boundary_states=self.config.cache.boundary_states, compose=self.seams())
+
+    def seams(self) -> "Seams | None":
+        """The seams composed prompts recompute (``ask.compose_*``); None where composition is off."""
+        from .engine.seams import Seams
+
+        a = self.config.ask
+        return Seams(a.compose_seams, a.compose_recompute) if a.compose == "auto" else None
 
     def engine_settings(self, model_path: Path) -> "EngineConfig":
         """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""

@@ -122,7 +122,7 @@ class EchoGenerator(GeneratorBase):
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
                  boundaries: Sequence[int] = (), stats: EngineStats | None = None, stop_tokens: Sequence[int] = (),
-                 progress=None, cancel=None) -> Generation:
+                 progress=None, cancel=None, sections=None) -> Generation:
         from pipeline.errors import EngineError
 
         if len(tokens) + 1 > self.n_ctx:

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..concurrency import CancelToken
+from ..engine.seams import Sections
 from ..errors import InputError, StoreError
 from ..ingest.scan import source_names
 from ..retrieval.search import expand, retrieve, whole_document
 from ..store.store import Store
 from . import packing
 from .answer import Answer, AnswerStream, AskStats, complete
-from .history import reuse_note
+from .history import reuse_note, sections_note
 from .prompt import pack
 from .request import AskOptions, AskRequest
 
@@ -58,7 +59,8 @@ def ask_stream(rt: "Runtime", request: AskRequest) -> AnswerStream:
                                  repeat_penalty=rt.config.ask.repeat_penalty,
                                  prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries,
                                  stats=stats, stop_tokens=stops.tokens, cancel=cancel,
-                                 progress=_tracker(request.progress) if request.progress else None)
+                                 progress=_tracker(request.progress) if request.progress else None,
+                                 sections=_layout(prompt))
     return AnswerStream(request.question, prompt, generation, built.notes, built.timings, built.finish,
                         stops=stops.strings, cancel=cancel)
 
@@ -155,6 +157,7 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
                         timings=timings)
         shelf = packing.gather(store, sources=selection, target=rt.section_tokens, hits=hits,
                                fetch_tokens=3 * engine.n_ctx, also={key for p in history[:16] for key in p})
+    shelf.fixed_numbers = a.compose == "auto"  # a section's tokens, so its state, the same in every pack
     # The store is released: tokenising (and loading the generator) happens from here on.
     prompt = packing.plan(
         shelf, request.text, layout=rt.layout(options.system_prompt), tokenize=engine.tokenize,
@@ -173,9 +176,10 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
     previous = history[0] if history else None
 
     def finish(stats: AskStats) -> None:
-        stats.reuse_lost = reuse_note(prompt, cached_tokens=stats.cached_tokens, previous=previous,
-                                      documents=shelf.documents, cache_on=rt.prefix_cache is not None,
-                                      min_tokens=rt.config.cache.min_tokens)
+        prefix = "" if stats.cache == "composed" else reuse_note(
+            prompt, cached_tokens=stats.cached_tokens, previous=previous, documents=shelf.documents,
+            cache_on=rt.prefix_cache is not None, min_tokens=rt.config.cache.min_tokens)
+        stats.reuse_lost = "; ".join(n for n in (sections_note(stats.sections_lost), prefix) if n)
 
     return Built(prompt, notes, finish, timings)
 
@@ -233,6 +237,13 @@ def _reading(rt: "Runtime") -> Iterator[Store]:
             raise StoreError(f"collection '{store.name}' is empty; run `rag ingest PATH` first")
         rt.check_embedder(store)
         yield store
+
+
+def _layout(prompt: "Prompt") -> Sections | None:
+    """Where a sections-mode prompt's head and sections are (what a generator composes it by)."""
+    if prompt.mode != "sections" or prompt.head <= 0 or not prompt.boundaries:
+        return None
+    return Sections(prompt.head, tuple(prompt.boundaries))
 
 
 def _tracker(callback):

@@ -129,4 +129,13 @@ def reuse_note(prompt: Prompt, *, cached_tokens: int, previous: Sequence[Key] | 
     return "its saved prefix state is gone (evicted past cache.max_gb, or damaged)"
 
 
-__all__ = ["HISTORY_KEEP", "PackHistory", "reuse_note"]
+def sections_note(lost: Sequence[str]) -> str:
+    """Why sections were not reused from their saved states, in words ("" when none was lost): each
+    reason once, with how many sections it cost."""
+    counts: dict[str, int] = {}
+    for why in lost:
+        counts[why] = counts.get(why, 0) + 1
+    return "; ".join(f"{n} section{'s' if n > 1 else ''}: {why}" for why, n in counts.items())
+
+
+__all__ = ["HISTORY_KEEP", "PackHistory", "reuse_note", "sections_note"]

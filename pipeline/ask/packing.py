@@ -47,7 +47,12 @@ _PROBES = 4  # cache-preferring candidates probed against the cache besides the 
 @dataclass
 class Shelf:
     """The selection's documents and sections, the texts of those that may be packed, and the
-    question's hits: everything packing needs, read from the store under its lock."""
+    question's hits: everything packing needs, read from the store under its lock.
+
+    ``fixed_numbers``: each document is numbered by its place in the selection, not in the
+    pack, so a section renders to the same tokens in every pack (what composing prompts from
+    section states needs); otherwise a pack numbers its documents 1, 2, ...
+    """
 
     collection: str
     documents: dict[str, DocumentRecord]
@@ -55,6 +60,7 @@ class Shelf:
     segments: dict[Key, list[tuple[int | None, str]]]  # per fetched section: (page, text) runs
     hits: list[Hit] = field(default_factory=list)  # fused, best first, within the selection
     pages: dict[tuple[str, int], int | None] = field(default_factory=dict)  # (source, chunk) -> page, fetched
+    fixed_numbers: bool = False
 
     @property
     def complete(self) -> bool:
@@ -126,9 +132,11 @@ def page_segments(chunks) -> list[tuple[int | None, str]]:
 
 
 def number(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens) -> list[PackedSection]:
-    """``chosen`` in canonical order, each with its document's number in this pack and its tokens."""
+    """``chosen`` in canonical order, each with its document's number (in this pack, or in the
+    selection: :attr:`Shelf.fixed_numbers`) and its tokens."""
     counts = shelf.counts
-    out, numbers = [], {}
+    out = []
+    numbers = {source: i for i, source in enumerate(sorted(shelf.documents), 1)} if shelf.fixed_numbers else {}
     for s in sorted(chosen, key=lambda s: (s.source, s.index)):
         n = numbers.setdefault(s.source, len(numbers) + 1)
         out.append(PackedSection(n, s, counts[s.source], memo.get(n, s, counts[s.source], shelf.segments[s.key])))

@@ -178,7 +178,7 @@ def section_prompt(layout: Layout, sections: Sequence[PackedSection], suffix_tex
     prefix_len = len(tokens) - len(suffix)
     return Prompt(prefix=layout.head + "".join(texts), suffix=suffix_text + layout.tail,
                   prefix_tokens=tokens[:prefix_len], tokens=tokens, boundaries=boundaries, mode=mode,
-                  sections=list(sections))
+                  sections=list(sections), head=len(layout.head_tokens))
 
 
 def _cut_at_sentence(text: str, fits: Callable[[str], bool]) -> str:

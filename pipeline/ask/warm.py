@@ -4,6 +4,11 @@
 ``summarize`` will (:mod:`.packing`, with the one shared answer reserve) and saves the
 prefix states with states at their boundaries (:meth:`~pipeline.engine.local.Engine.warm`),
 so that the first question over the documents prefills only itself.
+
+``rag warm --sections`` (:func:`warm_sections`) is for collections that do not fit the
+context, with ``ask.compose = "auto"``: every section's own state is computed once, in
+order, and saved, so any question's prompt is then composed from states and prefills
+only the seams and itself.
 """
 
 from __future__ import annotations
@@ -64,17 +69,40 @@ def warm_plans(shelf: Shelf, *, layout: Layout, tokenize: Tokenize, memo: Sectio
     return "sections", out
 
 
-def warm(rt: "Runtime", *, progress: Callable[[str, str], None] | None = None, purpose: str = "ask") -> dict:
-    """:meth:`Pipeline.warm <pipeline.api.Pipeline.warm>`: each planned prefix prefilled and saved, with
-    its outcome."""
-    if purpose not in WARM_PURPOSES:
-        raise ConfigError(f"warm is for one of {', '.join(WARM_PURPOSES)}, got {purpose!r}")
+def _writable_cache(rt: "Runtime"):
     cache = rt.prefix_cache
     if cache is None:
         raise ConfigError("the prefix cache is off (cache.enabled = false): nothing to warm")
     if cache.unavailable or cache.read_only:
         raise ConfigError(f"the prefix cache cannot save states: "
                           f"{cache.unavailable or f'{cache.directory} is read-only'}")
+    return cache
+
+
+def warm_sections(rt: "Runtime", *, progress: Callable[[int, int], None] | None = None) -> dict:
+    """:meth:`Pipeline.warm_sections <pipeline.api.Pipeline.warm_sections>`: every section of the
+    collection, rendered as every pack renders it, prefilled once on its own and saved."""
+    if rt.config.ask.compose != "auto":
+        raise ConfigError("section states serve composed prompts: set ask.compose = \"auto\" "
+                          "(RAG_ASK_COMPOSE=auto) to save and use them")
+    _writable_cache(rt)
+    engine = rt.engine
+    with rt.store(create=False) as store:
+        store.require()
+        shelf = gather(store, sources=None, target=rt.section_tokens, fetch_tokens=2**62)
+    shelf.fixed_numbers = True  # as questions over the whole collection number its documents
+    packed = number(shelf, shelf.sections, rt.section_memo)
+    head = rt.layout().head_tokens
+    report = engine.warm_sections(head, [p.tokens for p in packed], progress=progress)
+    return {"mode": "sections", "documents": len(shelf.documents), **report}
+
+
+def warm(rt: "Runtime", *, progress: Callable[[str, str], None] | None = None, purpose: str = "ask") -> dict:
+    """:meth:`Pipeline.warm <pipeline.api.Pipeline.warm>`: each planned prefix prefilled and saved, with
+    its outcome."""
+    if purpose not in WARM_PURPOSES:
+        raise ConfigError(f"warm is for one of {', '.join(WARM_PURPOSES)}, got {purpose!r}")
+    _writable_cache(rt)
     engine = rt.engine
     with rt.store(create=False) as store:
         store.require()
@@ -111,4 +139,4 @@ def _warm_one(rt: "Runtime", shelf: Shelf, name: str, prompt: Prompt | None) -> 
             "bytes": written, "outcome": outcome}
 
 
-__all__ = ["WARM_PURPOSES", "warm", "warm_plans"]
+__all__ = ["WARM_PURPOSES", "warm", "warm_plans", "warm_sections"]

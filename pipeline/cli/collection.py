@@ -97,20 +97,51 @@ def _warm(rag, *, quiet: bool, purpose: str = "ask") -> dict:
 @click.option("--for", "purpose", type=click.Choice(["ask", "summarize", "all"]), default="ask", show_default=True,
               help="When the collection fits whole: its one prefix (ask), each document's own prefix "
                    "(summarize, ask --doc), or both.")
+@click.option("--sections", is_flag=True,
+              help="Save every section's own state, for prompts composed from them (sets ask.compose = auto "
+                   "for this run): for collections larger than the context.")
 @json_option
 @click.pass_context
 @handles_errors
-def warm(ctx, collection, store_path, purpose, as_json):
+def warm(ctx, collection, store_path, purpose, sections, as_json):
     """Prefill and save the prompt prefixes the next questions will hit, so the first one is fast too.
 
     The whole collection's prefix when it fits the context (what `rag ask` packs then; with
     `--for summarize`, each document's own prefix, what its summaries start from), else each
-    document's leading sections.
+    document's leading sections. With `--sections`, every section once, on its own: any
+    question's prompt is then composed from those states (with `ask.compose = "auto"`).
     """
-    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
-        report = _warm(rag, quiet=as_json, purpose=purpose)
+    overrides = store_overrides(collection, store_path)
+    if sections:
+        overrides["ask.compose"] = "auto"
+    with open_pipeline(ctx, **overrides) as rag:
+        report = _warm_sections(rag, quiet=as_json) if sections else _warm(rag, quiet=as_json, purpose=purpose)
     if as_json:
         echo_json(report)
+
+
+def _warm_sections(rag, *, quiet: bool) -> dict:
+    bar = None
+    if not quiet and sys.stderr.isatty():
+        bar = click.progressbar(length=1, label="section states", file=sys.stderr, show_pos=True)
+
+    def advance(done: int, total: int) -> None:
+        bar.length = max(total, 1)
+        bar.update(done - bar.pos)
+
+    try:
+        report = rag.warm_sections(progress=advance if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.render_finish()
+    if not quiet:
+        click.echo(f"warmed {report['sections']} sections of {report['documents']} documents "
+                   f"({report['tokens']:,} tokens): {report['saved']} saved, {report['cached']} already saved; "
+                   f"{report['prefilled_tokens']:,} tokens prefilled in {report['seconds']:.1f} s, "
+                   f"{report['bytes_written'] / 1e6:,.1f} MB of states written")
+        for note in report["notes"]:
+            click.echo(f"note: {printable(note)}", err=True)
+    return report
 
 
 @cli.group()

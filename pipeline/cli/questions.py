@@ -128,6 +128,8 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
     if show_stats:
         st = answer.stats
         reuse = f"{st.cached_tokens:,} reused, cache: {st.cache}"
+        if st.cache == "composed":
+            reuse += f", {st.composed_sections} sections from their states, {st.recomputed_tokens:,} recomputed"
         packed = f"mode {st.mode}" + (f" ({len(st.sections)} sections)" if st.sections else "")
         click.echo(
             f"\n{packed} | prompt {st.prompt_tokens:,} tokens ({reuse}) | "

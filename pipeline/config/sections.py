@@ -16,6 +16,7 @@ from ..store.names import check_collection_name
 from ..store.vectors import check_store_urls
 
 ASK_MODES = ("auto", "passages")
+COMPOSE_SEAMS = ("first", "last", "whole", "none")  # (pipeline.engine.seams.STRATEGIES a prompt can use)
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,12 @@ class AskConfig:
         "You answer questions using only the numbered documents provided. Cite the documents you "
         "use as [1] or, with a page, as [1, p. 3]. If the documents do not contain the answer, say so.")
     """The instruction before the documents; part of every prompt's cached prefix."""
+    compose: str = "off"
+    """Sections mode: "auto" = prompts composed from per-section KV states (approximate; docs/packing.md); "off"."""
+    compose_recompute: int = 32
+    """Tokens of each moved section decoded again at its place when composing (the seam); more = closer to exact."""
+    compose_seams: str = "first"
+    """Which tokens of a moved section are recomputed: first, last (before the question), whole, none; + joins."""
 
     def validate(self) -> "AskConfig":
         if self.mode not in ASK_MODES:
@@ -225,6 +232,12 @@ class AskConfig:
             raise ConfigError("ask.top_k and ask.max_tokens must be >= 1, ask.neighbours >= 0")
         if not 0.0 <= self.mmr_lambda <= 1.0 or self.temperature < 0 or self.repeat_penalty <= 0:
             raise ConfigError("ask.mmr_lambda must be in [0, 1], ask.temperature >= 0, ask.repeat_penalty > 0")
+        if self.compose not in ("auto", "off") or self.compose_recompute < 0:
+            raise ConfigError(f"ask.compose must be \"auto\" or \"off\" (got {self.compose!r}), "
+                              "ask.compose_recompute >= 0")
+        if not set(self.compose_seams.split("+")) <= set(COMPOSE_SEAMS):
+            raise ConfigError(f"ask.compose_seams must be {', '.join(COMPOSE_SEAMS)} or several joined by +, "
+                              f"got {self.compose_seams!r}")
         return self
 
 

@@ -40,83 +40,7 @@ from typing import Protocol, Sequence
 
 from ..errors import EngineError
 from ._llama import composing as mem
-
-STRATEGIES = ("none", "first", "last", "headers", "focus", "whole")
-"""How a moved section's tokens are chosen for recompute (:class:`Seams`); ``+`` combines them."""
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A section as a prompt places it: its tokens; which of them are its header (offsets), for the
-    ``headers`` strategy; and which matter most to the question (offsets, most relevant first: the
-    passages retrieval found in it), for the ``focus`` strategy. Only ``tokens`` identify its state."""
-
-    tokens: tuple[int, ...]
-    headers: tuple[int, ...] = ()
-    focus: tuple[int, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-
-@dataclass(frozen=True)
-class Seams:
-    """Which tokens of each moved section are decoded again at their place.
-
-    ``first``: the first ``r`` of each moved section; ``last``: the last ``r`` per moved
-    section before the question, all of them at the end of the documents; ``headers``: each
-    moved section's header tokens; ``focus``: the first ``r`` of each moved section's
-    question-relevant tokens (:attr:`Piece.focus`); ``whole``: every token of every moved
-    section (exact, the check of the plumbing); ``none``: nothing. ``"first+last"`` takes
-    the union.
-    """
-
-    strategy: str = "first"
-    r: int = 16
-
-    def __post_init__(self) -> None:
-        parts = self.strategy.split("+")
-        unknown = [p for p in parts if p not in STRATEGIES]
-        if unknown or not parts:
-            raise ValueError(f"unknown seam strategy {self.strategy!r}; use {', '.join(STRATEGIES)} (joined by +)")
-        if self.r < 0:
-            raise ValueError(f"the seam window must be >= 0, got {self.r}")
-
-
-def seam_positions(seams: Seams, places: Sequence[tuple[int, Piece]]) -> list[int]:
-    """The prompt positions :class:`Seams` recomputes, for moved sections at ``places``
-    (each section's first position and the section), ascending."""
-    if not places:
-        return []
-    chosen: set[int] = set()
-    end = places[-1][0] + len(places[-1][1])
-    for part in seams.strategy.split("+"):
-        for start, piece in places:
-            n = len(piece)
-            if part == "first":
-                chosen.update(range(start, start + min(seams.r, n)))
-            elif part == "headers":
-                chosen.update(start + i for i in piece.headers if 0 <= i < n)
-            elif part == "focus":
-                chosen.update(start + i for i in piece.focus[:seams.r] if 0 <= i < n)
-            elif part == "whole":
-                chosen.update(range(start, start + n))
-        if part == "last":
-            chosen.update(range(max(places[0][0], end - seams.r * len(places)), end))
-    return sorted(chosen)
-
-
-def runs(positions: Sequence[int], bounds: Sequence[int] = ()) -> list[tuple[int, int]]:
-    """Ascending ``positions`` as runs ``[a, b)`` of consecutive positions, cut at ``bounds``
-    (section starts: a section's tokens are always decoded from its own start, as exact prefill does)."""
-    cuts = set(bounds)
-    out: list[tuple[int, int]] = []
-    for p in positions:
-        if out and out[-1][1] == p and p not in cuts:
-            out[-1] = (out[-1][0], p + 1)
-        else:
-            out.append((p, p + 1))
-    return out
+from .seams import STRATEGIES, Piece, Seams, runs, seam_positions
 
 
 class States(Protocol):
@@ -227,11 +151,7 @@ def _place(model, head: Sequence[int], piece: Piece, pos: int, states: States, s
         out.seconds["restore"] += time.perf_counter() - t0
     else:
         out.lost.append(states.why(piece))
-        mem.seq_remove(model, scratch)
-        model.seq_copy(0, scratch, 0, h)  # the scratch sequence sees the head only
-        _decode_span(model, piece.tokens, h, scratch)
-        mem.seq_remove(model, scratch, 0, h)
-        states.store(piece, model, scratch, h)
+        compute(model, h, piece, states, scratch)
         out.computed += 1
         out.computed_tokens += n
         out.seconds["compute"] += time.perf_counter() - t0
@@ -242,6 +162,16 @@ def _place(model, head: Sequence[int], piece: Piece, pos: int, states: States, s
         mem.seq_shift(model, scratch, h, h + n, pos - h)
     model.seq_copy(scratch, 0, pos, pos + n)
     mem.seq_remove(model, scratch)
+
+
+def compute(model, h: int, piece: Piece, states: States, scratch: int = 1) -> None:
+    """Compute ``piece``'s state on its own after the head (the first ``h`` cells of sequence 0) in
+    ``scratch``, and save it; ``scratch`` then holds the piece's cells alone."""
+    mem.seq_remove(model, scratch)
+    model.seq_copy(0, scratch, 0, h)  # the scratch sequence sees the head only
+    _decode_span(model, piece.tokens, h, scratch)
+    mem.seq_remove(model, scratch, 0, h)
+    states.store(piece, model, scratch, h)
 
 
 def _recompute(model, tokens: Sequence[int], a: int, b: int, scratch: int, guard: int | None) -> None:
@@ -267,4 +197,4 @@ def _decode_span(model, tokens: Sequence[int], pos: int, seq: int) -> None:
         mem.decode_outputs(model, arr[lo:lo + step], pos + lo, seq=seq)
 
 
-__all__ = ["Composed", "Piece", "STRATEGIES", "Seams", "States", "compose", "runs", "seam_positions"]
+__all__ = ["Composed", "Piece", "compute", "STRATEGIES", "Seams", "States", "compose", "runs", "seam_positions"]

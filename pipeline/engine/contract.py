@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtim
 if TYPE_CHECKING:
     import numpy as np
 
+    from .seams import Sections
     from .turns import CancelToken
 
 
@@ -39,7 +40,7 @@ class EngineStats:
     decode_seconds: float = 0.0
     decode_tokens_per_second: float = 0.0
     load_seconds: float = 0.0
-    cache: str = "none"  # none | memory (kept in the KV cache) | disk (restored) | composed | miss | server
+    cache: str = "none"  # none | memory (kept in the KV cache) | disk (restored) | composed (from section states) | miss
     cache_load_seconds: float = 0.0
     states_saved: int = 0  # prefix states written by this prompt (whole prefix and boundaries)
     cache_save_seconds: float = 0.0
@@ -148,13 +149,15 @@ class TextGenerator(Protocol):
     from a saved state) and reports it in ``stats.cached_tokens``. Every generator takes
     ``stop_tokens`` (ids that end the answer), ``progress(done, total)`` (after each
     prefilled piece) and ``cancel`` (a :class:`~.turns.CancelToken`); one that cannot
-    honour one of them says so in its ``generate``.
+    honour one of them says so in its ``generate``. ``sections`` is a sections-mode prompt's
+    layout (head and section ends), which a generator may compose the prompt from section
+    states by (the local engine, see :mod:`.section_reuse`); others ignore it.
 
     Reuse, without running anything: ``reusable`` is how much of a prompt it would reuse
     now from anywhere (what a packer weighs candidate prompts by), ``held`` how much its
     own memory holds (what a pool routes by), ``warm(prefix)`` saves a prefix's state
-    ahead of the first question (True if it was saved now) and ``reset`` forgets what the
-    memory holds. ``namespace`` names the model and settings states belong to.
+    ahead of the first question (True if it was saved now), ``warm_sections`` saves each
+    section's own state for composed prompts, and ``reset`` forgets what the memory holds. ``namespace`` names the model and settings states belong to.
 
     Capacity: ``waiting`` is its queue (the running prompt included), ``n_seq_max`` how
     many prompts over one prefix ``generate_many`` decodes together, ``can_trim`` whether
@@ -194,7 +197,7 @@ class TextGenerator(Protocol):
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
                  boundaries: Sequence[int] = (), stats: EngineStats | None = None,
                  stop_tokens: Sequence[int] = (), progress: Callable[[int, int], None] | None = None,
-                 cancel: CancelToken | None = None) -> Generation: ...
+                 cancel: CancelToken | None = None, sections: Sections | None = None) -> Generation: ...
 
     def generate_many(self, prompts: Sequence[Sequence[int]], *, prefix_len: int, boundaries: Sequence[int] = (),
                       max_tokens: int = 256, temperature: float = 0.0, repeat_penalty: float = 1.0,
@@ -205,6 +208,9 @@ class TextGenerator(Protocol):
     def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int: ...
 
     def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool: ...
+
+    def warm_sections(self, head: Sequence[int], sections: Sequence[Sequence[int]], *,
+                      progress: Callable[[int, int], None] | None = None) -> dict: ...
 
     def reset(self) -> None: ...
 
@@ -258,6 +264,14 @@ class GeneratorBase:
 
     def reset(self) -> None:
         pass
+
+    def warm_sections(self, head: Sequence[int], sections: Sequence[Sequence[int]], *,
+                      progress: Callable[[int, int], None] | None = None) -> dict:
+        """Save each section's own state ahead of composed prompts: only a local engine can."""
+        from ..errors import EngineError
+
+        raise EngineError("this generator cannot save section states (only a local llama.cpp engine composes "
+                          "prompts from them)")
 
     def workers(self) -> list[TextGenerator]:
         return [self]  # type: ignore[list-item]

@@ -36,12 +36,16 @@ def resolve_overrides(settings: EngineConfig, n_layers: int) -> list[offload.Ove
     return out
 
 
-def load_params(settings: EngineConfig, *, n_ctx: int, overrides: Sequence[offload.Override] = ()) -> dict:
+def load_params(settings: EngineConfig, *, n_ctx: int, overrides: Sequence[offload.Override] = (),
+                compose: bool = False) -> dict:
     """The keyword arguments of :func:`._llama.load` that engine ``settings`` mean at context ``n_ctx``.
 
     Batch sizes within the context, threads (0: every usable core), KV types, RoPE
     scaling, and mmap off where tensors are overridden (so that a GPU build can pin
-    them for fast copies).
+    them for fast copies). ``compose``: prompts are composed from section states
+    (:mod:`.compose`), which needs three sequences (the prompt's, a scratch one, a guard
+    for sliding-window layers) in the unified KV cache and every cell of sliding-window
+    layers kept (``swa_full``: more KV memory on such models, none on others).
     """
     s = settings
     cpus = usable_cpus()  # more threads than cores only wait at ggml's barriers (10-50x slower decodes)
@@ -52,7 +56,8 @@ def load_params(settings: EngineConfig, *, n_ctx: int, overrides: Sequence[offlo
         flash_attn=s.flash_attn,
         type_k=s.type_k, type_v=s.type_v, gpu_layers=s.gpu_layers, seed=s.seed,
         mmap=s.mmap and not overrides, rope_scaling=s.rope_scaling, rope_freq_scale=s.rope_freq_scale,
-        overrides=list(overrides), n_seq_max=max(1, s.n_seq_max),
+        overrides=list(overrides), n_seq_max=max(1, s.n_seq_max, 3 if compose else 1),
+        **({"swa_full": True} if compose else {}),
     )
 
 
@@ -75,7 +80,7 @@ def check_memory(info: ModelInfo, settings: EngineConfig, n_ctx: int) -> None:
 
 
 def load_generator(model_path: Path, settings: EngineConfig, *, info: ModelInfo, n_ctx: int,
-                   overrides: Sequence[offload.Override]) -> tuple[Model, float]:
+                   overrides: Sequence[offload.Override], compose: bool = False) -> tuple[Model, float]:
     """The generator model in llama.cpp and the seconds its load took; :class:`EngineError` naming the
     setting to change where it cannot load (an encoder, a context too large for the memory)."""
     from ._llama import ModelLoadError, load
@@ -86,7 +91,7 @@ def load_generator(model_path: Path, settings: EngineConfig, *, info: ModelInfo,
     check_memory(info, settings, n_ctx)
     t0 = time.perf_counter()
     try:
-        llm = load(model_path, **load_params(settings, n_ctx=n_ctx, overrides=overrides))
+        llm = load(model_path, **load_params(settings, n_ctx=n_ctx, overrides=overrides, compose=compose))
     except ModelLoadError as exc:
         if "context" in exc.reason.lower():
             raise EngineError(

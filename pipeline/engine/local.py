@@ -23,6 +23,8 @@ from .contract import Completion, EngineStats, Generation, GeneratorBase
 from .gguf.info import ModelInfo
 from .loading import check_memory, load_generator, load_params, resolve_overrides
 from .reuse import Memory, Plan, ReusePolicy, cuts as prompt_cuts
+from .seams import Seams
+from .section_reuse import SectionReuse, Sections
 from .templates import render, render_chat
 from .turns import CancelToken, Turns, once
 from ..config import EngineConfig
@@ -43,15 +45,19 @@ class Engine(GeneratorBase):
 
     ``cache`` (a :class:`~.cache.store.PrefixCache`, or None) holds saved prefix states;
     ``cache_min_tokens`` and ``boundary_states`` are the reuse policy's (:class:`~.reuse.ReusePolicy`).
+    ``compose`` (the :class:`~.seams.Seams` to recompute; None: off) composes sections-mode
+    prompts from section states in that cache (:class:`~.section_reuse.SectionReuse`).
     """
 
     def __init__(self, model_path: Path, settings: EngineConfig, *, log: Callable[[str], None] | None = None,
-                 cache=None, cache_min_tokens: int = 256, boundary_states: int = 4):
+                 cache=None, cache_min_tokens: int = 256, boundary_states: int = 4, compose: Seams | None = None):
         self.model_path = Path(model_path)
         self.settings = settings
         me = weakref.ref(self)  # the parts hold no strong reference back: an engine dropped is freed at once
         self.reuse = ReusePolicy(cache, namespace=lambda: me().namespace, min_tokens=cache_min_tokens,
                                  boundary_states=boundary_states)
+        self.sections = SectionReuse(cache, namespace=lambda: me().namespace, seams=compose or Seams(),
+                                     enabled=compose is not None)
         self.memory = Memory()  # what the KV cache holds (the model is attached when it loads)
         self._log = log or (lambda message: None)
         self.load_seconds = 0.0
@@ -89,7 +95,7 @@ class Engine(GeneratorBase):
 
     def load_params(self) -> dict:
         """Keyword arguments of :func:`._llama.load` that these settings mean (see :func:`.loading.load_params`)."""
-        return load_params(self.settings, n_ctx=self.n_ctx, overrides=self.overrides)
+        return load_params(self.settings, n_ctx=self.n_ctx, overrides=self.overrides, compose=self.sections.enabled)
 
     def check_memory(self) -> None:
         """Refuse, with the setting to lower, a KV cache that cannot fit in this machine's memory."""
@@ -99,7 +105,7 @@ class Engine(GeneratorBase):
     def llm(self):
         """The model in llama.cpp (a :class:`._llama.Model`), loaded on first use."""
         llm, self.load_seconds = load_generator(self.model_path, self.settings, info=self.info, n_ctx=self.n_ctx,
-                                                overrides=self.overrides)
+                                                overrides=self.overrides, compose=self.sections.enabled)
         self.memory.model = llm
         return llm
 
@@ -157,6 +163,7 @@ class Engine(GeneratorBase):
         """Forget what the KV memory holds: the next prompt reuses nothing from memory."""
         with self._turn():
             self.memory.clear()
+            self.sections.forget()
 
     def keep(self, n: int) -> bool:
         """Cut the KV memory back to its first ``n`` tokens; False (nothing cut) where llama.cpp
@@ -170,6 +177,7 @@ class Engine(GeneratorBase):
         state fails its checks."""
         with self._turn():
             self.llm  # noqa: B018 - loaded first: the state is restored into it
+            self.sections.forget()
             return self.memory.restore(store, entry, tokens)
 
     def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
@@ -215,7 +223,7 @@ class Engine(GeneratorBase):
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
                  boundaries: Sequence[int] = (), stats: EngineStats | None = None,
                  stop_tokens: Sequence[int] = (), progress: Callable[[int, int], None] | None = None,
-                 cancel: CancelToken | None = None) -> Generation:
+                 cancel: CancelToken | None = None, sections: Sections | None = None) -> Generation:
         """Stream the completion of ``tokens``.
 
         Generation ends at an end-of-generation token or one of ``stop_tokens``;
@@ -228,6 +236,8 @@ class Engine(GeneratorBase):
         such point; with a prefix cache, the longest state saved at one of them is
         restored from disk, and states are saved at the whole prefix and at up to
         ``boundary_states`` earlier boundaries (spread evenly) that were prefilled now.
+        ``sections`` (a sections-mode prompt's layout) composes it from section states instead
+        where composition is on and the model can shift (:class:`.section_reuse.SectionReuse`).
         """
         if len(tokens) + 1 > self.n_ctx:
             raise EngineError(f"the prompt has {len(tokens):,} tokens; the context holds {self.n_ctx:,}")
@@ -236,16 +246,17 @@ class Engine(GeneratorBase):
         sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
         cuts = prompt_cuts(len(tokens), prefix_len, boundaries)
         pieces = self.turns.stream(self._run(list(tokens), max_tokens, sampling, stats, cuts,
-                                             frozenset(stop_tokens), progress, cancel, self.turns.epoch))
+                                             frozenset(stop_tokens), progress, cancel, self.turns.epoch, sections))
         return Generation(pieces, stats)
 
     def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
              cuts: list[int], stop_tokens: frozenset[int] = frozenset(),
              progress: Callable[[int, int], None] | None = None,
-             cancel: CancelToken | None = None, epoch: int | None = None) -> Iterator[str]:
+             cancel: CancelToken | None = None, epoch: int | None = None,
+             sections: Sections | None = None) -> Iterator[str]:
         with self._turn(cancel, epoch):  # from the first piece until the stream ends, is closed or is collected
             try:
-                started = self._start(tokens, cuts, stats, progress)
+                started = self._start(tokens, cuts, stats, progress, sections)
                 yield from self._decode(max_tokens, sampling, stats, stop_tokens, started)
             except EngineError:
                 if self.turns.stopping:
@@ -260,12 +271,13 @@ class Engine(GeneratorBase):
     def _reuse(self, tokens: Sequence[int], cuts: Sequence[int], stats: EngineStats) -> Plan:
         """Carry out the reuse policy's plan for this prompt (see :meth:`.reuse.ReusePolicy.prepare`);
         the engine's notes and the plan's go to ``stats``. Returns the plan carried out."""
+        self.sections.release(self.memory)
         plan = self.reuse.prepare(self.memory, tokens, cuts, stats)
         stats.notes.extend(self.notes + list(plan.notes))
         return plan
 
     def _start(self, tokens: list[int], cuts: list[int], stats: EngineStats,
-               progress: Callable[[int, int], None] | None) -> tuple[float, float]:
+               progress: Callable[[int, int], None] | None, sections: Sections | None = None) -> tuple[float, float]:
         """Reuse what the policy plans, then prefill the prompt (states saved at its save points).
         The prompt is always decoded in pieces split at the cuts, and state is reused only up to a
         cut: a reused or restored prefix then leaves the computation exactly as it is without any
@@ -275,6 +287,19 @@ class Engine(GeneratorBase):
         stats.load_seconds = self.load_seconds
         t0 = time.perf_counter()
         prefix_len = cuts[-1] if cuts else 0
+        if self.sections.applies(llm, sections, stats):  # composed from section states
+            stats.notes.extend(self.notes)
+            t_prefill = time.perf_counter()
+            if progress is not None:
+                progress(0, len(tokens))
+            self.sections.run(llm, self.memory, tokens, sections, stats, self._prefill_piece)
+            reused = stats.cached_tokens - stats.recomputed_tokens
+            if progress is not None:
+                self._progress = lambda position: progress(position - reused, len(tokens) - reused)
+            self.prefill(tokens, start=len(self.memory.tokens))
+            self._progress = None
+            stats.prefill_tokens = len(tokens) - reused
+            return t0, t_prefill
         plan = self._reuse(tokens, cuts, stats)
         reused = plan.reused
         llm.synchronize()  # anything pending is booked before the counters restart
@@ -345,8 +370,18 @@ class Engine(GeneratorBase):
             return False
         cuts = sorted({int(b) for b in boundaries if 0 < b < len(prefix)} | {len(prefix)})
         with self._turn():
+            self.sections.release(self.memory)
             plan = self.reuse.prepare(self.memory, prefix, cuts, stats)
             return len(prefix) in self.reuse.advance(plan, self.memory, stats, self._prefill_piece)
+
+    def warm_sections(self, head: Sequence[int], sections: Sequence[Sequence[int]], *,
+                      progress: Callable[[int, int], None] | None = None) -> dict:
+        """Save the state of every section (token lists, each prefilled on its own after ``head``) that
+        has none: see :meth:`.section_reuse.SectionReuse.warm`. Needs composition on."""
+        if not self.sections.enabled:
+            raise EngineError("section states are saved only where prompts are composed: set ask.compose = \"auto\"")
+        with self._turn():
+            return self.sections.warm(self.llm, self.memory, list(head), sections, self._prefill_piece, progress)
 
     # -- several prompts over one prefix ---------------------------------------------------------
 

@@ -25,42 +25,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from .compose import Composed, Piece, Seams, compose
 from .reuse import common_prefix
+from .seams import Piece, Seams, Sections
 from .section_states import SectionStates
 
 if TYPE_CHECKING:
     from .cache.store import PrefixCache
+    from .compose import Composed
     from .contract import EngineStats
-
-
-@dataclass(frozen=True)
-class Sections:
-    """Where a sections-mode prompt's sections are: ``tokens[:head]`` is the head, section ``i``
-    ends at ``ends[i]`` (the first starts at ``head``; the last end is the documents' end).
-    ``headers`` and ``focus`` are, per section, offsets of its header tokens and of the tokens
-    most relevant to the question (best first), for the seam strategies that use them."""
-
-    head: int
-    ends: tuple[int, ...]
-    headers: tuple[tuple[int, ...], ...] = ()
-    focus: tuple[tuple[int, ...], ...] = ()
-
-    def __post_init__(self) -> None:
-        bounds = (self.head, *self.ends)
-        if not self.ends or self.head < 1 or any(b <= a for a, b in zip(bounds, bounds[1:])):
-            raise ValueError(f"sections must follow a head and each other: head {self.head}, ends {self.ends}")
-
-    @property
-    def end(self) -> int:
-        return self.ends[-1]
-
-    def pieces(self, tokens: Sequence[int]) -> list[Piece]:
-        starts = (self.head, *self.ends[:-1])
-        return [Piece(tuple(tokens[a:b]),
-                      headers=self.headers[i] if i < len(self.headers) else (),
-                      focus=self.focus[i] if i < len(self.focus) else ())
-                for i, (a, b) in enumerate(zip(starts, self.ends))]
 
 
 @dataclass(frozen=True)
@@ -110,6 +82,25 @@ class SectionReuse:
                     "as a prefix only")
         return ""
 
+    def applies(self, model, sections: Sections | None, stats: EngineStats) -> bool:
+        """Whether a prompt laid out as ``sections`` (None: not a sections-mode prompt) is composed
+        on ``model``; where composition is on but cannot run, ``stats.sections_lost`` says why."""
+        if sections is None or not self.enabled:
+            return False
+        from ._llama import composing
+
+        why = self.why_off(can_shift=composing.can_shift(model))
+        if why:
+            stats.sections_lost = [why] * len(sections.ends)
+            stats.notes.append(why)
+        return not why
+
+    def release(self, memory) -> None:
+        """Clear ``memory`` where a composition made it: prefix reuse takes only exactly computed states."""
+        if self.composed:
+            memory.clear()
+            self.composed = ()
+
     def states(self, tokens: Sequence[int], sections: Sections) -> SectionStates:
         return SectionStates(self.store, self._namespace(), tokens[:sections.head])
 
@@ -138,14 +129,15 @@ class SectionReuse:
         """Bring ``memory`` (a :class:`~.reuse.Memory` on ``model``) to the prompt's documents part,
         composed; ``prefill(tokens, start)`` decodes the head where the memory does not hold it.
         Fills the composition's figures into ``stats``."""
+        from .compose import compose  # llama.cpp's memory API: imported once a model runs
+
+        model.synchronize()
+        model.reset_timings()  # composing's decodes (new sections, seams) are the prompt's prefill
         held, held_tokens = self._held(memory.tokens, tokens, sections)
-        if held_tokens == 0:
-            memory.clear()
-            prefill(tokens[:sections.head], 0)
-        elif not memory.cut(held_tokens):
-            memory.clear()
+        if held_tokens and not memory.cut(held_tokens):
             held, held_tokens = 0, 0
-            prefill(tokens[:sections.head], 0)
+        if held_tokens == 0:
+            held_tokens = self._head(memory, tokens[:sections.head], prefill)
         self.composed = ()
         states = self.states(tokens, sections)
         t0 = time.perf_counter()
@@ -167,15 +159,65 @@ class SectionReuse:
         stats.composed_sections = done.restored
         stats.recomputed_tokens = done.recomputed_tokens
         stats.cached_tokens = held_tokens + done.restored_tokens
-        stats.cache = "composed" if done.restored else ("memory" if held_tokens else "miss")
+        stats.cache = "composed"  # whatever it reused: cached_tokens and composed_sections say how much
         stats.sections_lost = list(done.lost)
         stats.states_saved += states.saved
         stats.cache_load_seconds += done.seconds["restore"]
         stats.notes.extend(states.notes)
+
+    def warm(self, model, memory, head: Sequence[int], sections: Sequence[Sequence[int]],
+             prefill: Callable[[Sequence[int], int], None],
+             progress: Callable[[int, int], None] | None = None) -> dict:
+        """Compute and save the state of each of ``sections`` (token lists) that has none, each on
+        its own after ``head``, in order: what composed prompts restore. ``progress(done, total)``
+        counts the sections' tokens. Leaves ``memory`` holding ``head``; raises EngineError where
+        prompts are not composed (:meth:`why_off`)."""
+        from ..errors import EngineError
+        from ._llama import composing
+        from .compose import compute
+
+        why = self.why_off(can_shift=composing.can_shift(model))
+        if why:
+            raise EngineError(f"section states cannot be used: {why}")
+        self.release(memory)
+        if memory.tokens[:len(head)] != list(head) or not memory.cut(len(head)):
+            self._head(memory, head, prefill)
+        states = SectionStates(self.store, self._namespace(), head)
+        total, done, computed, found, t0 = sum(map(len, sections)), 0, 0, 0, time.perf_counter()
+        try:
+            for tokens in sections:
+                piece = Piece(tuple(tokens))
+                if states.find(piece) is not None:
+                    found += 1
+                else:
+                    compute(model, len(head), piece, states, scratch=1)
+                    composing.seq_remove(model, 1)
+                    computed += len(piece)
+                done += len(piece)
+                if progress is not None:
+                    progress(done, total)
+        finally:
+            states.close()
+        return {"sections": len(sections), "saved": states.saved, "cached": found,
+                "tokens": total, "prefilled_tokens": computed, "bytes_written": states.saved_bytes,
+                "seconds": round(time.perf_counter() - t0, 3), "notes": list(states.notes)}
+
+    def _head(self, memory, head: Sequence[int], prefill: Callable[[Sequence[int], int], None]) -> int:
+        """Bring ``memory`` to exactly ``head``: its state restored from the store (its tokens, what it
+        reused), else prefilled and saved (0)."""
+        n = len(head)
+        entry = self.store.lookup(self._namespace(), head, max_tokens=n, min_tokens=n, lengths={n}, count=False)
+        if entry is not None and memory.restore(self.store, entry, head):
+            return n
+        memory.clear()
+        prefill(head, 0)
+        if not self.store.read_only:
+            memory.save(self.store, self._namespace())
+        return 0
 
     def forget(self) -> None:
         """The memory was changed some other way: nothing in it counts as composed."""
         self.composed = ()
 
 
-__all__ = ["SectionPlan", "SectionReuse", "Sections"]
+__all__ = ["SectionPlan", "SectionReuse", "Sections"]  # (Sections from .seams)

@@ -28,7 +28,7 @@ from .._sqlite import connect, transaction
 from .cache.index import Entry
 from .cache.keys import full_hash, token_bytes
 from .cache.store import PrefixCache
-from .compose import Piece
+from .seams import Piece
 
 SEEN_NAME = "sections.sqlite"
 NO_STATE, EVICTED = "no state yet", "evicted"

@@ -214,11 +214,13 @@ class RemoteGenerator(GeneratorBase):
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
                  boundaries: Sequence[int] = (), stats: EngineStats | None = None, stop_tokens: Sequence[int] = (),
-                 progress: Callable[[int, int], None] | None = None, cancel: CancelToken | None = None) -> Generation:
+                 progress: Callable[[int, int], None] | None = None, cancel: CancelToken | None = None,
+                 sections=None) -> Generation:
         """Stream the completion of ``tokens`` from the server that owns its prefix (see :meth:`route`).
 
         The server ends the answer at its own end-of-generation tokens: ``stop_tokens`` are not sent
-        (stop strings still apply to the text), and the server reports no prefill ``progress``.
+        (stop strings still apply to the text), and the server reports no prefill ``progress``;
+        it reuses a prompt as a prefix only (``sections`` is not composed).
         ``cancel`` ends the stream at the next piece."""
         if len(tokens) + 1 > self.n_ctx:
             raise EngineError(f"the prompt has {len(tokens):,} tokens; the server's context holds {self.n_ctx:,}")
