@@ -2,12 +2,15 @@
 the Nth time it passes the crash point ``POINT``.
 
 The crash tests stop real ``rag`` processes at exact moments that a signal from outside
-cannot hit reliably. Two places are marked:
+cannot hit reliably. These places are marked:
 
 - ``BEFORE_COMMIT`` (:mod:`pipeline.store.store`): a document's vectors are written, its catalog
   commit is not (``RAG_TEST_KILL_BEFORE_COMMIT``);
 - ``AFTER_COMMITS`` (the summarisation job stores): right after a unit or a result is committed
-  (``RAG_TEST_KILL_AFTER_COMMITS``), so a job stops mid-map, mid-reduce or between documents.
+  (``RAG_TEST_KILL_AFTER_COMMITS``), so a job stops mid-map, mid-reduce or between documents;
+- ``SECTION_SAVED`` (:mod:`pipeline.engine.section_states`): a section's state was saved
+  (``rag warm --sections``, or a composed prompt computing a section);
+- ``COMPOSING`` (:mod:`pipeline.engine.compose`): a section was placed in a prompt being composed.
 
 With no such variable set a crash point costs one environment lookup. It has no other use.
 """

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+from .._testhooks import crash_point
 from ..errors import EngineError
 from ._llama import composing as mem
 from .seams import STRATEGIES, Piece, Seams, runs, seam_positions
@@ -97,6 +98,7 @@ def compose(model, head: Sequence[int], pieces: Sequence[Piece], states: States,
         for piece in pieces[held:]:
             _place(model, head, piece, pos, states, scratch, out)
             _protect(model, guard_seq, pos, pos + len(piece))
+            crash_point("COMPOSING")
             if pos != h:
                 places.append((pos, piece))
             pos += len(piece)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .._sqlite import connect, transaction
+from .._testhooks import crash_point
 from .cache.index import Entry
 from .cache.keys import full_hash, token_bytes
 from .cache.store import PrefixCache
@@ -98,6 +99,7 @@ class SectionStates:
             self.saved += 1
             self.saved_bytes += entry.bytes
         self._mark_seen(piece)
+        crash_point("SECTION_SAVED")
 
     # -- which sections this directory saved before ------------------------------------------------
 
