@@ -47,12 +47,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import _corpora  # noqa: E402
-from pipeline.context import Layout, render_section  # noqa: E402
+from pipeline.ask.prompt import Layout, render_section  # noqa: E402
 from pipeline.engine import _llama  # noqa: E402
 from pipeline.engine._llama import composing as mem  # noqa: E402
 from pipeline.engine._llama import state_format as kv_state  # noqa: E402
 from pipeline.engine.compose import Piece, Seams, compose  # noqa: E402
-from pipeline.store.sections import Section  # noqa: E402
+from pipeline.records import Section  # noqa: E402
 
 MODELS = {"smollm2": "builtin:SmolLM2-135M-Instruct", "gemma3": "builtin:gemma-3-270m"}
 ANSWER = 32
