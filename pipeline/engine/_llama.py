@@ -228,6 +228,7 @@ def load(
     overrides: Sequence[Override] = (),
     model_params: Mapping[str, Any] | None = None,
     n_seq_max: int = 1,
+    swa_full: bool = True,
 ) -> Model:
     """Load ``model_path`` with one context: a :class:`Model`.
 
@@ -242,14 +243,16 @@ def load(
     turns mmap off, which llama.cpp requires for it. ``n_seq_max`` > 1 makes a context
     for that many sequences over one unified KV cache of ``n_ctx`` cells (llama.cpp's
     ``kv_unified``): sequences that share a prefix share its cells, and every sequence
-    can use the whole context. Raises :class:`ModelLoadError`.
+    can use the whole context. ``swa_full`` keeps a full-size cache for sliding-window layers
+    (llama.cpp's ``--swa-full``), so that their memory can be cut at any earlier position and
+    a prefix reused; without it they keep only the window. Raises :class:`ModelLoadError`.
     """
     from .ggml import KV_TYPE_IDS
 
     kwargs: dict[str, Any] = dict(
         n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=threads or None,
         n_threads_batch=threads_batch or threads or None, flash_attn=flash_attn, n_gpu_layers=gpu_layers,
-        use_mmap=mmap, seed=seed, embedding=embedding, verbose=False,
+        use_mmap=mmap, seed=seed, embedding=embedding, swa_full=swa_full, verbose=False,
     )
     for name, value in (("type_k", type_k), ("type_v", type_v)):
         if value not in KV_TYPE_IDS:
@@ -415,7 +418,17 @@ class Model:
         return b"".join(self.piece(t, special=True) for t in tokens)
 
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
-        """Tokens of ``text``; ``special``: markup such as ``<|im_start|>`` becomes its control token."""
+        """Tokens of ``text``; ``special``: markup such as ``<|im_start|>`` becomes its control token.
+        Without it, markup tokens llama.cpp would parse from any text (gpt-oss's ``<|start|>``...) stay text."""
+        if not special:
+            markup = self.__dict__.get("_markup")
+            if markup is None:
+                markup = self.__dict__["_markup"] = always_parsed_markup(self._vocab, self.n_vocab)
+            if markup is not False and markup.search(text):
+                return tokenize_around(markup, text, lambda piece, bos: self._tokenize(piece, bos, False), add_bos)
+        return self._tokenize(text, add_bos, special)
+
+    def _tokenize(self, text: str, add_bos: bool, special: bool) -> list[int]:
         data = text.encode("utf-8")
         capacity = len(data) + 8  # about one token per byte at most: one call almost always suffices
         out = (llama_cpp.llama_token * capacity)()
@@ -766,3 +779,43 @@ class LlamaLog:
     def overridden(self) -> dict[str, str]:
         """Tensor name -> buffer type, from the loader's ``buffer type overridden`` lines (debug level)."""
         return {m.group(1): m.group(3) for m in self.iter_matches(_OVERRIDE_LINE.pattern)}
+
+
+# --------------------------------------------------------------------------- markup parsed from any text
+
+_MARKUP_SPELLING = re.compile(r"<\|[^|<>\s]{1,48}\|>")
+
+
+def always_parsed_markup(vocab: Any, n_vocab: int) -> "re.Pattern[str] | bool":
+    """The pattern of this vocabulary's markup tokens that llama.cpp parses from *any* text, or False.
+
+    llama.cpp matches user-defined tokens in text even with special-token parsing off, and
+    for gpt-oss it marks harmony's ``<|start|>``, ``<|message|>``, ``<|channel|>`` and
+    ``<|constrain|>`` user-defined: without care a document could open a turn. Only
+    tokens spelled like markup (``<|name|>``) count; other user-defined tokens (runs of
+    spaces, HTML tags in some vocabularies) are ordinary text.
+    """
+    found = []
+    for tok in range(n_vocab):
+        if llama_cpp.llama_vocab_get_attr(vocab, tok) & llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED:
+            text = llama_cpp.llama_vocab_get_text(vocab, tok).decode("utf-8", errors="replace")
+            if _MARKUP_SPELLING.fullmatch(text):
+                found.append(text)
+    if not found:
+        return False
+    return re.compile("|".join(re.escape(t) for t in sorted(found, key=len, reverse=True)))
+
+
+def tokenize_around(markup: "re.Pattern[str]", text: str, tokenize: Any, add_bos: bool) -> list[int]:
+    """``text`` tokenised with every ``markup`` spelling kept as ordinary text: the pieces between them
+    on their own, and each spelling in two halves (``<|`` and the rest), which no markup token matches."""
+    out: list[int] = []
+    at = 0
+    for m in markup.finditer(text):
+        for piece in (text[at:m.start()], m.group(0)[:2], m.group(0)[2:]):
+            if piece:
+                out += tokenize(piece, add_bos and not out)
+        at = m.end()
+    if at < len(text):
+        out += tokenize(text[at:], add_bos and not out)
+    return out
