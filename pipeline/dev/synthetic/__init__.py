@@ -31,7 +31,7 @@ from ...errors import ConfigError
 from .gpt_oss import write_gpt_oss_model
 from .mamba import write_mamba_model
 from .qwen35moe import write_hybrid_model
-from .qwen3moe import moe_tensor_shapes, write_moe_model, write_timing_moe_model
+from .qwen3moe import SHAPE_KEYWORDS, moe_tensor_shapes, write_moe_model, write_timing_moe_model
 from .vocab import CHATML_TEMPLATE, HARMONY_TEMPLATE, byte_vocab
 from .writer import tensor_names
 
@@ -62,8 +62,10 @@ def write_model(arch: str, path: str | os.PathLike[str], **shapes: Any) -> Path:
     writer = WRITERS.get(arch)
     if writer is None:
         raise ConfigError(f"Unknown architecture {arch!r}; one of: {', '.join(WRITERS)}.")
-    target = write_moe_model if writer is _qwen3moe else writer
-    accepted = set(inspect.signature(target).parameters) | ({"fill", "dtype"} if writer is _qwen3moe else set())
+    if writer is _qwen3moe:
+        accepted = {*SHAPE_KEYWORDS, "fill", "dtype"}
+    else:
+        accepted = set(inspect.signature(writer).parameters)
     unknown = sorted(set(shapes) - accepted - {"path"})
     if unknown:
         raise ConfigError(f"A {arch} model has no {', '.join(unknown)}.")

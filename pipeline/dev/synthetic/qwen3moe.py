@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from ...errors import ConfigError
 from .vocab import resolve_vocab
@@ -36,9 +37,9 @@ def moe_tensor_shapes(
     return shapes
 
 
-def _write(path, *, name: str, fill: str, dtype: str, n_layers: int, n_embd: int, n_head: int, n_head_kv: int,
-           head_dim: int, n_experts: int, n_experts_used: int, expert_ff: int, n_ctx_train: int, vocab: str | int,
-           seed: int) -> Path:
+def _write(path: str | os.PathLike[str], *, name: str, fill: str, dtype: str, n_layers: int = 4, n_embd: int = 64,
+           n_head: int = 4, n_head_kv: int = 2, head_dim: int = 16, n_experts: int = 8, n_experts_used: int = 2,
+           expert_ff: int = 32, n_ctx_train: int = 65536, vocab: str | int = "bytes", seed: int = 0) -> Path:
     positive(n_layers=n_layers, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
              n_experts=n_experts, n_experts_used=n_experts_used, expert_ff=expert_ff, n_ctx_train=n_ctx_train)
     check_moe(n_head=n_head, n_head_kv=n_head_kv, n_experts=n_experts, n_experts_used=n_experts_used)
@@ -53,56 +54,30 @@ def _write(path, *, name: str, fill: str, dtype: str, n_layers: int, n_embd: int
                       fill=fill, dtype=dtype, seed=seed)
 
 
-def write_moe_model(
-    path: str | os.PathLike[str],
-    *,
-    arch: str = "qwen3moe",
-    n_layers: int = 4,
-    n_embd: int = 64,
-    n_head: int = 4,
-    n_head_kv: int = 2,
-    head_dim: int = 16,
-    n_experts: int = 8,
-    n_experts_used: int = 2,
-    expert_ff: int = 32,
-    n_ctx_train: int = 65536,
-    vocab: str | int = "bytes",
-    seed: int = 0,
-    zero: bool = False,
-    dtype: str = "f32",
-) -> Path:
+#: The shape keywords of the qwen3moe writers (the defaults make a ~1 MB model with a 64K trained context).
+SHAPE_KEYWORDS = ("n_layers", "n_embd", "n_head", "n_head_kv", "head_dim", "n_experts", "n_experts_used",
+                  "expert_ff", "n_ctx_train", "vocab", "seed")
+
+
+def write_moe_model(path: str | os.PathLike[str], *, arch: str = "qwen3moe", zero: bool = False, dtype: str = "f32",
+                    **shape: Any) -> Path:
     """Write a generated ``qwen3moe`` GGUF model to ``path`` (atomically) and return the path.
 
-    ``vocab`` is ``"bytes"`` (262 tokens) or a vocabulary size to pad the byte
-    vocabulary to. Weights are small random values from ``seed``, or zeros with
-    ``zero=True`` (norms stay ones); ``dtype`` ("f32" or "f16") is the type of the
-    matrices, norms and router are always f32. The defaults make a ~1 MB model.
+    ``shape``: ``n_layers`` (4), ``n_embd`` (64), ``n_head`` (4), ``n_head_kv`` (2),
+    ``head_dim`` (16), ``n_experts`` (8), ``n_experts_used`` (2), ``expert_ff`` (32),
+    ``n_ctx_train`` (65536), ``vocab`` (``"bytes"``: 262 tokens, or a size to pad the
+    byte vocabulary to) and ``seed`` (0). Weights are small random values from ``seed``,
+    or zeros with ``zero=True`` (norms stay ones); ``dtype`` ("f32" or "f16") is the type
+    of the matrices, norms and router are always f32.
     """
     if arch != "qwen3moe":
         raise ConfigError(f"write_moe_model writes qwen3moe, not {arch!r} (see pipeline.dev.synthetic.write_model).")
     if dtype not in ("f32", "f16"):
         raise ConfigError(f"dtype must be 'f32' or 'f16', not {dtype!r}.")
-    return _write(path, name="synthetic-moe", fill="zero" if zero else "random", dtype=dtype, n_layers=n_layers,
-                  n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_experts=n_experts,
-                  n_experts_used=n_experts_used, expert_ff=expert_ff, n_ctx_train=n_ctx_train, vocab=vocab, seed=seed)
+    return _write(path, name="synthetic-moe", fill="zero" if zero else "random", dtype=dtype, **_shape(shape))
 
 
-def write_timing_moe_model(
-    path: str | os.PathLike[str],
-    *,
-    qtype: str = "q8_0",
-    n_layers: int = 4,
-    n_embd: int = 64,
-    n_head: int = 4,
-    n_head_kv: int = 2,
-    head_dim: int = 16,
-    n_experts: int = 8,
-    n_experts_used: int = 2,
-    expert_ff: int = 32,
-    n_ctx_train: int = 65536,
-    vocab: str | int = "bytes",
-    seed: int = 0,
-) -> Path:
+def write_timing_moe_model(path: str | os.PathLike[str], *, qtype: str = "q8_0", **shape: Any) -> Path:
     """A timing-only qwen3moe model with quantized (``q8_0``/``q4_0``) or ``f16`` zero matrices.
 
     Unlike ``write_moe_model(zero=True)``, routing still varies from token to token:
@@ -110,13 +85,18 @@ def write_timing_moe_model(
     zero, so the residual stream stays the embedding and each token picks its own
     experts, as with a real model (this matters where llama.cpp copies only the
     experts a micro-batch uses). Sizes match a real model quantized to ``qtype``
-    throughout. Written atomically; returns the path.
+    throughout; ``shape`` as :func:`write_moe_model`'s. Written atomically; returns the path.
     """
     if qtype not in ("q8_0", "q4_0", "f16"):
         raise ConfigError(f"qtype must be one of q8_0, q4_0, f16, not {qtype!r}.")
-    return _write(path, name="synthetic-moe-timing", fill="timing", dtype=qtype, n_layers=n_layers, n_embd=n_embd,
-                  n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_experts=n_experts,
-                  n_experts_used=n_experts_used, expert_ff=expert_ff, n_ctx_train=n_ctx_train, vocab=vocab, seed=seed)
+    return _write(path, name="synthetic-moe-timing", fill="timing", dtype=qtype, **_shape(shape))
 
 
-__all__ = ["moe_tensor_shapes", "write_moe_model", "write_timing_moe_model"]
+def _shape(shape: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(shape) - set(SHAPE_KEYWORDS))
+    if unknown:
+        raise ConfigError(f"A qwen3moe model has no {', '.join(unknown)}.")
+    return shape
+
+
+__all__ = ["SHAPE_KEYWORDS", "moe_tensor_shapes", "write_moe_model", "write_timing_moe_model"]
