@@ -148,3 +148,31 @@ def test_rag_plan_gives_settings_llama_cpp_loads_within_the_budget(models, name,
         assert llm.n_ctx == 65536
     finally:
         llm.close()
+
+
+def test_the_published_qwen36_spec_has_the_tensor_set_llama_cpp_loads():
+    """``--spec qwen3.6-35b-a3b`` (built from published shapes) against the tensor table of a qwen35moe
+    of the same shapes as the generator writes it (llama.cpp's tensor set; header only, nothing written):
+    the same bytes per layer, recurrent state and active parameters, at F16."""
+    import dataclasses
+
+    from pipeline.dev.synthetic.qwen35moe import hybrid_hparams, hybrid_tensors
+    from pipeline.dev.synthetic.writer import tensor_type
+
+    shape = dict(n_layers=40, n_embd=2048, interval=4, n_head=16, n_head_kv=2, head_dim=256, d_conv=4, d_state=128,
+                 n_group=16, dt_rank=32, n_experts=256, expert_ff=512, shared_ff=512)
+    hparams = hybrid_hparams(n_ctx_train=262144, rope_dim=64, n_experts_used=8, **shape)
+    tensors = [(t.name, tuple(reversed(t.shape)), tensor_type(t, "f16", "random"))
+               for t in hybrid_tensors(n_vocab=248320, **shape)]
+    meta = {"general.architecture": "qwen35moe", **{f"qwen35moe.{k}": v for k, v in hparams.items()}}
+    generated = ModelSpec.from_metadata(meta, tensors)
+    published = ModelSpec.qwen36_35b_a3b("F16")
+    for key in ("n_vocab", "n_ctx_train", "n_experts", "n_experts_used", "expert_ff", "embd_bytes", "output_bytes",
+                "total_bytes", "active_params"):
+        assert getattr(generated, key) == getattr(published, key), key
+    skip = {"n_head", "n_head_kv", "head_dim_k", "head_dim_v"}  # unused on a recurrent layer
+    for gen, pub in zip(generated.layers, published.layers):
+        got, want = dataclasses.asdict(gen), dataclasses.asdict(pub)
+        if gen.kind == "recurrent":
+            got, want = ({k: v for k, v in d.items() if k not in skip} for d in (got, want))
+        assert got == want

@@ -73,6 +73,21 @@ def hybrid_tensors(*, n_layers: int, n_embd: int, n_vocab: int, interval: int, n
     return out + [Tensor("output_norm.weight", (n_embd,)), Tensor("output.weight", (n_vocab, n_embd))]
 
 
+def hybrid_hparams(*, n_ctx_train: int, n_embd: int, n_layers: int, interval: int, n_head: int, n_head_kv: int,
+                   head_dim: int, rope_dim: int, d_conv: int, d_state: int, n_group: int, dt_rank: int,
+                   n_experts: int, n_experts_used: int, expert_ff: int, shared_ff: int) -> dict:
+    """The qwen35moe hyperparameter keys (below ``qwen35moe.``), as llama.cpp's loader reads them."""
+    return {
+        **common_hparams(n_ctx_train=n_ctx_train, n_embd=n_embd, n_layers=n_layers),
+        **attention_hparams(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, rope_base=10_000_000.0),
+        "rope.dimension_count": rope_dim, "rope.dimension_sections": rope_sections(rope_dim),
+        **moe_hparams(n_experts=n_experts, n_experts_used=n_experts_used, expert_ff=expert_ff),
+        "expert_shared_feed_forward_length": shared_ff,
+        "ssm.conv_kernel": d_conv, "ssm.state_size": d_state, "ssm.group_count": n_group,
+        "ssm.time_step_rank": dt_rank, "ssm.inner_size": d_state * dt_rank, "full_attention_interval": interval,
+    }
+
+
 def rope_sections(rope_dim: int) -> list[int]:
     """Multi-section RoPE split of ``rope_dim / 2`` rotated pairs, in Qwen3.5's proportions (11, 11, 10, 0 of 32)."""
     pairs = rope_dim // 2
@@ -106,17 +121,11 @@ def write_hybrid_model(
     if rope_dim > head_dim or rope_dim % 2:
         raise ConfigError(f"rope_dim ({rope_dim}) must be even and at most head_dim ({head_dim}).")
     tokens, types, merges = resolve_vocab(vocab, "chatml")
-    d_inner = ssm_state_size * ssm_time_step_rank
-    hparams = {
-        **common_hparams(n_ctx_train=n_ctx_train, n_embd=n_embd, n_layers=n_layers),
-        **attention_hparams(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, rope_base=10_000_000.0),
-        "rope.dimension_count": rope_dim, "rope.dimension_sections": rope_sections(rope_dim),
-        **moe_hparams(n_experts=n_experts, n_experts_used=n_experts_used, expert_ff=expert_ff),
-        "expert_shared_feed_forward_length": shared_ff,
-        "ssm.conv_kernel": ssm_conv_kernel, "ssm.state_size": ssm_state_size, "ssm.group_count": ssm_group_count,
-        "ssm.time_step_rank": ssm_time_step_rank, "ssm.inner_size": d_inner,
-        "full_attention_interval": full_attention_interval,
-    }
+    hparams = hybrid_hparams(n_ctx_train=n_ctx_train, n_embd=n_embd, n_layers=n_layers,
+                             interval=full_attention_interval, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+                             rope_dim=rope_dim, d_conv=ssm_conv_kernel, d_state=ssm_state_size,
+                             n_group=ssm_group_count, dt_rank=ssm_time_step_rank, n_experts=n_experts,
+                             n_experts_used=n_experts_used, expert_ff=expert_ff, shared_ff=shared_ff)
     tensors = hybrid_tensors(n_layers=n_layers, n_embd=n_embd, n_vocab=len(tokens), interval=full_attention_interval,
                              n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, d_conv=ssm_conv_kernel,
                              d_state=ssm_state_size, n_group=ssm_group_count, dt_rank=ssm_time_step_rank,
@@ -125,4 +134,4 @@ def write_hybrid_model(
                       vocab=(tokens, types, merges), family="chatml", fill=fill, dtype=dtype, seed=seed)
 
 
-__all__ = ["hybrid_tensors", "rope_sections", "write_hybrid_model"]
+__all__ = ["hybrid_hparams", "hybrid_tensors", "rope_sections", "write_hybrid_model"]
