@@ -781,6 +781,34 @@ class LlamaLog:
         return {m.group(1): m.group(3) for m in self.iter_matches(_OVERRIDE_LINE.pattern)}
 
 
+# --------------------------------------------------------------------------- the build (for `rag status`)
+
+
+def system_info() -> str:
+    """llama.cpp's own account of its build (``llama_print_system_info``), without loading a model:
+    the CPU instruction sets it was compiled for (``CPU : AVX2 = 1 | ...``) and, on a GPU build, the
+    backend and its architectures (``CUDA : ARCHS = 860,900 | ...``)."""
+    return llama_cpp.llama_print_system_info().decode(errors="replace")
+
+
+def devices() -> list[dict[str, str]]:
+    """The devices llama.cpp's backends report (``name`` as ``CPU``, ``CUDA0``; ``description``)."""
+    f = _ggml_functions()
+    lib = _llama_cpp_c._lib
+    name_of, desc_of = (getattr(lib, s, None) for s in ("ggml_backend_dev_name", "ggml_backend_dev_description"))
+    if not (f["dev_count"] and f["dev_get"] and name_of and desc_of):
+        return []
+    for fn in (name_of, desc_of):
+        fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    found = []
+    for i in range(f["dev_count"]()):
+        dev = f["dev_get"](i)
+        if dev:
+            found.append({"name": (name_of(dev) or b"").decode(errors="replace"),
+                          "description": (desc_of(dev) or b"").decode(errors="replace")})
+    return found
+
+
 # --------------------------------------------------------------------------- markup parsed from any text
 
 _MARKUP_SPELLING = re.compile(r"<\|[^|<>\s]{1,48}\|>")
