@@ -15,7 +15,8 @@ import pytest
 from pipeline.config import EngineConfig
 from pipeline.dev.synthetic import WRITERS, tensor_names, write_model
 from pipeline.engine._llama import LlamaLog
-from pipeline.engine.generator import Engine, resolve_overrides
+from pipeline.engine.loading import resolve_overrides
+from pipeline.engine.local import Engine
 from pipeline.engine.offload import planned_tensors
 from pipeline.planner.spec import ModelSpec
 

@@ -17,7 +17,7 @@ def gpt_oss(tmp_path_factory):
 
 
 def test_gpt_oss_main_path(gpt_oss, store_dir, tmp_path, monkeypatch):
-    from pipeline.engine.model_info import ModelInfo
+    from pipeline.engine.gguf.info import ModelInfo
 
     info = ModelInfo.read(gpt_oss)
     assert info.arch == "gpt-oss" and [lay.kind for lay in info.layers] == ["swa", "full"] * 2

@@ -17,7 +17,7 @@ def hybrid(tmp_path_factory):
 
 
 def test_hybrid_main_path(hybrid, store_dir, tmp_path, monkeypatch):
-    from pipeline.engine.model_info import ModelInfo
+    from pipeline.engine.gguf.info import ModelInfo
 
     info = ModelInfo.read(hybrid)
     assert info.arch == "qwen35moe" and [lay.kind for lay in info.layers] == ["recurrent"] * 3 + ["full"]

@@ -128,7 +128,7 @@ def test_rag_plan_gives_settings_llama_cpp_loads_within_the_budget(models, name,
     """`rag plan FILE --ctx 65536 --ram 3` (2 GiB of it kept as margin): the planned settings, loaded for
     real by the engine, allocate what the plan said (within 5%) and no more than the budget allows."""
     from pipeline.engine._llama import LlamaLog
-    from pipeline.engine.generator import Engine
+    from pipeline.engine.local import Engine
 
     out = CliRunner().invoke(cli, ["plan", str(models[name]), "--ctx", "65536", "--ram", "3", "--json"])
     assert out.exit_code == 0, out.output
