@@ -149,7 +149,7 @@ class Pipeline:
             settings = dataclasses.replace(settings, threads=max(1, usable_cpus() // self.config.engine.parallel))
         return Engine(path, settings, log=self._log, cache=self.prefix_cache,
                       cache_min_tokens=self.config.cache.min_tokens,
-                      boundary_states=self.config.cache.boundary_states)
+                      boundary_states=self.config.cache.boundary_states, ram_states=self.ram_states)
 
     @once
     def _pool(self) -> EnginePool:
@@ -321,6 +321,14 @@ class Pipeline:
         from .engine.cache.store import PrefixCache
 
         return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
+
+    @once
+    def ram_states(self):
+        """Boundary states kept in host memory for this pipeline's engines (models that cannot cut their memory)."""
+        from .engine.cache.ram import RamStates
+
+        c = self.config.cache
+        return RamStates(max_states=c.ram_states, max_bytes=int(c.ram_gb * 2**30))
 
     @contextmanager
     def store(self, *, create: bool = True) -> Iterator[Store]:

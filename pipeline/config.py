@@ -346,6 +346,9 @@ class CacheConfig:
     are not worth a file. Besides a prompt's whole prefix, up to ``boundary_states``
     states are saved at earlier document and section boundaries of it (spread evenly),
     so that a prompt sharing only its first documents or sections resumes from there.
+    A model that cannot cut its memory (recurrent or hybrid, e.g. Qwen3.6) also keeps the
+    last ``ram_states`` boundary states (at most ``ram_gb``) in host memory, so a later
+    question in the same process (``rag serve``, an app) restores one without the disk.
     """
 
     enabled: bool = True
@@ -358,6 +361,10 @@ class CacheConfig:
     """Prefixes shorter than this are not saved (not worth a file)."""
     boundary_states: int = 4
     """States saved per prompt at earlier document or section boundaries, besides its whole prefix."""
+    ram_states: int = 4
+    """Boundary states a recurrent or hybrid model keeps in host memory for later questions (0: none)."""
+    ram_gb: float = 2.0
+    """Host memory those states may use; least recently used ones go first."""
 
 
 @dataclass(frozen=True)
@@ -487,6 +494,8 @@ class Config:
             raise ConfigError("ask.mmr_lambda must be in [0, 1], ask.temperature >= 0, ask.repeat_penalty > 0")
         if self.cache.max_gb <= 0 or self.cache.min_tokens < 1 or self.cache.boundary_states < 0:
             raise ConfigError("cache.max_gb must be > 0, cache.min_tokens >= 1 and cache.boundary_states >= 0")
+        if self.cache.ram_states < 0 or not self.cache.ram_gb >= 0:
+            raise ConfigError("cache.ram_states must be >= 0 and cache.ram_gb >= 0")
         m = self.summarize
         if not m.prompt.strip() or m.max_tokens < 1 or m.temperature < 0 or m.repeat_penalty <= 0:
             raise ConfigError("summarize.prompt must not be empty, summarize.max_tokens >= 1, "
