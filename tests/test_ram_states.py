@@ -192,3 +192,22 @@ def test_the_settings_and_the_pipeline(models, tmp_path, monkeypatch):
         assert rag.ask("what jumps?").stats.cache == "miss"
         assert rag.ask("who is lazy?").stats.cache == "ram"  # a long-lived process: no disk round trip
         assert rag.ram_states.max_states == 2
+
+
+def test_a_state_evicted_between_lookup_and_load_falls_back_to_the_disk(models, tmp_path, monkeypatch):
+    ram = RamStates()
+    cache = PrefixCache(tmp_path / "cache", max_bytes=2**30)
+    engine = Engine(models["qwen35moe"], SETTINGS, cache=cache, cache_min_tokens=16, ram_states=ram)
+    plain = Engine(models["qwen35moe"], SETTINGS)
+    try:
+        _ask(engine, "what jumps?")
+        stale = ram.lookup(engine.namespace, engine.tokenize(DOC) + [0])
+        assert stale is not None
+        ram.clear()  # another engine of the pool evicted it after this one looked it up
+        monkeypatch.setattr(ram, "lookup", lambda *a, **k: stale)
+        text, stats = _ask(engine, "who is lazy?")
+        assert stats.cache == "disk" and stats.cached_tokens == len(engine.tokenize(DOC))
+        assert text == _ask(plain, "who is lazy?")[0]
+    finally:
+        engine.close()
+        plain.close()

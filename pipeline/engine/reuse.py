@@ -24,13 +24,16 @@ points.
 
 Models whose memory cannot be cut at an arbitrary position (recurrent and hybrid ones)
 keep their memory only when it is exactly a prefix of the prompt ending at a cut;
-otherwise they reuse a saved state, or prefill in full.
+otherwise they reuse a saved state, or prefill in full. For them the policy also keeps
+copies of boundary states in host memory (``ram``, a second :class:`StateStore`:
+:class:`~.cache.ram.RamStates`), consulted before the disk and given every state saved
+or restored from disk, so a later question in a long-lived process restores without a
+file (``stats.cache == "ram"``).
 
 Where this grows: a plan is "what to reuse from where", so new sources are new parts of
 a plan and new branches of :meth:`~ReusePolicy.apply`, not a new policy. Section states
 composed into a prompt (each restored, shifted to its place, joined through a scratch
-sequence) would be restores at positions other than 0; bounded in-RAM copies of
-boundary states would be a second :class:`StateStore` consulted before the disk.
+sequence) would be restores at positions other than 0.
 """
 
 from __future__ import annotations
@@ -186,7 +189,8 @@ class ReusePolicy:
     States are looked up and saved only for prompts whose prefix has at least
     ``min_tokens`` tokens; a prompt saves its whole prefix and at most
     ``boundary_states`` earlier boundaries it prefilled (spread evenly). ``namespace()``
-    names the model and settings the states belong to (computed on first use).
+    names the model and settings the states belong to (computed on first use). ``ram``
+    (host-memory copies, for models that cannot cut their memory) is consulted first.
     """
 
     def __init__(self, store: StateStore | None, *, namespace: Callable[[], str], min_tokens: int = 256,
@@ -307,7 +311,7 @@ class ReusePolicy:
                 return plan
             if plan.restore.source == "ram":  # evicted meanwhile by another engine of the pool: the disk's
                 again = self._lookup(plan.tokens, plan.cuts, floor=self.min_tokens, ram=False, probe=False)
-                return self.apply(replace(plan, restore=again, missed=again is None), memory, stats)
+                return self.apply(replace(plan, keep=0, restore=again, missed=again is None), memory, stats)
             stats.notes.append(f"a cached prefix state was ignored and deleted: {plan.restore.store.last_error}")
             return replace(plan, keep=0, restore=None, missed=True)
         if plan.keep == 0:
