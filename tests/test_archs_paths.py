@@ -1,5 +1,6 @@
 """`rag warm`, `rag ask --chat` and `rag serve` with a generated hybrid (qwen35moe) and gpt-oss as the
-generator: the counters say the documents' prefix was prefilled once and reused (the text is noise)."""
+generator: the counters say the documents' prefix was prefilled once and reused (the text is noise),
+in a long-lived server from host memory (the hybrid) or the KV cache itself (gpt-oss)."""
 
 from __future__ import annotations
 
@@ -95,6 +96,8 @@ def test_serve_answers_and_a_follow_up_reuses_the_documents(models, arch, store_
         assert code == 200, follow
         cached = follow["usage"]["prompt_tokens_details"]["cached_tokens"]
         assert cached > 0.5 * first["usage"]["prompt_tokens"], (cached, first["usage"])
+        # a long-lived process: the hybrid restores the documents' state from host memory, gpt-oss cuts its cache
+        assert follow["stats"]["cache"] == {"qwen35moe": "ram", "gpt-oss": "memory"}[arch], follow["stats"]
         code, bad = _post(chat, {"model": "rag", "messages": []})
         assert code == 400 and bad["error"]["message"]
     finally:
