@@ -100,7 +100,7 @@ def restore_benchmark(args, work: Path) -> dict:
     return results
 
 
-def main(argv=None) -> int:
+def _arguments(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=6000, help="document size in generator tokens")
     ap.add_argument("--repeat", type=int, default=None, help="rounds (default 2; --restore: 5)")
@@ -108,7 +108,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="a 2,000-token document, one repeat")
     ap.add_argument("--restore", action="store_true",
                     help="time restoring the generated hybrid's 16K and 64K states from RAM against the disk")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _arguments(argv)
     if args.restore:
         return restore_main(args)
     args.repeat = args.repeat or 2

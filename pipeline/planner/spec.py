@@ -177,20 +177,7 @@ class ModelSpec:
             toks = meta.get("tokenizer.ggml.tokens")
             n_vocab = toks.count if isinstance(toks, ArrayInfo) else len(toks) if isinstance(toks, list) else 0
 
-        # recurrent state (f32 per sequence): conv (d_conv-1) x channels + ssm state
-        d_conv = int(key("ssm.conv_kernel", 0) or 0)
-        d_inner = int(key("ssm.inner_size", 0) or 0)
-        d_state = int(key("ssm.state_size", 0) or 0)
-        n_group = int(key("ssm.group_count", 0) or 0)
-        ssm_heads = int(key("ssm.time_step_rank", 0) or 0)
-        if ssm_heads and d_inner:  # gated delta net / mamba2 style
-            conv_ch = d_inner + 2 * n_group * d_state
-        else:
-            conv_ch = d_inner
-        state = (max(d_conv - 1, 0) * conv_ch + d_inner * d_state) * 4
-        # per token: a Gated DeltaNet head reads, updates and applies its (d_k x d_v) state, ~6 FLOPs a cell;
-        # Mamba's scan ~4 an element of its (d_inner x d_state) state
-        state_flops = (6 if n_group else 4) * d_inner * d_state
+        state, state_flops = recurrent_state(key)
 
         layers = []
         for i, lay in enumerate(info.layers):
@@ -274,6 +261,24 @@ class ModelSpec:
         )
 
 
+def recurrent_state(key: Any) -> tuple[int, int]:
+    """(bytes per sequence, FLOPs per token) of a recurrent layer, from the ``ssm.*`` keys (``key(name, default)``).
+
+    The state is f32, as llama.cpp keeps it: the convolution's last ``d_conv - 1`` inputs of
+    every channel (Gated DeltaNet and Mamba-2: the value width plus queries and keys of every
+    group) and the SSM state, ``d_inner x d_state``. Per token a Gated DeltaNet head reads,
+    updates and applies its ``d_k x d_v`` state (about 6 FLOPs a cell); Mamba's scan about 4.
+    """
+    d_conv = int(key("ssm.conv_kernel", 0) or 0)
+    d_inner = int(key("ssm.inner_size", 0) or 0)
+    d_state = int(key("ssm.state_size", 0) or 0)
+    n_group = int(key("ssm.group_count", 0) or 0)
+    ssm_heads = int(key("ssm.time_step_rank", 0) or 0)
+    conv_ch = d_inner + 2 * n_group * d_state if ssm_heads and d_inner else d_inner
+    state = (max(d_conv - 1, 0) * conv_ch + d_inner * d_state) * 4
+    return state, (6 if n_group else 4) * d_inner * d_state
+
+
 # --------------------------------------------------------------------------- GGUF header
 
 
@@ -311,4 +316,5 @@ def kv_type_supported(spec: ModelSpec, type_name: str) -> bool:
                for lay in spec.layers if lay.kind != "recurrent")
 
 
-__all__ = ["KV_TYPES", "LayerSpec", "ModelSpec", "ggml_type_name", "kv_type_supported", "read_gguf"]
+__all__ = ["KV_TYPES", "LayerSpec", "ModelSpec", "ggml_type_name", "kv_type_supported", "read_gguf",
+           "recurrent_state"]
