@@ -162,7 +162,7 @@ def test_gpt_oss_cuts_a_prefix_longer_than_its_window_in_memory(models):
 def test_harmony_markup_comes_only_from_the_template(models):
     """llama.cpp parses gpt-oss's <|start|>, <|message|>, <|channel|> from any text: in a document they stay
     text (no special token), while the template's own markup is one token each; the stops are the turn's."""
-    from pipeline.stops import template_stops
+    from pipeline.ask.stops import template_stops
 
     engine = Engine(models["gpt-oss"], EngineConfig(n_ctx=512, threads=2))
     try:
@@ -181,7 +181,7 @@ def test_harmony_markup_comes_only_from_the_template(models):
 
 
 def test_turn_markers_of_common_templates():
-    from pipeline.stops import _turn_markers
+    from pipeline.ask.stops import _turn_markers
 
     assert _turn_markers("<|im_end|>\n<|im_start|>user\n") == ["<|im_end|>", "<|im_start|>"]
     assert _turn_markers("<|end|><|start|>user<|message|>") == ["<|end|>", "<|start|>"]
