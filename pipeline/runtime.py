@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .engine.contract import TextEmbedder, TextGenerator
 
 #: The lazily built resources :meth:`Runtime.close` closes (those it made).
-RESOURCES = ("embedder", "engine", "prefix_cache", "pack_history")
+RESOURCES = ("embedder", "engine", "prefix_cache", "ram_states", "pack_history")
 
 
 class Runtime:

@@ -192,6 +192,9 @@ def test_the_settings_and_the_pipeline(models, tmp_path, monkeypatch):
         assert rag.ask("what jumps?").stats.cache == "miss"
         assert rag.ask("who is lazy?").stats.cache == "ram"  # a long-lived process: no disk round trip
         assert rag.ram_states.max_states == 2
+        ram = rag.ram_states
+        assert len(ram) > 0
+    assert len(ram) == 0  # closing the pipeline lets go of the states
 
 
 def test_a_state_evicted_between_lookup_and_load_falls_back_to_the_disk(models, tmp_path, monkeypatch):

@@ -134,6 +134,10 @@ class RamStates:
         with self._lock:
             self._held.clear()
 
+    def close(self) -> None:
+        """Let go of every state (the pipeline closing)."""
+        self.clear()
+
     def take_notes(self) -> list[str]:
         return []
 
