@@ -95,6 +95,11 @@ class Pipeline:
         return self.runtime.prefix_cache
 
     @property
+    def ram_states(self):
+        """Boundary states kept in host memory for the engines (models that cannot cut their memory)."""
+        return self.runtime.ram_states
+
+    @property
     def pack_history(self):
         """The packs recent questions used (see :mod:`.ask.history`)."""
         return self.runtime.pack_history

@@ -29,11 +29,12 @@ if TYPE_CHECKING:
     from .ask.prompt import Layout, SectionTokens
     from .ask.stops import Stops
     from .config import EngineConfig
+    from .engine.cache.ram import RamStates
     from .engine.cache.store import PrefixCache
     from .engine.contract import TextEmbedder, TextGenerator
 
 #: The lazily built resources :meth:`Runtime.close` closes (those it made).
-RESOURCES = ("embedder", "engine", "prefix_cache", "pack_history")
+RESOURCES = ("embedder", "engine", "prefix_cache", "ram_states", "pack_history")
 
 
 class Runtime:
@@ -112,7 +113,7 @@ class Runtime:
             settings = dataclasses.replace(settings, threads=max(1, usable_cpus() // self.config.engine.parallel))
         return Engine(path, settings, log=self.log, cache=self.prefix_cache,
                       cache_min_tokens=self.config.cache.min_tokens,
-                      boundary_states=self.config.cache.boundary_states)
+                      boundary_states=self.config.cache.boundary_states, ram_states=self.ram_states)
 
     def engine_settings(self, model_path: Path) -> "EngineConfig":
         """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""
@@ -209,6 +210,15 @@ class Runtime:
         from .engine.cache.store import PrefixCache
 
         return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
+
+    @once
+    def ram_states(self) -> "RamStates":
+        """Boundary states kept in host memory for this pipeline's engines (models that cannot cut their
+        memory: a later question restores without the disk)."""
+        from .engine.cache.ram import RamStates
+
+        c = self.config.cache
+        return RamStates(max_states=c.ram_states, max_bytes=int(c.ram_gb * 2**30))
 
     @once
     def pack_history(self) -> "PackHistory":

@@ -262,6 +262,9 @@ class CacheConfig:
     are not worth a file. Besides a prompt's whole prefix, up to ``boundary_states``
     states are saved at earlier document and section boundaries of it (spread evenly),
     so that a prompt sharing only its first documents or sections resumes from there.
+    A model that cannot cut its memory (recurrent or hybrid, e.g. Qwen3.6) also keeps the
+    last ``ram_states`` boundary states (at most ``ram_gb``) in host memory, so a later
+    question in the same process (``rag serve``, an app) restores one without the disk.
     """
 
     enabled: bool = True
@@ -274,10 +277,16 @@ class CacheConfig:
     """Prefixes shorter than this are not saved (not worth a file)."""
     boundary_states: int = 4
     """States saved per prompt at earlier document or section boundaries, besides its whole prefix."""
+    ram_states: int = 4
+    """Boundary states a recurrent or hybrid model keeps in host memory for later questions (0: none)."""
+    ram_gb: float = 2.0
+    """Host memory those states may use; least recently used ones go first."""
 
     def validate(self) -> "CacheConfig":
         if self.max_gb <= 0 or self.min_tokens < 1 or self.boundary_states < 0:
             raise ConfigError("cache.max_gb must be > 0, cache.min_tokens >= 1 and cache.boundary_states >= 0")
+        if self.ram_states < 0 or not self.ram_gb >= 0:
+            raise ConfigError("cache.ram_states must be >= 0 and cache.ram_gb >= 0")
         return self
 
 
