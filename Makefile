@@ -1,12 +1,17 @@
-# `make demo` sets everything up and answers a question about samples/; `make test` runs the whole test suite.
+# `make demo` sets everything up and asks two questions about samples/; `make test` runs the whole test suite.
 .PHONY: setup demo test bench docs clean
 
 setup:
 	./setup.sh
 
+# Two different questions: the first prefills the packed documents (progress on the terminal), the second
+# reuses that prefix and prefills only itself; the last two lines compare them.
+DEMO_QUESTIONS = "How much faster was prefill with 8 layers' experts on the CPU?" \
+                 "What is the difference between n_batch and n_ubatch?"
+
 demo: setup
 	.venv/bin/rag ingest samples/
-	.venv/bin/rag ask --stats "How much faster was prefill with 8 layers' experts on the CPU?"
+	.venv/bin/rag ask --max-tokens 64 $(DEMO_QUESTIONS)
 
 test: setup
 	.venv/bin/rag models pull gemma-3-270m   # a sliding-window model the prefix-cache tests use

@@ -65,7 +65,7 @@ def _indent(text: str, width: int = 600) -> str:
 
 
 @cli.command(cls=QueryCommand)
-@click.argument("question")
+@click.argument("question", nargs=-1, required=True)
 @click.option("--doc", "docs", multiple=True, type=click.Path(path_type=Path),
               help="Answer from this ingested document (repeatable).")
 @click.option("--source", "sources", multiple=True, type=click.Path(path_type=Path),
@@ -94,29 +94,55 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
     else the fixed sections that best match the question, always in document order, so
     the next question reuses the prompt's prefix and prefills only itself. Pages are
     marked in the prompt; sources list the pages that matched best.
-    A QUESTION that starts with a dash goes after --.
+    Several questions are answered one after another with the model loaded once, then
+    compared: time to first token, tokens prefilled and reused (with --json, one JSON
+    object per line). A QUESTION that starts with a dash goes after --.
     """
+    overrides = _store_overrides(collection, store_path)
+    overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
+    several = len(question) > 1
+    answers = []
+    with _pipeline(ctx, **overrides) as rag:
+        options = dict(doc=list(docs) or None, source=list(sources) or None, mode=mode, top_k=top_k,
+                       temperature=temperature, system_prompt=system_prompt, stop=list(stop) or None)
+        for i, q in enumerate(question, start=1):
+            if several and not as_json:
+                click.secho(("\n" if i > 1 else "") + f"Q{i}: {_printable(q)}", bold=True)
+            answer = _answer(rag, q, chat_id=chat_id, live=not as_json, **options)
+            answers.append(answer)
+            if as_json:
+                if several:
+                    from ..schemas import versioned
+
+                    click.echo(json.dumps(versioned(answer.to_dict()), ensure_ascii=False))
+                else:
+                    _echo_json(answer.to_dict())
+                continue
+            _echo_answer(answer, show_stats=show_stats)
+    if several and not as_json:
+        click.echo()
+        for line in _comparison(answers):
+            click.echo(line)
+
+
+def _answer(rag, question: str, *, chat_id, live: bool, **options):
+    """One answer, streamed to stdout when ``live``, with prefill progress on a terminal's stderr."""
     from ..concurrency import iterate_interruptibly
     from ..errors import Cancelled
 
-    overrides = _store_overrides(collection, store_path)
-    overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
-    with _pipeline(ctx, **overrides) as rag:
-        options = dict(doc=list(docs) or None, source=list(sources) or None, mode=mode, top_k=top_k,
-                       temperature=temperature, system_prompt=system_prompt, stop=list(stop) or None,
-                       progress=_PrefillLine() if not as_json and sys.stderr.isatty() else None)
-        stream = rag.chat_stream(question, chat_id=chat_id, **options) if chat_id else \
-            rag.ask_stream(question, **options)
-        try:  # generated in a worker thread: Ctrl-C stops a prefill within one micro-batch
-            for piece in iterate_interruptibly(stream):
-                if not as_json:
-                    click.echo(piece, nl=False)
-        except KeyboardInterrupt:
-            raise UserError(Cancelled("interrupted")) from None
-        answer = stream.answer
-        if as_json:
-            _echo_json(answer.to_dict())
-            return
+    progress = _PrefillLine() if live and sys.stderr.isatty() else None
+    stream = rag.chat_stream(question, chat_id=chat_id, progress=progress, **options) if chat_id else \
+        rag.ask_stream(question, progress=progress, **options)
+    try:  # generated in a worker thread: Ctrl-C stops a prefill within one micro-batch
+        for piece in iterate_interruptibly(stream):
+            if live:
+                click.echo(piece, nl=False)
+    except KeyboardInterrupt:
+        raise UserError(Cancelled("interrupted")) from None
+    return stream.answer
+
+
+def _echo_answer(answer, *, show_stats: bool) -> None:
     click.echo()
     if answer.sources:
         click.echo("\nSources:")
@@ -138,6 +164,20 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
             click.echo(_retrieval_line(answer.retrieval), err=True)
         if st.reuse_lost:
             click.echo(f"reuse: {st.reuse_lost}", err=True)
+
+
+def _comparison(answers) -> list[str]:
+    """One line per answer: time to first token, tokens prefilled and reused, against the first."""
+    first = answers[0].stats
+    lines = []
+    for i, a in enumerate(answers, start=1):
+        st = a.stats
+        line = (f"question {i}: {st.ttft_seconds:.1f} s to the first token ({st.prefill_tokens:,} tokens prefilled, "
+                f"{st.cached_tokens:,} of {st.prompt_tokens:,} reused)")
+        if i > 1 and st.ttft_seconds > 0 and first.ttft_seconds > 0:
+            line += f", {first.ttft_seconds / st.ttft_seconds:.1f}x faster than question 1"
+        lines.append(line)
+    return lines
 
 
 class _PrefillLine:
