@@ -68,3 +68,29 @@ def test_the_demos_second_question_prefills_at_least_ten_times_fewer_tokens(stor
     assert len(first_token_timings) == 4 and counted == [n(p1), n(p2)]
     assert counted[0] >= 10 * counted[1], counted
     assert n(r1) == 0 and n(r2) + n(p2) == n(t2) and n(r2) >= 0.9 * n(t2)
+
+
+@pytest.mark.slow
+def test_several_questions_in_one_ask_are_compared_and_json_is_one_object_per_line(store_dir, ingested,
+                                                                                   monkeypatch):
+    import json
+
+    from pipeline.schemas import validate
+
+    monkeypatch.setenv("RAG_ENGINE_N_CTX", "1024")
+    questions = ["Where do tomatoes grow best?", "What do tomato plants need?"]
+    runner = CliRunner()
+    result = runner.invoke(cli, ["ask", *questions, "--max-tokens", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    answers = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [a["question"] for a in answers] == questions
+    for a in answers:
+        validate("ask", a)
+    assert answers[1]["stats"]["cached_tokens"] > 0.5 * answers[1]["stats"]["prompt_tokens"]
+
+    text = runner.invoke(cli, ["ask", *questions, "--max-tokens", "4"]).output
+    assert "Q1: Where do tomatoes grow best?" in text and "Q2: What do tomato plants need?" in text
+    assert text.count("Sources:") == 2
+    lines = text.splitlines()[-2:]
+    assert [SUMMARY.match(line).group(1) for line in lines] == ["1", "2"], lines
+    assert "faster than question 1" in lines[1]
