@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from .store.catalog import StoredChunk
-from .engine.stages import TextEmbedder
+from .engine.contract import TextEmbedder
 from .store.store import Store
 
 if TYPE_CHECKING:

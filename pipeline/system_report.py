@@ -124,8 +124,8 @@ def _build() -> BuildInfo:
 
 def cache_summary(config: Config) -> dict[str, Any]:
     """The prefix cache's size and hit counts; an absent cache directory is reported empty, not created."""
-    from .engine.cache import PrefixCache
-    from .engine.cache_index import INDEX_NAME
+    from .engine.cache.store import PrefixCache
+    from .engine.cache.index import INDEX_NAME
 
     directory = config.cache_path
     out: dict[str, Any] = {"enabled": config.cache.enabled, "directory": str(directory)}
