@@ -26,16 +26,24 @@ def demo_command() -> list[str]:
     text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
     questions = shlex.split(re.search(r"^DEMO_QUESTIONS = (.+)$", text, re.M).group(1))
     recipe = re.search(r"^demo:.*\n((?:\t.*\n)+)", text, re.M).group(1)
-    ask = next(line for line in recipe.splitlines() if ".venv/bin/rag ask" in line)
-    args = shlex.split(ask.replace("$(DEMO_QUESTIONS)", shlex.join(questions)))
-    return args[1:]  # without .venv/bin/rag
+    ask = next(line for line in recipe.splitlines() if ".venv/bin/rag " in line and " ask " in line)
+    args = shlex.split(ask.replace("$(DEMO_QUESTIONS)", shlex.join(questions)))[1:]  # without .venv/bin/rag
+    if "--config" in args:  # relative to the repository, where make runs
+        i = args.index("--config") + 1
+        args[i] = str(ROOT / args[i])
+    return args
 
 
-def test_the_demo_asks_two_different_short_questions():
+def test_the_demo_asks_two_different_short_questions_with_gemma():
     args = demo_command()
-    assert args[:3] == ["ask", "--max-tokens", "64"]
-    questions = args[3:]
+    ask = args.index("ask")
+    assert args[ask + 1:ask + 3] == ["--max-tokens", "64"]
+    questions = args[ask + 3:]
     assert len(questions) == 2 and questions[0] != questions[1]
+    from pipeline.config import load_config
+
+    config = load_config(args[args.index("--config") + 1], environ={})
+    assert config.models.generator == "builtin:gemma-3-270m"
 
 
 @pytest.mark.slow
