@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.stops import Stops
+from pipeline.ask.stops import Stops
 
 FAST = {"engine__n_ctx": 768, "ask__max_tokens": 16, "ask__top_k": 2, "ask__neighbours": 0}
 Q = "What do tomato plants need?"
@@ -65,7 +65,7 @@ def test_an_invented_turn_ends_the_answer_and_the_decode(fake_pipeline):
     answer = rag.ask("Where do zebras live?")
     assert answer.text == "You asked: Where do zebras live?"
     assert answer.stats.decode_tokens < 12  # stopped at the invented turn, not after 20 of them
-    rag.__dict__["stops"] = Stops()
+    rag.runtime.stops = Stops()
     assert "Question: more?" in rag.ask("Where do zebras live?").text  # what the guard prevents
 
 

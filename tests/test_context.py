@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.context import pack
+from pipeline.ask.prompt import pack
 from pipeline.errors import EngineError
-from pipeline.retrieve import Passage, merge_chunks
-from pipeline.store.catalog import StoredChunk
+from pipeline.types import Passage, StoredChunk
+from pipeline.retrieval.search import merge_chunks
 
 
 def words(text: str, *, special: bool = False) -> list[int]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from .common import (QueryCommand, UserError, _display_path, _echo_json, _pipeline, _printable, _store_overrides,
-                     cli, handles_errors, json_option, store_options)
+from .common import (QueryCommand, UserError, cli, display_path, echo_json, handles_errors, json_option, open_pipeline,
+                     printable, store_options, store_overrides)
 
 
 @cli.command(cls=QueryCommand)
@@ -28,22 +28,22 @@ def search(ctx, query, top_k, dense, lexical, rerank, show_stats, collection, st
 
     A QUERY that starts with a dash goes after --: rag search -- --n-cpu-moe
     """
-    overrides = _store_overrides(collection, store_path)
+    overrides = store_overrides(collection, store_path)
     overrides.update({"retrieval.dense": dense, "retrieval.lexical": lexical,
                       "retrieval.rerank": None if rerank is None else ("scores" if rerank else "none")})
     timings: dict[str, float] = {}
-    with _pipeline(ctx, **overrides) as rag:
+    with open_pipeline(ctx, **overrides) as rag:
         hits = rag.search(query, top_k=top_k, timings=timings)
     if show_stats and not as_json:
         click.echo(_retrieval_line(timings), err=True)
     if as_json:
-        _echo_json({"query": query, "hits": [h.to_dict() for h in hits]})
+        echo_json({"query": query, "hits": [h.to_dict() for h in hits]})
         return
     if not hits:
         click.echo("no matches", err=True)
         return
     for i, h in enumerate(hits, start=1):
-        where = _display_path(h.source) + (f", page {h.page}" if h.page else "")
+        where = display_path(h.source) + (f", page {h.page}" if h.page else "")
         click.secho(f"[{i}] {where}  score {h.score:.4f}  ({' + '.join(h.found_by)})", bold=True)
         click.echo(_indent(h.text))
         click.echo()
@@ -58,7 +58,7 @@ def _retrieval_line(seconds: dict[str, float]) -> str:
 
 
 def _indent(text: str, width: int = 600) -> str:
-    text = _printable(" ".join(text.split()))
+    text = printable(" ".join(text.split()))
     if len(text) > width:
         text = text[:width].rsplit(" ", 1)[0] + " …"
     return "    " + text
@@ -98,17 +98,21 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
     compared: time to first token, tokens prefilled and reused (with --json, one JSON
     object per line). A QUESTION that starts with a dash goes after --.
     """
-    overrides = _store_overrides(collection, store_path)
+    from ..ask.request import AskRequest
+
+    overrides = store_overrides(collection, store_path)
     overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
-    several = len(question) > 1
+    progress = _PrefillLine if not as_json and sys.stderr.isatty() else None
+    requests = [AskRequest(q, doc=docs, source=sources, mode=mode, top_k=top_k, temperature=temperature,
+                           system_prompt=system_prompt, stop=stop, chat_id=chat_id,
+                           progress=progress() if progress else None) for q in question]
+    several = len(requests) > 1
     answers = []
-    with _pipeline(ctx, **overrides) as rag:
-        options = dict(doc=list(docs) or None, source=list(sources) or None, mode=mode, top_k=top_k,
-                       temperature=temperature, system_prompt=system_prompt, stop=list(stop) or None)
-        for i, q in enumerate(question, start=1):
+    with open_pipeline(ctx, **overrides) as rag:
+        for i, request in enumerate(requests, start=1):
             if several and not as_json:
-                click.secho(("\n" if i > 1 else "") + f"Q{i}: {_printable(q)}", bold=True)
-            answer = _answer(rag, q, chat_id=chat_id, live=not as_json, **options)
+                click.secho(("\n" if i > 1 else "") + f"Q{i}: {printable(request.question)}", bold=True)
+            answer = _answer(rag, request, live=not as_json)
             answers.append(answer)
             if as_json:
                 if several:
@@ -116,7 +120,7 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
 
                     click.echo(json.dumps(versioned(answer.to_dict()), ensure_ascii=False))
                 else:
-                    _echo_json(answer.to_dict())
+                    echo_json(answer.to_dict())
                 continue
             _echo_answer(answer, show_stats=show_stats)
     if several and not as_json:
@@ -125,14 +129,12 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
             click.echo(line)
 
 
-def _answer(rag, question: str, *, chat_id, live: bool, **options):
-    """One answer, streamed to stdout when ``live``, with prefill progress on a terminal's stderr."""
+def _answer(rag, request, *, live: bool):
+    """One answer, streamed to stdout when ``live``."""
     from ..concurrency import iterate_interruptibly
     from ..errors import Cancelled
 
-    progress = _PrefillLine() if live and sys.stderr.isatty() else None
-    stream = rag.chat_stream(question, chat_id=chat_id, progress=progress, **options) if chat_id else \
-        rag.ask_stream(question, progress=progress, **options)
+    stream = rag.chat_stream(request) if request.chat_id else rag.ask_stream(request)
     try:  # generated in a worker thread: Ctrl-C stops a prefill within one micro-batch
         for piece in iterate_interruptibly(stream):
             if live:
@@ -148,9 +150,9 @@ def _echo_answer(answer, *, show_stats: bool) -> None:
         click.echo("\nSources:")
         for src in answer.sources:
             pages = _pages(src["pages"])
-            click.echo(f"  [{src['n']}] {_display_path(src['source'])}{', ' + pages if pages else ''}")
+            click.echo(f"  [{src['n']}] {display_path(src['source'])}{', ' + pages if pages else ''}")
     for note in answer.notes or []:
-        click.echo(f"note: {_printable(note)}", err=True)
+        click.echo(f"note: {printable(note)}", err=True)
     if show_stats:
         st = answer.stats
         reuse = f"{st.cached_tokens:,} reused, cache: {st.cache}"
@@ -233,9 +235,9 @@ def eval_(ctx, questions, settings, compare, answers, misses, write_template, pe
     """
     from ..api import Pipeline
 
-    overrides = _store_overrides(collection, store_path)
+    overrides = store_overrides(collection, store_path)
     if write_template:
-        with _pipeline(ctx, **overrides) as rag:
+        with open_pipeline(ctx, **overrides) as rag:
             lines = rag.eval_template(per_document=per_document)
         text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
         if questions is None:
@@ -263,9 +265,9 @@ def eval_(ctx, questions, settings, compare, answers, misses, write_template, pe
             click.echo(err=True)
     if as_json:
         data = [r.to_dict() for r in reports]
-        _echo_json(data[0] if len(data) == 1 else data)
+        echo_json(data[0] if len(data) == 1 else data)
         return
-    from ..evaluate import table
+    from ..retrieval.evaluate import table
 
     click.echo(table(reports))
     for r in reports:
@@ -278,7 +280,7 @@ def eval_(ctx, questions, settings, compare, answers, misses, write_template, pe
                                     for t in q["top"])
                     click.echo(f"miss@5 {r.label} / {s.name}: [{q['id']}] {q['question']} (rank {q['rank']}; top: {top})")
         if r.answers is not None:
-            from ..evaluate import answer_summary
+            from ..retrieval.evaluate import answer_summary
 
             a = answer_summary(r.answers)
             click.echo(f"answers ({r.label}): {a['answer_contains_expected']}/{a['with_expected_answer']} contain the "
@@ -309,5 +311,5 @@ def serve(ctx, host, port, max_body, collection, store_path):
     token = os.environ.get(TOKEN_ENV) or None
     if host not in ("127.0.0.1", "localhost", "::1") and not token:
         click.echo(f"warning: listening on {host} without {TOKEN_ENV}: anyone who can reach it can use it", err=True)
-    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
         run(rag, host=host, port=port, token=token, max_body=max_body, log=lambda m: click.echo(m, err=True))

@@ -140,7 +140,7 @@ class Engine(GeneratorBase):
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str | None:
         """``messages`` rendered with the model's chat template; None where the model has none.
-        Where the default stops read the template's turn markers from (:mod:`pipeline.stops`)."""
+        Where the default stops read the template's turn markers from (:mod:`pipeline.ask.stops`)."""
         if not self.info.chat_template:
             return None
         return render(self.info.chat_template, messages, add_generation_prompt=add_generation_prompt,

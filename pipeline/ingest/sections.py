@@ -1,7 +1,7 @@
 """Chunks → sections: each document cut once, at chunk boundaries, into runs of a few thousand tokens.
 
 Sections are what a prompt is built from when the documents do not all fit the
-context (see :mod:`pipeline.packing`), so they must not move from question to
+context (see :mod:`pipeline.ask.packing`), so they must not move from question to
 question: they are cut when the document is committed and recorded in the catalog
 (:mod:`pipeline.store.sections`).
 
@@ -24,7 +24,7 @@ import bisect
 import math
 from typing import Protocol, Sequence
 
-from ..store.sections import Section
+from ..types import Section
 
 MAX_TOKENS = 4096
 """The largest section target: bigger sections would make retrieval too coarse at 64K contexts."""

@@ -185,10 +185,6 @@ class DryRun:
     compute: dict[str, int] = field(default_factory=dict)  # buffer type -> bytes
     log: str = ""
 
-    @property
-    def compute_total(self) -> int:
-        return sum(self.compute.values())
-
 
 _KV_LINE = re.compile(r"llama_kv_cache: size = +([\d.]+) MiB")
 _RS_LINE = re.compile(r"llama_memory_recurrent: size = +([\d.]+) MiB")

@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..engine.gguf.header import ArrayInfo, read_header
 from ..engine.gguf.ggml import GGML_TYPES, type_bytes
@@ -54,6 +54,18 @@ class LayerSpec:
     @property
     def total_bytes(self) -> int:
         return self.expert_bytes + self.other_bytes
+
+
+def _recurrent_state(key: Callable[[str, Any], Any]) -> tuple[int, int, int]:
+    """A recurrent layer's state per sequence in bytes (f32: the conv window of (d_conv - 1) x channels
+    and the SSM state), with its inner and state sizes, from the ``ssm.*`` metadata ``key`` reads."""
+    d_conv = int(key("ssm.conv_kernel", 0) or 0)
+    d_inner = int(key("ssm.inner_size", 0) or 0)
+    d_state = int(key("ssm.state_size", 0) or 0)
+    n_group = int(key("ssm.group_count", 0) or 0)
+    ssm_heads = int(key("ssm.time_step_rank", 0) or 0)
+    conv_ch = d_inner + 2 * n_group * d_state if ssm_heads and d_inner else d_inner  # gated delta net / mamba2
+    return (max(d_conv - 1, 0) * conv_ch + d_inner * d_state) * 4, d_inner, d_state
 
 
 @dataclass(frozen=True)
@@ -97,16 +109,6 @@ class ModelSpec:
     @property
     def max_n_head(self) -> int:
         return max((lay.n_head for lay in self.layers if lay.kind != "recurrent"), default=0)
-
-    def kv_bytes_per_token(self, type_k: str = "f16", type_v: str = "f16") -> dict[str, int]:
-        """KV bytes per cell, summed per layer kind (recurrent layers: 0)."""
-        out = {"full": 0, "swa": 0, "recurrent": 0}
-        for lay in self.layers:
-            if lay.kind == "recurrent":
-                continue
-            out[lay.kind] += type_bytes(lay.n_head_kv * lay.head_dim_k, type_k) + type_bytes(
-                lay.n_head_kv * lay.head_dim_v, type_v)
-        return out
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -177,19 +179,7 @@ class ModelSpec:
             toks = meta.get("tokenizer.ggml.tokens")
             n_vocab = toks.count if isinstance(toks, ArrayInfo) else len(toks) if isinstance(toks, list) else 0
 
-        # recurrent state (f32 per sequence): conv (d_conv-1) x channels + ssm state
-        d_conv = int(key("ssm.conv_kernel", 0) or 0)
-        d_inner = int(key("ssm.inner_size", 0) or 0)
-        d_state = int(key("ssm.state_size", 0) or 0)
-        n_group = int(key("ssm.group_count", 0) or 0)
-        ssm_heads = int(key("ssm.time_step_rank", 0) or 0)
-        if ssm_heads and d_inner:  # gated delta net / mamba2 style
-            conv_ch = d_inner + 2 * n_group * d_state
-            state = (max(d_conv - 1, 0) * conv_ch + d_inner * d_state) * 4
-        else:
-            conv_ch = d_inner
-            state = (max(d_conv - 1, 0) * conv_ch + d_inner * d_state) * 4
-
+        state, d_inner, d_state = _recurrent_state(key)
         layers = []
         for i, lay in enumerate(info.layers):
             recurrent = lay.kind == "recurrent"

@@ -1,264 +1,109 @@
-"""The catalog: which documents are committed, their chunks, and the BM25 index over them.
+"""The catalog: which documents are committed, their chunks and sections, and the lexical index over them.
 
-One SQLite file per store. A document becomes visible to queries in exactly one
-transaction that writes its row, its chunks and their full-text entries
-together, so the lexical side can never hold half a document, and the dense
-side (Chroma) is filtered against this record: the catalog is the single source
-of truth about which documents exist. SQLite FTS5 ships with Python; Chroma's
-own sparse index is refused in embedded mode.
+:class:`Catalog` is what the store asks of one, whichever database keeps it:
+:class:`~.catalog_sqlite.SQLiteCatalog` (a file beside the vectors, one process at a
+time behind the store lock) and :class:`~.catalog_pg.PostgresCatalog` (a server many
+processes share; ``shared`` is True there, so no store lock is taken). Both make a
+document visible to queries in exactly one transaction that writes its row, its chunks,
+their full-text entries and its sections, so the lexical side never holds half a
+document, and the dense side (Chroma) is filtered against this record: the catalog is
+the single source of truth about which documents exist.
+
+:func:`query_words` is the one word splitter both lexical sides use on a query.
 """
 
 from __future__ import annotations
 
 import re
-import sqlite3
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Iterable, Protocol, Sequence
 
-from .._sqlite import transaction
-from ..errors import StoreError
-from . import sections as _sections
-from .failures import storage_error
-from .schema import upgrade
-
-if TYPE_CHECKING:
-    from ..ingest.chunking import Chunk
-
-@dataclass(frozen=True)
-class DocumentRecord:
-    """A committed document as the catalog knows it."""
-
-    source: str
-    content_hash: str
-    size: int
-    mtime_ns: int
-    format: str
-    title: str | None = None
-    pages: int | None = None
-    n_chunks: int = 0
-    n_tokens: int = 0
-    ingested_at: float = 0.0
-
-
-@dataclass(frozen=True)
-class StoredChunk:
-    """A chunk of a committed document, as stored on either side."""
-
-    chunk_id: str
-    source: str
-    content_hash: str
-    index: int
-    page: int | None
-    start: int
-    end: int
-    tokens: int
-    text: str
-
-
-@dataclass(frozen=True)
-class CollectionInfo:
-    name: str
-    embedder: str
-    embedder_id: str
-    dim: int
-    chunk_size: int
-    chunk_overlap: int
-    created_at: float
-
+from ..types import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
-def fts_query(text: str) -> str | None:
-    """An FTS5 query matching any word of ``text``: quoted so that no user input is FTS syntax."""
-    words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
-    if not words:
-        return None
-    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+def query_words(text: str) -> list[str]:
+    """The distinct words of a query, lowercased, in order of first appearance."""
+    return list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
 
 
-class Catalog:
-    """SQLite catalog of one store. Not shared between threads; the store lock serialises processes.
+class Catalog(Protocol):
+    """One store's catalog. An instance is not shared between threads (each thread's store view opens its own)."""
 
-    :class:`pipeline.store.postgres.PostgresCatalog` is the same interface on a PostgreSQL
-    server, shared by many processes (``shared`` is True there: no store lock is taken).
+    #: Whether several processes may write through catalogs like this one at once (no store lock needed).
+    shared: bool
+    #: The catalog schema version found when it was opened (before any migration).
+    migrated_from: int | None
 
-    Opening it creates the schema in a new file and migrates an older one (see :mod:`.schema`);
-    ``migrated_from`` is the version found.
-    """
+    def close(self) -> None: ...
 
-    def __init__(self, path: Path):
-        self.path = path
-        try:
-            self.db = sqlite3.connect(path, isolation_level=None, timeout=30)
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open the catalog {path}: {exc}") from None
-        try:
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.migrated_from = upgrade(self.db, path=path)
-        except BaseException as exc:
-            self.db.close()
-            if isinstance(exc, sqlite3.DatabaseError):
-                raise storage_error(exc, path.parent, doing="opening the catalog of") from None
-            raise
+    # -- coordination ---------------------------------------------------------------------------
 
-    #: Several processes may write through catalogs like this one at once (the store lock is not needed).
-    shared = False
+    def collection_lock(self, name: str) -> AbstractContextManager:
+        """Held while a collection is created or dropped."""
 
-    def close(self) -> None:
-        self.db.close()
+    def document_lock(self, collection: str, source: str, *, wait: bool = True) -> AbstractContextManager[bool]:
+        """Held while one document is written (yields False when ``wait`` is off and another holds it)."""
 
-    @contextmanager
-    def collection_lock(self, name: str) -> Iterator[None]:
-        """Held while a collection is created or dropped; the store lock already serialises processes."""
-        yield
+    # -- collections ------------------------------------------------------------------------------
 
-    @contextmanager
-    def document_lock(self, collection: str, source: str, *, wait: bool = True) -> Iterator[bool]:
-        """Held while one document is written (yields False when ``wait`` is off and it is taken)."""
-        yield True
+    def collection(self, name: str) -> CollectionInfo | None: ...
 
-    # -- collections ------------------------------------------------------------------------
+    def collections(self) -> list[str]: ...
 
-    def collection(self, name: str) -> CollectionInfo | None:
-        row = self.db.execute("SELECT * FROM collections WHERE name = ?", (name,)).fetchone()
-        return CollectionInfo(*row) if row else None
+    def create_collection(self, info: CollectionInfo) -> None: ...
 
-    def collections(self) -> list[str]:
-        return [r[0] for r in self.db.execute("SELECT name FROM collections ORDER BY name")]
+    def drop_collection(self, name: str) -> None: ...
 
-    def create_collection(self, info: CollectionInfo) -> None:
-        self.db.execute("INSERT INTO collections VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (info.name, info.embedder, info.embedder_id, info.dim,
-                         info.chunk_size, info.chunk_overlap, info.created_at))
+    # -- documents --------------------------------------------------------------------------------
 
-    def drop_collection(self, name: str) -> None:
-        with self._tx():
-            self.db.execute("DELETE FROM chunks WHERE collection = ?", (name,))
-            self.db.execute("DELETE FROM documents WHERE collection = ?", (name,))
-            self.db.execute("DELETE FROM pending WHERE collection = ?", (name,))
-            _sections.remove(self.db, name)
-            self.db.execute("DELETE FROM collections WHERE name = ?", (name,))
+    def documents(self, collection: str) -> dict[str, DocumentRecord]: ...
 
-    # -- documents --------------------------------------------------------------------------
+    def document(self, collection: str, source: str) -> DocumentRecord | None: ...
 
-    def documents(self, collection: str) -> dict[str, DocumentRecord]:
-        rows = self.db.execute(
-            "SELECT source, content_hash, size, mtime_ns, format, title, pages, n_chunks, n_tokens,"
-            " ingested_at FROM documents WHERE collection = ?", (collection,))
-        return {r[0]: DocumentRecord(*r) for r in rows}
+    def committed_hashes(self, collection: str) -> dict[str, str]: ...
 
-    def document(self, collection: str, source: str) -> DocumentRecord | None:
-        row = self.db.execute(
-            "SELECT source, content_hash, size, mtime_ns, format, title, pages, n_chunks, n_tokens,"
-            " ingested_at FROM documents WHERE collection = ? AND source = ?", (collection, source)).fetchone()
-        return DocumentRecord(*row) if row else None
-
-    def committed_hashes(self, collection: str) -> dict[str, str]:
-        return dict(self.db.execute(
-            "SELECT source, content_hash FROM documents WHERE collection = ?", (collection,)))
-
-    def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence["Chunk"],
-                        chunk_ids: Sequence[str], sections: Sequence["_sections.Section"] = ()) -> None:
+    def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence[Chunk],
+                        chunk_ids: Sequence[str], sections: Sequence[Section] = ()) -> None:
         """Replace ``doc.source``'s record, chunks and sections in one transaction: the commit point."""
-        with self._tx():
-            _sections.replace(self.db, collection, doc.source, sections)
-            self.db.execute("DELETE FROM chunks WHERE collection = ? AND source = ?",
-                            (collection, doc.source))
-            self.db.executemany(
-                "INSERT INTO chunks (chunk_id, collection, source, content_hash, idx, page, start,"
-                ' "end", tokens, text, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
-                [(cid, collection, doc.source, doc.content_hash, c.index, c.page, c.start, c.end,
-                  c.tokens, c.text, c.context or None) for cid, c in zip(chunk_ids, chunks)])
-            self.db.execute(
-                "INSERT OR REPLACE INTO documents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (collection, doc.source, doc.content_hash, doc.size, doc.mtime_ns, doc.format,
-                 doc.title, doc.pages, len(chunks), sum(c.tokens for c in chunks), time.time()))
 
     def touch_document(self, collection: str, source: str, *, size: int, mtime_ns: int) -> None:
         """Record a new size/mtime for a document whose content did not change."""
-        self.db.execute("UPDATE documents SET size = ?, mtime_ns = ? WHERE collection = ? AND source = ?",
-                        (size, mtime_ns, collection, source))
 
-    def remove_document(self, collection: str, source: str) -> None:
-        with self._tx():
-            self.db.execute("DELETE FROM chunks WHERE collection = ? AND source = ?", (collection, source))
-            self.db.execute("DELETE FROM documents WHERE collection = ? AND source = ?", (collection, source))
-            _sections.remove(self.db, collection, source)
+    def remove_document(self, collection: str, source: str) -> None: ...
 
-    # -- the reconcile journal ----------------------------------------------------------------
+    # -- the reconcile journal (documents whose vectors may be written but not committed) -----------
 
-    def mark_pending(self, collection: str, source: str) -> None:
-        self.db.execute("INSERT OR IGNORE INTO pending VALUES (?, ?)", (collection, source))
+    def mark_pending(self, collection: str, source: str) -> None: ...
 
-    def clear_pending(self, collection: str, source: str) -> None:
-        self.db.execute("DELETE FROM pending WHERE collection = ? AND source = ?", (collection, source))
+    def clear_pending(self, collection: str, source: str) -> None: ...
 
-    def pending(self, collection: str) -> list[str]:
-        return [r[0] for r in self.db.execute(
-            "SELECT source FROM pending WHERE collection = ?", (collection,))]
+    def pending(self, collection: str) -> list[str]: ...
 
-    # -- sections -----------------------------------------------------------------------------
+    # -- sections ---------------------------------------------------------------------------------
 
-    def sections(self, collection: str, documents: Iterable[tuple[str, str]]
-                 ) -> dict[str, list["_sections.Section"]]:
+    def sections(self, collection: str, documents: Iterable[tuple[str, str]]) -> dict[str, list[Section]]:
         """The sections of each committed ``(source, content_hash)``, in order (see :mod:`.sections`)."""
-        return _sections.read(self.db, collection, documents)
 
-    def backfill_sections(self, collection: str, sections: Sequence["_sections.Section"]) -> bool:
+    def backfill_sections(self, collection: str, sections: Sequence[Section]) -> bool:
         """Record sections cut for a document committed without them; False if nothing could be written."""
-        return _sections.backfill(self.db, collection, sections)
 
-    # -- reading chunks -----------------------------------------------------------------------
+    # -- reading chunks ---------------------------------------------------------------------------
 
     def search(self, collection: str, query: str, *, limit: int, source: str | Sequence[str] | None = None
                ) -> list[tuple[StoredChunk, float]]:
-        """BM25 hits (of ``source``: one document or several), best first, with the BM25 score as a
-        positive number (higher is better)."""
-        match = fts_query(query)
-        if match is None:
-            return []
-        sources = [] if not source else [source] if isinstance(source, str) else list(source)
-        where = f" AND c.source IN ({','.join('?' * len(sources))})" if sources else ""
-        rows = self.db.execute(
-            "SELECT c.chunk_id, c.source, c.content_hash, c.idx, c.page, c.start, c.\"end\", c.tokens,"
-            " c.text, bm25(chunks_fts) AS score FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
-            " WHERE chunks_fts MATCH ? AND c.collection = ?" + where + " ORDER BY score LIMIT ?",
-            (match, collection, *sources, limit))
-        return [(StoredChunk(*r[:9]), -float(r[9])) for r in rows]
+        """Lexical hits (of ``source``: one document or several), best first, with a positive score."""
 
     def bm25(self, collection: str, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
-        """BM25 scores (positive, higher is better) of these chunks for ``query``; chunks that
-        share no term with it are absent. Scores use whole-index statistics, as :meth:`search` does."""
-        match = fts_query(query)
-        if match is None or not chunk_ids:
-            return {}
-        marks = ",".join("?" * len(chunk_ids))
-        rows = self.db.execute(
-            "SELECT c.chunk_id, bm25(chunks_fts) FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
-            f" WHERE chunks_fts MATCH ? AND c.collection = ? AND c.chunk_id IN ({marks})",
-            (match, collection, *chunk_ids))
-        return {cid: -float(score) for cid, score in rows}
+        """Lexical scores of these chunks for ``query``; chunks that share no term with it are absent."""
 
     def chunks(self, collection: str, source: str, *, first: int = 0, last: int | None = None
                ) -> list[StoredChunk]:
         """A committed document's chunks with index in [first, last], in order."""
-        rows = self.db.execute(
-            "SELECT chunk_id, source, content_hash, idx, page, start, \"end\", tokens, text FROM chunks"
-            " WHERE collection = ? AND source = ? AND idx >= ? AND idx <= ? ORDER BY idx",
-            (collection, source, first, last if last is not None else 2**62))
-        return [StoredChunk(*r) for r in rows]
 
     def totals(self, collection: str) -> tuple[int, int, int]:
         """(documents, chunks, tokens) committed in ``collection``."""
-        row = self.db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(n_chunks), 0), COALESCE(SUM(n_tokens), 0) FROM documents"
-            " WHERE collection = ?", (collection,)).fetchone()
-        return int(row[0]), int(row[1]), int(row[2])
 
-    def _tx(self):
-        return transaction(self.db)
+
+__all__ = ["Catalog", "query_words"]

@@ -11,9 +11,9 @@ moment leaves nothing half-visible and nothing duplicated:
 4. Chroma's chunks of any other version of that source are deleted, and the
    journal entry is cleared.
 
-Test hook: with ``RAG_TEST_KILL_BEFORE_COMMIT=N`` set, the process SIGKILLs itself after
-writing the vectors of its Nth document, before the commit point (step 3): the crash tests
-use it to stop an ingest exactly mid-document; it has no other use.
+Crash point ``BEFORE_COMMIT`` (:mod:`pipeline._testhooks`): with ``RAG_TEST_KILL_BEFORE_COMMIT=N``
+set, the process SIGKILLs itself after writing the vectors of its Nth document, before the
+commit point (step 3), so the crash tests stop an ingest exactly mid-document.
 
 Dense hits are filtered against the catalog, so chunks written before a crash
 are never returned, and every open of the store finishes the journal's pending
@@ -31,40 +31,25 @@ cleanups of a crashed process are finished by the next process that opens the st
 from __future__ import annotations
 
 import hashlib
-import os
-import signal
 import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from .catalog import Catalog, CollectionInfo, DocumentRecord, StoredChunk
+from .._testhooks import crash_point
+from ..errors import StoreError, redact
+from ..types import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
+from .catalog import Catalog
 from .failures import storage_error
-from ..errors import StoreError
 from .lock import StoreLock
 from .names import check_collection_name
 from .vectors import client as vector_client
-from .vectors import redact
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..ingest.chunking import Chunk
-    from .sections import Section
-
 __all__ = ["Store", "check_collection_name", "chunk_id"]
-
-KILL_HOOK = "RAG_TEST_KILL_BEFORE_COMMIT"
-_written = 0  # documents whose vectors this process wrote (for the test hook)
-
-
-def _test_kill_hook() -> None:
-    global _written
-    _written += 1
-    if os.environ.get(KILL_HOOK, "").isdigit() and _written >= int(os.environ[KILL_HOOK]):
-        os.kill(os.getpid(), signal.SIGKILL)
-
 
 def _where_source(source: str | Sequence[str] | None) -> dict | None:
     """Chroma's filter for chunks of one document or of several."""
@@ -118,11 +103,13 @@ class Store:
             self._open_directory()
         try:
             if self.catalog_url:
-                from .postgres import PostgresCatalog
+                from .catalog_pg import PostgresCatalog
 
                 self.catalog = PostgresCatalog(self.catalog_url)
             else:
-                self.catalog = Catalog(self.path / "catalog.sqlite")
+                from .catalog_sqlite import SQLiteCatalog
+
+                self.catalog = SQLiteCatalog(self.path / "catalog.sqlite")
             if self.catalog.collection(self.name) is not None and (
                     self._shared is None or self._shared.first_view(self.name)):
                 with self._writing():
@@ -316,7 +303,7 @@ class Store:
                                 "page": c.page if c.page is not None else -1, "start": c.start,
                                 "end": c.end, "tokens": c.tokens} for c in part],
                 )
-            _test_kill_hook()
+            crash_point("BEFORE_COMMIT")
             self.catalog.commit_document(self.name, doc, chunks, ids, sections)
             self._reconcile(doc.source, keep=doc.content_hash)
 

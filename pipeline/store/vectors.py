@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..errors import StoreError
+from ..errors import StoreError, redact
 
 #: The environment variable holding the Chroma server's auth token (sent as a bearer token).
 TOKEN_ENV = "RAG_STORE_TOKEN"
@@ -31,15 +31,6 @@ def parse_url(url: str) -> tuple[str, int, bool]:
     except ValueError:
         raise StoreError(f"store.url has an invalid port: {redact(url)!r}") from None
     return parts.hostname, port, parts.scheme == "https"
-
-
-def redact(url: str) -> str:
-    """``url`` without a password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return parts._replace(netloc=netloc).geturl()
 
 
 def client(*, path: Path, url: str = ""):

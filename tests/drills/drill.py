@@ -394,7 +394,7 @@ def probe_control_tokens(d: Drill) -> None:
     overrides = {"store.path": str(base / "store"), "cache.enabled": False, "engine.n_ctx": 2048,
                  "engine.tuned": False, "home": str(d.home)}
     with Pipeline.from_config(overrides=overrides, environ={}) as rag:
-        prompt = rag._prompt("What does the warranty say?", doc=None, source=None, mode=None, top_k=2)[0]
+        prompt = rag.prompt("What does the warranty say?", top_k=2)
         tokens = list(prompt.tokens)
         path = rag.engine.model_path if hasattr(rag.engine, "model_path") else None
     from pipeline import models

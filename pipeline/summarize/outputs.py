@@ -1,7 +1,7 @@
 """One summary and where it goes: the record of a document × prompt, a run's totals, progress
 events, and the output files (Markdown per summary, JSON Lines) written as summaries finish.
 
-The job that computes them is :mod:`.summarize`; this module holds what it produces, so
+The job that computes them is :mod:`.job`; this module holds what it produces, so
 that an app can consume results without the job's machinery.
 """
 
@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from .errors import InputError
+from ..errors import InputError
 
 if TYPE_CHECKING:
-    from .engine.contract import EngineStats
+    from ..engine.contract import EngineStats
 
 
 @dataclass

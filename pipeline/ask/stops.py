@@ -5,7 +5,7 @@ but templates also mark turns with tokens the vocabulary does not flag as such
 (``<end_of_turn>``, ``<|im_start|>``), and small or base models go on to write the
 next turn themselves ("Question: … Answer: …"). The defaults stop at the template's
 end-of-turn and start-of-turn tokens and, as text, at a new "Question:" line, the
-layout of our own prompts (see :mod:`.context`).
+layout of our own prompts (see :mod:`.prompt`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,212 @@
+"""The catalog in SQLite: one file per store, ``catalog.sqlite`` beside the vectors (see :mod:`.catalog`).
+
+A document becomes visible to queries in exactly one transaction that writes its
+row, its chunks, their full-text entries and its sections. The lexical index is
+SQLite FTS5 with BM25 ranking (it ships with Python; Chroma's own sparse index is
+refused in embedded mode).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from .._sqlite import transaction
+from ..errors import StoreError
+from ..types import Chunk, CollectionInfo, DocumentRecord, StoredChunk
+from . import sections as _sections
+from .catalog import query_words
+from .failures import storage_error
+from .schema import upgrade
+
+def fts_query(text: str) -> str | None:
+    """An FTS5 query matching any word of ``text``: quoted so that no user input is FTS syntax."""
+    words = query_words(text)
+    if not words:
+        return None
+    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+
+
+class SQLiteCatalog:
+    """The :class:`~.catalog.Catalog` of one store in SQLite. Not shared between threads; the store lock
+    serialises processes.
+
+    Opening it creates the schema in a new file and migrates an older one (see :mod:`.schema`);
+    ``migrated_from`` is the version found.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.db = sqlite3.connect(path, isolation_level=None, timeout=30)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open the catalog {path}: {exc}") from None
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.migrated_from = upgrade(self.db, path=path)
+        except BaseException as exc:
+            self.db.close()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise storage_error(exc, path.parent, doing="opening the catalog of") from None
+            raise
+
+    #: Several processes may write through catalogs like this one at once (the store lock is not needed).
+    shared = False
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def collection_lock(self, name: str) -> Iterator[None]:
+        """Held while a collection is created or dropped; the store lock already serialises processes."""
+        yield
+
+    @contextmanager
+    def document_lock(self, collection: str, source: str, *, wait: bool = True) -> Iterator[bool]:
+        """Held while one document is written (yields False when ``wait`` is off and it is taken)."""
+        yield True
+
+    # -- collections ------------------------------------------------------------------------
+
+    def collection(self, name: str) -> CollectionInfo | None:
+        row = self.db.execute("SELECT * FROM collections WHERE name = ?", (name,)).fetchone()
+        return CollectionInfo(*row) if row else None
+
+    def collections(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT name FROM collections ORDER BY name")]
+
+    def create_collection(self, info: CollectionInfo) -> None:
+        self.db.execute("INSERT INTO collections VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (info.name, info.embedder, info.embedder_id, info.dim,
+                         info.chunk_size, info.chunk_overlap, info.created_at))
+
+    def drop_collection(self, name: str) -> None:
+        with self._tx():
+            self.db.execute("DELETE FROM chunks WHERE collection = ?", (name,))
+            self.db.execute("DELETE FROM documents WHERE collection = ?", (name,))
+            self.db.execute("DELETE FROM pending WHERE collection = ?", (name,))
+            _sections.remove(self.db, name)
+            self.db.execute("DELETE FROM collections WHERE name = ?", (name,))
+
+    # -- documents --------------------------------------------------------------------------
+
+    def documents(self, collection: str) -> dict[str, DocumentRecord]:
+        rows = self.db.execute(
+            "SELECT source, content_hash, size, mtime_ns, format, title, pages, n_chunks, n_tokens,"
+            " ingested_at FROM documents WHERE collection = ?", (collection,))
+        return {r[0]: DocumentRecord(*r) for r in rows}
+
+    def document(self, collection: str, source: str) -> DocumentRecord | None:
+        row = self.db.execute(
+            "SELECT source, content_hash, size, mtime_ns, format, title, pages, n_chunks, n_tokens,"
+            " ingested_at FROM documents WHERE collection = ? AND source = ?", (collection, source)).fetchone()
+        return DocumentRecord(*row) if row else None
+
+    def committed_hashes(self, collection: str) -> dict[str, str]:
+        return dict(self.db.execute(
+            "SELECT source, content_hash FROM documents WHERE collection = ?", (collection,)))
+
+    def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence["Chunk"],
+                        chunk_ids: Sequence[str], sections: Sequence["_sections.Section"] = ()) -> None:
+        """Replace ``doc.source``'s record, chunks and sections in one transaction: the commit point."""
+        with self._tx():
+            _sections.replace(self.db, collection, doc.source, sections)
+            self.db.execute("DELETE FROM chunks WHERE collection = ? AND source = ?",
+                            (collection, doc.source))
+            self.db.executemany(
+                "INSERT INTO chunks (chunk_id, collection, source, content_hash, idx, page, start,"
+                ' "end", tokens, text, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+                [(cid, collection, doc.source, doc.content_hash, c.index, c.page, c.start, c.end,
+                  c.tokens, c.text, c.context or None) for cid, c in zip(chunk_ids, chunks)])
+            self.db.execute(
+                "INSERT OR REPLACE INTO documents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (collection, doc.source, doc.content_hash, doc.size, doc.mtime_ns, doc.format,
+                 doc.title, doc.pages, len(chunks), sum(c.tokens for c in chunks), time.time()))
+
+    def touch_document(self, collection: str, source: str, *, size: int, mtime_ns: int) -> None:
+        """Record a new size/mtime for a document whose content did not change."""
+        self.db.execute("UPDATE documents SET size = ?, mtime_ns = ? WHERE collection = ? AND source = ?",
+                        (size, mtime_ns, collection, source))
+
+    def remove_document(self, collection: str, source: str) -> None:
+        with self._tx():
+            self.db.execute("DELETE FROM chunks WHERE collection = ? AND source = ?", (collection, source))
+            self.db.execute("DELETE FROM documents WHERE collection = ? AND source = ?", (collection, source))
+            _sections.remove(self.db, collection, source)
+
+    # -- the reconcile journal ----------------------------------------------------------------
+
+    def mark_pending(self, collection: str, source: str) -> None:
+        self.db.execute("INSERT OR IGNORE INTO pending VALUES (?, ?)", (collection, source))
+
+    def clear_pending(self, collection: str, source: str) -> None:
+        self.db.execute("DELETE FROM pending WHERE collection = ? AND source = ?", (collection, source))
+
+    def pending(self, collection: str) -> list[str]:
+        return [r[0] for r in self.db.execute(
+            "SELECT source FROM pending WHERE collection = ?", (collection,))]
+
+    # -- sections -----------------------------------------------------------------------------
+
+    def sections(self, collection: str, documents: Iterable[tuple[str, str]]
+                 ) -> dict[str, list["_sections.Section"]]:
+        """The sections of each committed ``(source, content_hash)``, in order (see :mod:`.sections`)."""
+        return _sections.read(self.db, collection, documents)
+
+    def backfill_sections(self, collection: str, sections: Sequence["_sections.Section"]) -> bool:
+        """Record sections cut for a document committed without them; False if nothing could be written."""
+        return _sections.backfill(self.db, collection, sections)
+
+    # -- reading chunks -----------------------------------------------------------------------
+
+    def search(self, collection: str, query: str, *, limit: int, source: str | Sequence[str] | None = None
+               ) -> list[tuple[StoredChunk, float]]:
+        """BM25 hits (of ``source``: one document or several), best first, with the BM25 score as a
+        positive number (higher is better)."""
+        match = fts_query(query)
+        if match is None:
+            return []
+        sources = [] if not source else [source] if isinstance(source, str) else list(source)
+        where = f" AND c.source IN ({','.join('?' * len(sources))})" if sources else ""
+        rows = self.db.execute(
+            "SELECT c.chunk_id, c.source, c.content_hash, c.idx, c.page, c.start, c.\"end\", c.tokens,"
+            " c.text, bm25(chunks_fts) AS score FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
+            " WHERE chunks_fts MATCH ? AND c.collection = ?" + where + " ORDER BY score LIMIT ?",
+            (match, collection, *sources, limit))
+        return [(StoredChunk(*r[:9]), -float(r[9])) for r in rows]
+
+    def bm25(self, collection: str, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
+        """BM25 scores (positive, higher is better) of these chunks for ``query``; chunks that
+        share no term with it are absent. Scores use whole-index statistics, as :meth:`search` does."""
+        match = fts_query(query)
+        if match is None or not chunk_ids:
+            return {}
+        marks = ",".join("?" * len(chunk_ids))
+        rows = self.db.execute(
+            "SELECT c.chunk_id, bm25(chunks_fts) FROM chunks_fts JOIN chunks c ON c.id = chunks_fts.rowid"
+            f" WHERE chunks_fts MATCH ? AND c.collection = ? AND c.chunk_id IN ({marks})",
+            (match, collection, *chunk_ids))
+        return {cid: -float(score) for cid, score in rows}
+
+    def chunks(self, collection: str, source: str, *, first: int = 0, last: int | None = None
+               ) -> list[StoredChunk]:
+        """A committed document's chunks with index in [first, last], in order."""
+        rows = self.db.execute(
+            "SELECT chunk_id, source, content_hash, idx, page, start, \"end\", tokens, text FROM chunks"
+            " WHERE collection = ? AND source = ? AND idx >= ? AND idx <= ? ORDER BY idx",
+            (collection, source, first, last if last is not None else 2**62))
+        return [StoredChunk(*r) for r in rows]
+
+    def totals(self, collection: str) -> tuple[int, int, int]:
+        """(documents, chunks, tokens) committed in ``collection``."""
+        row = self.db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(n_chunks), 0), COALESCE(SUM(n_tokens), 0) FROM documents"
+            " WHERE collection = ?", (collection,)).fetchone()
+        return int(row[0]), int(row[1]), int(row[2])
+
+    def _tx(self):
+        return transaction(self.db)
