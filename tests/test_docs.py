@@ -235,3 +235,15 @@ def test_a_wrong_option_is_caught():
     assert "No such command" in _parses(["asks", "q"])
     assert _parses(["ask", "--doc"]) == ""  # an option named in prose, without its value
     assert _parses(["status", "--doc"]) != ""
+
+
+def test_every_repository_path_named_in_the_docs_exists():
+    """A module, test or benchmark named in the docs (`pipeline/ask/flow.py`) is where they say."""
+    named = re.compile(r"(?<![\w/.~$-])((?:pipeline|tests|benchmarks|configs|samples)/[\w./-]*[\w/])")
+    missing = []
+    for page in PAGES:
+        for lineno, line in enumerate(page.read_text().splitlines(), start=1):
+            for path in named.findall(line):
+                if "*" not in path and not (ROOT / path).exists():
+                    missing.append(f"{page.relative_to(ROOT)}:{lineno}: {path}")
+    assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
