@@ -1,0 +1,170 @@
+"""The held-out manuals: fetch them, and check how far their questions are paraphrased.
+
+Run from the repository root::
+
+    .venv/bin/python benchmarks/heldout.py fetch      # the PDFs, into ~/.cache/rag/heldout (once)
+    .venv/bin/python benchmarks/heldout.py overlap    # content words each question shares with its passage
+
+Two real manuals no one on the project wrote, from Debian documentation packages: ``gnuplot.pdf``
+(``gnuplot-doc``) and ``asymptote.pdf`` (``asymptote-doc``). They are fetched with ``apt-get
+download`` and unpacked with ``dpkg -x`` into a cache folder (``$RAG_HELDOUT_CACHE``, default
+``~/.cache/rag/heldout``): nothing is installed on the system. Only these two packages are ever
+fetched; the other Debian documentation packages are kept back for independent checks.
+
+The question sets (``benchmarks/eval/heldout-<manual>.jsonl``) were written by reading the PDFs
+before any retrieval setting was changed or tuned, and are frozen: each line carries the date it was
+written (``_written``) and the sentences of its page that answer it (``_passage``). ``overlap``
+counts the content words (lower-cased, stop words and one-letter tokens dropped, a light suffix
+stemming) a question shares with its passage, and reports the share of questions sharing at most
+one: the sets are meant to be worded the way users ask, not copied from the text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EVAL = ROOT / "benchmarks" / "eval"
+
+#: package -> the PDF inside it that is the held-out manual. Nothing else is ever fetched.
+MANUALS = {
+    "gnuplot-doc": "usr/share/doc/gnuplot/gnuplot.pdf",
+    "asymptote-doc": "usr/share/doc/asymptote/asymptote.pdf",
+}
+#: the question set of each manual
+SETS = {
+    "gnuplot-doc": EVAL / "heldout-gnuplot.jsonl",
+    "asymptote-doc": EVAL / "heldout-asymptote.jsonl",
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RAG_HELDOUT_CACHE") or Path.home() / ".cache" / "rag" / "heldout")
+
+
+def fetch(*, cache: Path | None = None, log=print) -> dict[str, Path]:
+    """The held-out PDFs, downloading and unpacking the packages the first time. Raises
+    :class:`RuntimeError` with the tool's message when ``apt-get`` or ``dpkg`` fail."""
+    cache = cache or cache_dir()
+    found: dict[str, Path] = {}
+    for package, inner in MANUALS.items():
+        pdf = cache / package / inner
+        if not pdf.is_file():
+            debs = cache / "debs"
+            debs.mkdir(parents=True, exist_ok=True)
+            deb = next(iter(sorted(debs.glob(f"{package}_*.deb"))), None)
+            if deb is None:
+                log(f"apt-get download {package}")
+                _run(["apt-get", "download", package], cwd=debs)
+                deb = next(iter(sorted(debs.glob(f"{package}_*.deb"))), None)
+                if deb is None:
+                    raise RuntimeError(f"apt-get download {package} left no .deb in {debs}")
+            log(f"dpkg -x {deb.name}")
+            tmp = Path(tempfile.mkdtemp(dir=cache, prefix=f".{package}-"))  # half-unpacked never looks done
+            try:
+                _run(["dpkg", "-x", str(deb), str(tmp)])
+                if (cache / package).exists():
+                    shutil.rmtree(cache / package)
+                os.replace(tmp, cache / package)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if not pdf.is_file():
+                raise RuntimeError(f"{deb.name} has no {inner}")
+        found[package] = pdf
+    return found
+
+
+def _run(cmd: list[str], cwd: Path | None = None) -> None:
+    try:
+        done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise RuntimeError(f"{cmd[0]} is not installed (a Debian-based system is needed to fetch the manuals)")
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {done.stderr.strip() or done.stdout.strip()}")
+
+
+# --- paraphrase check ---------------------------------------------------------------------------
+
+STOP_WORDS = frozenset("""
+a about above across after afterwards again against all almost alone along already also although always am
+among amongst an and another any anyhow anyone anything anyway anywhere are around as at back be became
+because become becomes becoming been before beforehand behind being below beside besides between beyond both
+but by can cannot could did do does doing done down during each either else elsewhere enough etc even ever
+every everyone everything everywhere except few for former formerly from further get gets give given gives go
+had has have having he hence her here hers herself him himself his how however i ie if in indeed instead into
+is it its itself just keep last latter least less let like made make makes many may me meanwhile might mine
+more moreover most mostly much must my myself neither never nevertheless next no nobody none nor not nothing
+now nowhere of off often on once one only onto or other others otherwise our ours ourselves out over own per
+perhaps please put rather re same see seem seemed seems several she should since so some somehow someone
+something sometime sometimes somewhere still such than that the their theirs them themselves then thence there
+thereafter thereby therefore therein thereupon these they this those though through throughout thru thus to
+together too toward towards under until up upon us use used uses using very via was way we well were what
+whatever when whence whenever where whereas whereby wherein whereupon wherever whether which while whither who
+whoever whole whom whose why will with within without would yet you your yours yourself yourselves
+don doesn isn aren won t s ll ve d m want need
+""".split())
+
+
+def content_words(text: str) -> set[str]:
+    """Lower-cased word stems of ``text`` without stop words and one-character tokens."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    return {_stem(w) for w in words if len(w) > 1 and w not in STOP_WORDS}
+
+
+def _stem(word: str) -> str:
+    for suffix in ("ations", "ation", "ings", "ing", "ies", "ied", "es", "ed", "ly", "s"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            return word[: -len(suffix)]
+    return word
+
+
+def overlap(path: Path) -> list[tuple[str, set[str]]]:
+    """(id, the content words shared with the passage) for each question of a set."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        q = json.loads(line)
+        rows.append((q["id"], content_words(q["question"]) & content_words(q["_passage"])))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("fetch", help="download and unpack the held-out manuals into the cache folder")
+    o = sub.add_parser("overlap", help="content words each question shares with its passage")
+    o.add_argument("--verbose", "-v", action="store_true", help="list the shared words of each question")
+    args = ap.parse_args(argv)
+    if args.command == "fetch":
+        try:
+            for package, pdf in fetch().items():
+                print(f"{package}: {pdf}")
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
+    total = low = 0
+    for package, path in SETS.items():
+        rows = overlap(path)
+        n_low = sum(1 for _, shared in rows if len(shared) <= 1)
+        total, low = total + len(rows), low + n_low
+        print(f"{path.relative_to(ROOT)}: {n_low} of {len(rows)} questions share at most one content word "
+              f"with their passage ({n_low / len(rows):.2f})")
+        if args.verbose:
+            for qid, shared in rows:
+                print(f"  {qid}: {len(shared)} {sorted(shared)}")
+    print(f"all held-out sets: {low} of {total} ({low / total:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
