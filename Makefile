@@ -1,5 +1,5 @@
 # `make demo` sets everything up and answers a question about samples/; `make test` runs the whole test suite.
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench docs clean
 
 setup:
 	./setup.sh
@@ -15,6 +15,12 @@ test: setup
 bench: setup
 	.venv/bin/python benchmarks/ingest.py
 	.venv/bin/python benchmarks/prefill.py
+
+docs: .venv/bin/rag   # docs/settings.md, generated from the settings dataclasses
+	.venv/bin/rag config --reference > docs/settings.md.tmp && mv docs/settings.md.tmp docs/settings.md
+
+.venv/bin/rag:
+	./setup.sh
 
 clean:
 	rm -rf .venv

@@ -1,6 +1,6 @@
 """What may run at the same time inside one ``Pipeline``, and how waiting and cancelling work.
 
-The policy (also in the README):
+The policy (also in docs/app.md, Threads):
 
 - **Generation is serialised per engine, first come first served.** One llama.cpp
   context must never run two prompts at once (llama.cpp aborts the process); every

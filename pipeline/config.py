@@ -40,7 +40,9 @@ class ModelsConfig:
     """Which models to use: ``builtin:NAME``, a path to a ``.gguf`` file, or ``hf:owner/repo/file.gguf``."""
 
     embedder: str = "builtin:all-MiniLM-L6-v2"
+    """The embedding model: builtin:NAME, a .gguf path, hf:owner/repo/file.gguf or openai:URL#model."""
     generator: str = "builtin:SmolLM2-135M-Instruct"
+    """The model that writes answers and summaries; the same reference forms as models.embedder."""
 
 
 @dataclass(frozen=True)
@@ -56,9 +58,13 @@ class ChunkingConfig:
     """
 
     size: int = 256
+    """Chunk length in embedder tokens: the unit that is embedded, BM25-indexed and retrieved."""
     overlap: int = 32
+    """Tokens each chunk repeats from the one before, so a sentence cut at a boundary is still found."""
     contextual: bool = True
+    """Embed and index each chunk with its title and heading path in front (never shown in passages)."""
     section_tokens: int = 0
+    """Section length in embedder tokens (runs of chunks prompts are built from); 0 = n_ctx / 4, at most 4096."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,9 @@ class IngestConfig:
     and reported; 0 = no limit. ``follow_symlinks`` also follows links that leave the folder."""
 
     max_file_mb: float = 32.0
+    """Files larger than this (decompressed, for .gz) are skipped and reported; 0 = no limit."""
     follow_symlinks: bool = False
+    """Also follow symlinks that lead outside the folder being ingested."""
 
 
 @dataclass(frozen=True)
@@ -75,9 +83,13 @@ class EmbedConfig:
     """How the embedder runs. ``batch_tokens = 0`` lets the hardware decide how chunks are grouped per decode."""
 
     threads: int = 0
+    """CPU threads of the embedder; 0 = every usable core but one (left to the loader thread)."""
     flash_attn: bool = True
+    """Run the embedder with flash attention (faster on a CPU too)."""
     gpu_layers: int = 0
+    """Layers of the embedder on the GPU on a GPU build (-1 = all, 0 = none)."""
     batch_tokens: int = 0
+    """Tokens packed into one decode; 0 = follow the hardware (one chunk on a CPU, 4096 on a GPU)."""
 
 
 @dataclass(frozen=True)
@@ -93,11 +105,17 @@ class StoreConfig:
     """
 
     path: str = ""
+    """Directory of the embedded store (Chroma files and SQLite catalog); empty = $RAG_HOME/store."""
     collection: str = "default"
+    """The collection commands read and write, so that corpora stay apart in one store."""
     wait: float = 10.0
+    """Seconds to wait for another rag process holding the embedded store before exiting with status 5."""
     url: str = ""
+    """A Chroma server (http://host:port) for the vectors, so many processes share them; empty = embedded."""
     catalog_url: str = ""
+    """PostgreSQL (postgresql://...) for catalog, full-text index and job state; empty = SQLite in path."""
     catalog_pool: int = 8
+    """Most PostgreSQL connections one process keeps open to catalog_url."""
 
 
 @dataclass(frozen=True)
@@ -107,14 +125,23 @@ class RetrievalConfig:
     scores combined with ``rerank_dense_weight`` for the dense side; "none" = fusion only)."""
 
     top_k: int = 5
+    """Hits `rag search` (and Pipeline.search) returns unless told otherwise."""
     dense: bool = True
+    """Search the vectors in Chroma (semantic matches)."""
     lexical: bool = True
+    """Search the BM25 full-text index (exact terms, identifiers, flags)."""
     candidates: int = 40
+    """Hits taken from each side before fusion."""
     rrf_k: int = 60
+    """Reciprocal-rank fusion constant: a hit at rank r weighs 1 / (rrf_k + r)."""
     rerank: str = "scores"
+    """After fusion: "scores" re-scores candidates on both sides' scores; "none" keeps the fused order."""
     rerank_candidates: int = 40
+    """Fused candidates the reranker re-scores."""
     rerank_dense_weight: float = 0.5
+    """The dense side's share of a reranked score (the lexical side gets the rest)."""
     rerank_normalise: str = "max"
+    """How each side's scores are scaled before combining: "max" (by the best) or "minmax" (to [0, 1])."""
 
 
 #: The ``[engine]`` keys that say what llama.cpp runs with and where the weights live: what the
@@ -144,25 +171,45 @@ class EngineConfig:
     """
 
     n_ctx: int = 8192
+    """Context length in tokens, the longest prompt plus answer; 0 = the model's trained context."""
     n_batch: int = 2048
+    """Logical batch (llama.cpp's -b): prompt tokens submitted per decode call."""
     n_ubatch: int = 512
+    """Micro-batch (-ub): tokens computed at once; larger amortises per-batch costs such as expert copies."""
     flash_attn: bool = True
+    """Flash attention: faster prefill, and needed for a quantised V cache."""
     type_k: str = "f16"
+    """KV cache type of the keys (f16, q8_0 = half the memory, q4_0 = a quarter, ...)."""
     type_v: str = "f16"
+    """KV cache type of the values; a quantised one needs flash_attn."""
     gpu_layers: int = -1
+    """Layers on the GPU on a GPU build (-ngl); -1 = every layer and the output head."""
     threads: int = 0
+    """CPU threads for decoding; 0 = every usable core (split between engines when parallel > 1)."""
     threads_batch: int = 0
+    """CPU threads for prefill; 0 = the same as threads."""
     mmap: bool = True
+    """Map the model file instead of reading it; off by itself when tensors are overridden (pinned memory)."""
     n_cpu_moe: int = 0
+    """Keep the routed experts of this many layers in CPU memory (--n-cpu-moe), so VRAM goes to KV and batch."""
     cpu_moe: bool = False
+    """Keep every layer's routed experts in CPU memory (--cpu-moe)."""
     cpu_moe_from: str = "last"
+    """Which n_cpu_moe layers: "first" (llama.cpp's choice) or "last"."""
     override_tensors: str = ""
+    """llama.cpp -ot style "regex=BUFFER,..." tensor placements, applied before the expert settings."""
     rope_scaling: str = ""
+    """RoPE scaling ("linear" or "yarn") that allows n_ctx above the trained context; empty = none."""
     rope_freq_scale: float = 0.0
+    """RoPE frequency scale with rope_scaling; 0 = the model's own."""
     seed: int = 0
+    """Sampling seed, so that answers at temperature > 0 are reproducible."""
     n_seq_max: int = 1
+    """Sequences one context decodes together (several prompts over one prefix, one decode per step)."""
     tuned: bool = True
-    parallel: int = 1  # engines (llama.cpp contexts) answering concurrent questions in one process
+    """Use the profile `rag tune` saved for this model and context, for settings left at their defaults."""
+    parallel: int = 1
+    """Engines (llama.cpp contexts) answering concurrent questions in one process."""
 
     def validate(self) -> "EngineConfig":
         """Refuse settings llama.cpp cannot run, naming the setting and the cause; return ``self``."""
@@ -248,17 +295,27 @@ class AskConfig:
     """
 
     mode: str = "auto"
+    """Packing: "auto" = whole documents or fixed sections in document order (reusable); "passages" = hits."""
     reuse_tolerance: float = 0.2
+    """A pack reusing a cached prefix wins when it holds the best section and scores >= 1 - this of the best."""
     top_k: int = 8
+    """Passages retrieved before neighbour expansion (passages mode); hits cited as sources (auto)."""
     neighbours: int = 1
+    """Chunks added on each side of a hit, so a passage or cited page range has its context."""
     mmr: bool = False
+    """Diversify passage hits by maximal marginal relevance (passages mode)."""
     mmr_lambda: float = 0.7
+    """MMR's weight of relevance against redundancy (1 = relevance only)."""
     max_tokens: int = 256
+    """Longest answer in tokens; layouts hold back the larger of this and summarize.max_tokens."""
     temperature: float = 0.0
+    """Sampling temperature; 0 = greedy, the same answer every time."""
     repeat_penalty: float = 1.2
+    """Penalty on tokens repeated within the last 256; 1.0 = off."""
     system_prompt: str = (
         "You answer questions using only the numbered documents provided. Cite the documents you "
         "use as [1] or, with a page, as [1, p. 3]. If the documents do not contain the answer, say so.")
+    """The instruction before the documents; part of every prompt's cached prefix."""
 
 
 @dataclass(frozen=True)
@@ -272,9 +329,13 @@ class SummarizeConfig:
     prompt: str = (
         "Summarise the documents for a reader who has not seen them: what they are about, their main "
         "points, and any conclusions, figures or dates that matter, in one or two paragraphs.")
+    """The instruction a summary answers when no --prompt is given."""
     max_tokens: int = 384
+    """Longest summary (and each partial summary of a map-reduce) in tokens."""
     temperature: float = 0.0
+    """Sampling temperature; 0 = greedy, so a resumed job's output equals an uninterrupted one."""
     repeat_penalty: float = 1.2
+    """Penalty on tokens repeated within the last 256; 1.0 = off."""
 
 
 @dataclass(frozen=True)
@@ -288,10 +349,15 @@ class CacheConfig:
     """
 
     enabled: bool = True
+    """Save and reuse prefix KV states on disk, so a prompt that starts like an earlier one skips that prefill."""
     path: str = ""
+    """Directory of the saved states and their index; empty = $RAG_HOME/cache."""
     max_gb: float = 8.0
+    """Disk the states may use; least recently used ones are evicted past it."""
     min_tokens: int = 256
+    """Prefixes shorter than this are not saved (not worth a file)."""
     boundary_states: int = 4
+    """States saved per prompt at earlier document or section boundaries, besides its whole prefix."""
 
 
 @dataclass(frozen=True)
@@ -306,10 +372,15 @@ class RemoteConfig:
     """
 
     connect_timeout: float = 5.0
+    """Seconds to wait for a server connection."""
     read_timeout: float = 300.0
+    """Longest silence a stream may have, in seconds (a long prefill comes before the first token)."""
     max_wait: float = 60.0
+    """Seconds of retries in all (connection errors, timeouts, 429, 5xx) before giving up with exit status 6."""
     api_key_env: str = "OPENAI_API_KEY"
+    """The environment variable holding the servers' bearer token (never printed)."""
     embed_max_tokens: int = 510
+    """Longest embedder input in tokens (the embedding server needs n_ubatch >= this + 2)."""
 
 
 @dataclass(frozen=True)
@@ -317,17 +388,29 @@ class Config:
     """All settings. ``home`` empty means ``$RAG_HOME`` or the per-user cache directory."""
 
     home: str = ""
+    """Directory for models, caches and the default store; empty = $RAG_HOME or ~/.cache/rag."""
     models: ModelsConfig = field(default_factory=ModelsConfig)
+    """Which embedder and generator to run."""
     ingest: IngestConfig = field(default_factory=IngestConfig)
+    """What rag ingest reads."""
     chunking: ChunkingConfig = field(default_factory=ChunkingConfig)
+    """How documents are cut into chunks and sections."""
     embed: EmbedConfig = field(default_factory=EmbedConfig)
+    """How the embedder runs."""
     store: StoreConfig = field(default_factory=StoreConfig)
+    """Where vectors, catalog and full-text index live."""
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    """Hybrid search: dense, lexical, fusion, reranking."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+    """The generator in llama.cpp, configured for fast prefill."""
     ask: AskConfig = field(default_factory=AskConfig)
+    """How questions are answered: packing, sources, sampling."""
     cache: CacheConfig = field(default_factory=CacheConfig)
+    """Prefix KV states on disk."""
     summarize: SummarizeConfig = field(default_factory=SummarizeConfig)
+    """Batch summaries."""
     remote: RemoteConfig = field(default_factory=RemoteConfig)
+    """OpenAI-compatible servers for generation and embeddings."""
 
     @property
     def home_path(self) -> Path:

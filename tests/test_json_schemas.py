@@ -60,7 +60,7 @@ def test_errors_in_json_mode_are_json_on_stdout_and_a_message_on_stderr(store_di
 def test_schemas_are_documented():
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "json.md").read_text()
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "app.md").read_text()
     for kind in SCHEMAS:
         assert f"`{kind}`" in doc, kind
 

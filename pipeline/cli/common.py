@@ -91,7 +91,7 @@ def _store_overrides(collection: str | None, store_path: Path | None) -> dict[st
 
 
 def _echo_json(data: Any) -> None:
-    """One JSON output; objects carry the schema version (see docs/json.md)."""
+    """One JSON output; objects carry the schema version (see docs/app.md, JSON outputs)."""
     from ..schemas import versioned
 
     if isinstance(data, dict):

@@ -8,12 +8,20 @@ from .common import _echo_json, _pipeline, _printable, cli, handles_errors, json
 
 
 @cli.command("config")
+@click.option("--reference", is_flag=True,
+              help="Print every setting (type, default, RAG_* variable, meaning) as Markdown instead.")
 @click.pass_context
 @handles_errors
-def show_config(ctx):
+def show_config(ctx, reference):
     """Print the effective settings as TOML, with the home, store and cache paths resolved.
 
-    Credentials in URLs (``user:pass@``, ``?token=``) are printed as ``***``."""
+    Credentials in URLs (``user:pass@``, ``?token=``) are printed as ``***``. With --reference,
+    the settings reference (docs/settings.md) instead: defaults, not the effective values."""
+    if reference:
+        from ..settings_reference import reference_markdown
+
+        click.echo(reference_markdown(), nl=False)
+        return
     from ..config import to_toml
     from ..errors import redact
 

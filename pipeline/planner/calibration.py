@@ -43,7 +43,7 @@ GEMMA_2B_F16_3090 = ((128, 7546.77), (256, 9925.36), (512, 11162.57), (1024, 115
                      (4096, 11855.52))
 #: (n_ubatch, prompt tokens/s): Llama 3 8B Q5_0, pp2048, RTX 3090 (llama.cpp PR #7716). Held back.
 LLAMA_8B_Q5_0_3090 = ((256, 2089.43), (512, 2187.50), (1024, 2267.47), (2048, 2235.98))
-#: (label, prompt tokens/s): the recipe on an RTX 3090 (see the README).
+#: (label, prompt tokens/s): the recipe on an RTX 3090 (see docs/performance.md).
 RECIPE_3090 = (("baseline", 564.0), ("recipe", 1330.0))
 GPU_LAYER_OVERHEAD = 50e-6  # seconds per layer per micro-batch (assumed)
 UBATCH_EXP = 1.5

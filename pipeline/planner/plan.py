@@ -185,7 +185,7 @@ def baseline_plan(spec: ModelSpec, hw: HardwareProfile, n_ctx: int = 65536, budg
 
 def compare(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget | None = None
             ) -> list[PlanResult]:
-    """The README's comparison: the recipe's baseline (-b 512 -ub 128) and the recipe itself (8 layers'
+    """The comparison in docs/performance.md: the recipe's baseline (-b 512 -ub 128) and the recipe itself (8 layers'
     experts on the CPU, -b 1024 -ub 512), llama.cpp's fit (modelled), the plan, and the plan with the KV
     type searched. The baseline is checked with no margin, as it was run; configurations that cannot be
     built for this model or budget are left out."""

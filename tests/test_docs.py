@@ -1,0 +1,137 @@
+"""The documentation holds: README.md stays short, and every relative link in it and in docs/ resolves."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+
+
+def prose(text: str) -> str:
+    """``text`` without its fenced code blocks and inline code, where brackets are not links."""
+    return re.sub(r"`[^`\n]*`", "", FENCE.sub("", text))
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip()).lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    out = set()
+    for line in FENCE.sub("", page.read_text()).splitlines():
+        m = re.match(r"^#{1,6} (.+)$", line)
+        if m:
+            base = anchor(m.group(1))
+            n = seen.get(base, 0)
+            seen[base] = n + 1
+            out.add(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def links(page: Path) -> list[str]:
+    return [m.group(1) for m in LINK.finditer(prose(page.read_text()))]
+
+
+def test_readme_is_short_and_maps_every_docs_page():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    linked = {target.split("#")[0] for target in links(ROOT / "README.md")}
+    for page in (ROOT / "docs").glob("*.md"):
+        assert f"docs/{page.name}" in linked, f"README.md does not link docs/{page.name}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(page: Path):
+    broken = []
+    for target in links(page):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, fragment = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target} (no such file)")
+        elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+            broken.append(f"{target} (no heading #{fragment} in {dest.relative_to(ROOT)})")
+    assert not broken, f"{page.relative_to(ROOT)}: broken links: {broken}"
+
+
+def test_anchor_rules():
+    assert anchor("Generation and embeddings on llama.cpp servers") == "generation-and-embeddings-on-llamacpp-servers"
+    assert anchor("JSON outputs (schema 1)") == "json-outputs-schema-1"
+    assert anchor("Answers: rag eval --answers") == "answers-rag-eval---answers"
+    assert anchor("Whole or map-reduce, on ask's prefix") == "whole-or-map-reduce-on-asks-prefix"
+    assert anchor("`rag summarize`: batch summaries") == "rag-summarize-batch-summaries"
+
+
+# -- the settings reference (docs/settings.md), generated from the settings dataclasses --
+
+def test_every_setting_has_a_one_line_docstring():
+    from pipeline.settings_reference import settings, undocumented
+
+    assert undocumented() == [], f"settings without an attribute docstring: {undocumented()}"
+    long = [s.key for s in settings() if "\n" in s.doc]
+    assert not long, f"settings whose docstring is more than one line: {long}"
+
+
+def test_the_committed_settings_reference_is_the_generated_one():
+    from pipeline.settings_reference import reference_markdown
+
+    committed = (ROOT / "docs" / "settings.md").read_text()
+    assert committed == reference_markdown(), "docs/settings.md is stale: run `make docs` and commit it"
+
+
+def test_the_reference_lists_every_setting_with_its_variable_and_default():
+    from pipeline.config import Config, env_names, toml_value
+    from pipeline.settings_reference import reference_markdown, settings
+
+    text = reference_markdown()
+    listed = {s.key: s for s in settings()}
+    assert {v: k for k, v in env_names().items()}.keys() <= listed.keys()
+    for variable, key in env_names().items():
+        assert listed[key].variable == variable
+        assert f"| `{key}` |" in text and f"`{variable}`" in text
+    section, name = "engine", "n_ctx"
+    assert listed[f"{section}.{name}"].default == getattr(getattr(Config(), section), name)
+    assert f"| `engine.n_ctx` | int | `{toml_value(Config().engine.n_ctx)}` | `RAG_ENGINE_N_CTX` |" in text
+
+
+def test_rag_config_reference_prints_it():
+    from click.testing import CliRunner
+
+    from pipeline.cli import cli
+    from pipeline.settings_reference import reference_markdown
+
+    result = CliRunner().invoke(cli, ["config", "--reference"], env={"RAG_ENGINE_N_CTX": "1024"})
+    assert result.exit_code == 0, result.output
+    assert result.output == reference_markdown()  # defaults, not the effective values
+
+
+def test_field_docs_read_any_dataclass_wherever_it_is_defined():
+    """The reader depends on no module layout: a class in another module, and its bases, are read too."""
+    from dataclasses import dataclass
+
+    from pipeline.settings_reference import field_docs
+
+    @dataclass
+    class Base:
+        a: int = 1
+        """The first."""
+
+    @dataclass
+    class Section(Base):
+        b: str = "x"
+        """The second,
+        on two lines."""
+        c: float = 0.5  # a comment is not a docstring
+
+    assert field_docs(Section) == {"a": "The first.", "b": "The second,\non two lines."}
