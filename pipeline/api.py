@@ -110,13 +110,19 @@ class Pipeline:
         from .engine.remote import is_remote
         from .engine.remote_embedder import remote_embedder
 
-        if is_remote(self.config.models.embedder):
-            return remote_embedder(self.config.models.embedder, self.config.remote)
-        path = models.resolve(self.config.models.embedder, home=self.config.home_path,
-                              what="embedder", log=self._log)
-        e = self.config.embed
-        return Embedder(path, threads=e.threads, flash_attn=e.flash_attn, gpu_layers=e.gpu_layers,
-                        batch_tokens=e.batch_tokens)
+        from .engine.embed_prompts import PrefixedEmbedder, gguf_names, resolve
+
+        m = self.config.models
+        if is_remote(m.embedder):
+            inner = remote_embedder(m.embedder, self.config.remote)
+            names: tuple[str, ...] = (getattr(getattr(inner, "ref", None), "model", "") or "",)
+        else:
+            path = models.resolve(m.embedder, home=self.config.home_path, what="embedder", log=self._log)
+            e = self.config.embed
+            inner = Embedder(path, threads=e.threads, flash_attn=e.flash_attn, gpu_layers=e.gpu_layers,
+                             batch_tokens=e.batch_tokens)
+            names = gguf_names(path)
+        return PrefixedEmbedder(inner, resolve(m.embedder_query_prefix, m.embedder_document_prefix, names=names))
 
     @once
     def chunker(self):

@@ -43,6 +43,10 @@ class ModelsConfig:
     """The embedding model: builtin:NAME, a .gguf path, hf:owner/repo/file.gguf or openai:URL#model."""
     generator: str = "builtin:SmolLM2-135M-Instruct"
     """The model that writes answers and summaries; the same reference forms as models.embedder."""
+    embedder_query_prefix: str = "auto"
+    """Text put before every query the embedder sees (e5: "query: "); "auto" = the model's own, "" = none."""
+    embedder_document_prefix: str = "auto"
+    """Text put before every chunk at ingest (e5: "passage: "); "auto" = the model's own, "" = none."""
 
 
 @dataclass(frozen=True)

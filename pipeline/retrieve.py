@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from .store.catalog import StoredChunk
+from .engine.embed_prompts import embed_query
 from .engine.stages import TextEmbedder
 from .store.store import Store
 
@@ -111,7 +112,7 @@ def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: in
     rankings: dict[str, list[tuple[StoredChunk, float]]] = {}
     vector = None
     if dense and embedder is not None:
-        vector = embedder.embed([query])[0]
+        vector = embed_query(embedder, [query])[0]
         clock.lap("embed_query")
         rankings["dense"] = store.dense(vector, limit=candidates, source=source)
         clock.lap("dense")

@@ -270,6 +270,11 @@ class Store:
         """Refuse to compare vectors of two embedders: ingest, search and ask say so alike."""
         info = self.info
         if info is not None and info.embedder_id != embedder_id:
+            if info.embedder_id.split("+doc:")[0] == embedder_id.split("+doc:")[0]:  # see engine.embed_prompts
+                raise StoreError(
+                    f"collection '{self.name}' was built with the same embedder but another document prefix "
+                    "(models.embedder_document_prefix); use that one, another --collection, or `rag drop` "
+                    "this one first")
             raise StoreError(
                 f"collection '{self.name}' was built with the embedder {info.embedder}; the configured "
                 f"one is {embedder} (a different model file). Use another --collection, or "
