@@ -11,8 +11,8 @@ a second run embeds nothing): the development corpus (``samples/`` and
 ``benchmarks/eval/generated/``), the two manuals these machines carry under ``/usr/share/doc``,
 and the held-out shelf (both fetched manuals in one collection, so each question is searched
 against both). It then runs every question set through every retrieval setting and prints one
-table: recall@5 and recall@10 by page, and MRR. Development sets (``dev``, ``usr-share-doc``,
-``usr-share-doc-paraphrased``) are marked as such: settings were chosen on them.
+table: recall@5 and recall@10 by page, and MRR. Development sets (``dev``, ``dev-paraphrased``,
+``usr-share-doc``, ``usr-share-doc-paraphrased``) are marked as such: settings were chosen on them.
 
 Two real manuals no one on the project wrote, from Debian documentation packages: ``gnuplot.pdf``
 (``gnuplot-doc``) and ``asymptote.pdf`` (``asymptote-doc``). They are fetched with ``apt-get
@@ -163,13 +163,15 @@ QUESTION_SETS = [
     ("dev", EVAL / "devset.jsonl", "dev", True),
     ("usr-share-doc", EVAL / "outside.jsonl", "usr-share-doc", True),
     ("usr-share-doc-paraphrased", EVAL / "outside-paraphrased.jsonl", "usr-share-doc", True),
+    ("dev-paraphrased", EVAL / "devset-paraphrased.jsonl", "dev", True),
     ("gnuplot", SETS["gnuplot-doc"], "heldout", False),
     ("asymptote", SETS["asymptote-doc"], "heldout", False),
 ]
 
 #: what each row of the table is called, and the ``rag eval`` setting behind it
 ROWS = [("dense only", "dense"), ("lexical only", "lexical"), ("hybrid RRF", "hybrid"),
-        ("default (hybrid + rerank)", "hybrid+rerank")]
+        ("hybrid RRF + rerank (the default before adaptive fusion)", "hybrid+rerank"),
+        ("adaptive fusion", "adaptive"), ("default: adaptive fusion + rerank", "adaptive+rerank")]
 
 
 def run_sets(*, settings: list[tuple[str, str]] = ROWS, sets: list[str] | None = None, store_root: Path | None = None,

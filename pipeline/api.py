@@ -398,6 +398,7 @@ class Pipeline:
         """Retrieval as configured (``changes`` override retrieval settings: dense, lexical, rerank)."""
         import dataclasses
 
+        from .fusion import AdaptiveFusion
         from .rerank import make_reranker
 
         r = dataclasses.replace(self.config.retrieval, **changes) if changes else self.config.retrieval
@@ -405,10 +406,11 @@ class Pipeline:
             self.embedder.dim  # loads the model outside the timed stages
         reranker = make_reranker(r.rerank, candidates=max(r.rerank_candidates, top_k),
                                  dense_weight=r.rerank_dense_weight, normalise=r.rerank_normalise)
+        fusion = AdaptiveFusion(r.lexical_floor, r.lexical_full) if r.fusion == "adaptive" else None
         return search(query, store=store, embedder=self.embedder if r.dense else None, top_k=top_k,
                       dense=r.dense, lexical=r.lexical, candidates=max(r.candidates, top_k), rrf_k=r.rrf_k,
                       source=source, use_mmr=use_mmr, mmr_lambda=self.config.ask.mmr_lambda,
-                      rerank=reranker, timings=timings)
+                      rerank=reranker, fusion=fusion, timings=timings)
 
     def evaluate(self, questions: "str | Path | Sequence[Question]", *,
                  settings: "Sequence[str] | None" = None, answers: bool = False, label: str = "",
@@ -416,7 +418,7 @@ class Pipeline:
         """Run a question set through each retrieval setting (see :mod:`.evaluate`).
 
         ``questions`` is a JSONL path or loaded questions; ``settings`` names entries of
-        :data:`.evaluate.SETTINGS` (default: dense, lexical, hybrid, hybrid+rerank). With
+        :data:`.evaluate.SETTINGS` (default: dense, lexical, hybrid, hybrid+rerank, adaptive+rerank). With
         ``answers``, each question is also answered and checked (slow: one generation each).
         """
         from . import evaluate as ev

@@ -146,6 +146,12 @@ class RetrievalConfig:
     """The dense side's share of a reranked score (the lexical side gets the rest)."""
     rerank_normalise: str = "max"
     """How each side's scores are scaled before combining: "max" (by the best) or "minmax" (to [0, 1])."""
+    fusion: str = "adaptive"
+    """How the sides combine: "adaptive" weighs BM25 per query by how much of its rare-word weight matched; "rrf" evenly."""
+    lexical_floor: float = 0.1
+    """Adaptive fusion: a query whose best BM25 hit holds at most this share of its idf weight is ranked by dense alone."""
+    lexical_full: float = 0.5
+    """Adaptive fusion: from this share of the query's idf weight matched, BM25 counts fully (as with "rrf")."""
 
 
 #: The ``[engine]`` keys that say what llama.cpp runs with and where the weights live: what the
@@ -474,6 +480,11 @@ class Config:
             raise ConfigError(f"retrieval.rerank_normalise must be 'max' or 'minmax', got {r.rerank_normalise!r}")
         if r.rerank_candidates < 1 or not 0.0 <= r.rerank_dense_weight <= 1.0:
             raise ConfigError("retrieval.rerank_candidates must be >= 1 and retrieval.rerank_dense_weight in [0, 1]")
+        if r.fusion not in ("adaptive", "rrf"):
+            raise ConfigError(f"retrieval.fusion must be 'adaptive' or 'rrf', got {r.fusion!r}")
+        if not 0.0 <= r.lexical_floor <= r.lexical_full <= 1.0:
+            raise ConfigError("retrieval.lexical_floor and lexical_full must satisfy 0 <= floor <= full <= 1, got "
+                              f"{r.lexical_floor} and {r.lexical_full}")
         if self.store.wait < 0:
             raise ConfigError("store.wait must be >= 0 seconds")
         if self.store.catalog_pool < 1:

@@ -42,15 +42,19 @@ if TYPE_CHECKING:
 KS = (1, 5, 10)
 DEPTH = max(KS)  # chunks retrieved per question
 
-# The retrieval settings `rag eval` compares: overrides of the retrieval configuration.
+# The retrieval settings `rag eval` compares: overrides of the retrieval configuration. "hybrid"
+# weighs both sides evenly (plain reciprocal-rank fusion); "adaptive" weighs BM25 per query
+# (see pipeline.fusion); "adaptive+rerank" is the default configuration.
 SETTINGS: dict[str, dict] = {
     "dense": {"dense": True, "lexical": False, "rerank": "none"},
     "lexical": {"dense": False, "lexical": True, "rerank": "none"},
-    "hybrid": {"dense": True, "lexical": True, "rerank": "none"},
-    "hybrid+mmr": {"dense": True, "lexical": True, "rerank": "none", "mmr": True},
-    "hybrid+rerank": {"dense": True, "lexical": True, "rerank": "scores"},
+    "hybrid": {"dense": True, "lexical": True, "rerank": "none", "fusion": "rrf"},
+    "hybrid+mmr": {"dense": True, "lexical": True, "rerank": "none", "fusion": "rrf", "mmr": True},
+    "hybrid+rerank": {"dense": True, "lexical": True, "rerank": "scores", "fusion": "rrf"},
+    "adaptive": {"dense": True, "lexical": True, "rerank": "none", "fusion": "adaptive"},
+    "adaptive+rerank": {"dense": True, "lexical": True, "rerank": "scores", "fusion": "adaptive"},
 }
-DEFAULT_SETTINGS = ("dense", "lexical", "hybrid", "hybrid+rerank")
+DEFAULT_SETTINGS = ("dense", "lexical", "hybrid", "hybrid+rerank", "adaptive+rerank")
 STAGES = ("embed_query", "dense", "lexical", "fuse", "rerank")
 
 _KEYS = {"question", "source", "pages", "evidence", "answer", "id"}

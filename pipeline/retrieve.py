@@ -18,6 +18,7 @@ from .engine.stages import TextEmbedder
 from .store.store import Store
 
 if TYPE_CHECKING:
+    from .fusion import AdaptiveFusion
     from .rerank import Reranker
 
 
@@ -64,15 +65,18 @@ class Passage:
         return f"page {lo}" if lo == hi else f"pages {lo}-{hi}"
 
 
-def rrf(rankings: dict[str, list[tuple[StoredChunk, float]]], *, k: int) -> list[tuple[StoredChunk, float, dict]]:
-    """Reciprocal-rank fusion: score = Σ 1 / (k + rank), rank from 1, over the sides that found a chunk."""
+def rrf(rankings: dict[str, list[tuple[StoredChunk, float]]], *, k: int,
+        weights: dict[str, float] | None = None) -> list[tuple[StoredChunk, float, dict]]:
+    """Reciprocal-rank fusion: score = Σ w / (k + rank), rank from 1, over the sides that found a
+    chunk; a side's weight ``w`` is 1 unless ``weights`` says otherwise."""
     fused: dict[str, tuple[StoredChunk, float, dict]] = {}
     for side, hits in rankings.items():
+        w = 1.0 if weights is None else weights.get(side, 1.0)
         for rank, (chunk, score) in enumerate(hits, start=1):
             entry = fused.get(chunk.chunk_id)
             detail = dict(entry[2]) if entry else {}
             detail[side] = (rank, score)
-            total = (entry[1] if entry else 0.0) + 1.0 / (k + rank)
+            total = (entry[1] if entry else 0.0) + w / (k + rank)
             fused[chunk.chunk_id] = (entry[0] if entry else chunk, total, detail)
     return sorted(fused.values(), key=lambda e: (-e[1], e[0].source, e[0].index))
 
@@ -100,12 +104,14 @@ def mmr(query_vector, candidates: list, vectors: dict, *, k: int, lam: float) ->
 def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: int, dense: bool = True,
            lexical: bool = True, candidates: int = 40, rrf_k: int = 60, source: str | Sequence[str] | None = None,
            use_mmr: bool = False, mmr_lambda: float = 0.7, rerank: "Reranker | None" = None,
-           timings: dict[str, float] | None = None) -> list[Hit]:
+           fusion: "AdaptiveFusion | None" = None, timings: dict[str, float] | None = None) -> list[Hit]:
     """The ``top_k`` best chunks for ``query`` from the enabled sides, of ``source`` (one document,
     several, or all when None). ``store`` must be open.
 
-    ``rerank`` (see :mod:`.rerank`) re-orders the fused candidates; ``timings``, when given,
-    receives the seconds spent per stage (embed_query, dense, lexical, fuse, rerank).
+    ``fusion`` (see :mod:`.fusion`) weighs the lexical side for this query, in the fusion and
+    the reranking alike (None: both sides count evenly); ``rerank`` (see :mod:`.rerank`)
+    re-orders the fused candidates; ``timings``, when given, receives the seconds spent per
+    stage (embed_query, dense, lexical, fuse, rerank).
     """
     store.require()
     clock = _Stopwatch(timings)
@@ -119,10 +125,13 @@ def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: in
     if lexical:
         rankings["lexical"] = store.lexical(query, limit=candidates, source=source)
         clock.lap("lexical")
-    fused = rrf(rankings, k=rrf_k)
+    lexical_weight = 1.0
+    if fusion is not None and "dense" in rankings and rankings.get("lexical"):
+        lexical_weight = fusion.weight(query, rankings["lexical"][0][0], store)
+    fused = rrf(rankings, k=rrf_k, weights={"lexical": lexical_weight})
     clock.lap("fuse")
     if rerank is not None and len(rankings) > 1:
-        fused = rerank(query, fused, vector=vector, store=store)
+        fused = rerank(query, fused, vector=vector, store=store, lexical_weight=lexical_weight)
         clock.lap("rerank")
     if use_mmr and vector is not None and len(fused) > top_k:
         fused = mmr(vector, fused, store.vectors([c[0].chunk_id for c in fused]), k=top_k, lam=mmr_lambda)

@@ -168,8 +168,10 @@ def _pages(pages: list[int]) -> str:
 @cli.command("eval")
 @click.argument("questions", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-s", "--setting", "settings", multiple=True,
-              type=click.Choice(["dense", "lexical", "hybrid", "hybrid+mmr", "hybrid+rerank"]),
-              help="Retrieval setting to measure (repeatable). [default: dense, lexical, hybrid, hybrid+rerank]")
+              type=click.Choice(["dense", "lexical", "hybrid", "hybrid+mmr", "hybrid+rerank", "adaptive",
+                                 "adaptive+rerank"]),
+              help="Retrieval setting to measure (repeatable); adaptive+rerank is the default configuration. "
+                   "[default: dense, lexical, hybrid, hybrid+rerank, adaptive+rerank]")
 @click.option("--compare", "compare", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Also run with this TOML config (repeatable); results side by side.")
 @click.option("--answers", is_flag=True, help="Also answer each question and check the answer and its citations (slow).")

@@ -1,0 +1,81 @@
+"""How strongly the lexical side counts, per query: the share of the query's idf weight its best hit matched.
+
+BM25 helps when a question shares rare words with the passage (a function name, a flag, an
+error code) and hurts when it shares only common ones: a paraphrased question ("how do I make
+the vertical numbers grow going down?") matches whatever chunk repeats "how", "numbers" and
+"down", and reciprocal-rank fusion gives that chunk as much weight as the dense side's best.
+The query's words are weighed by their inverse document frequency in the collection, words the
+collection does not hold at all included (the question speaks another vocabulary than the
+text); :func:`lexical_strength` is the share of that weight the best BM25 hit contains, and
+:func:`lexical_weight` maps it to the lexical side's weight: 0 below ``floor`` (the hit matched
+only common words: dense alone decides), 1 from ``full`` up (today's even fusion), linear in
+between. Both thresholds were chosen on the development sets only (see docs/retrieval.md).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+if TYPE_CHECKING:
+    from .store.catalog import StoredChunk
+    from .store.store import Store
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+FUSIONS = ("adaptive", "rrf")
+
+
+@dataclass(frozen=True)
+class TermStats:
+    """What the lexical index knows about a query's words: how many chunks it holds, and in
+    how many of them each word occurs (0 for a word it does not hold)."""
+
+    chunks: int
+    df: Mapping[str, int]
+
+
+def words(text: str) -> list[str]:
+    """The distinct index words of ``text``, in order: lower-cased and without diacritics, as
+    SQLite's ``unicode61`` tokenizer folds them."""
+    folded = unicodedata.normalize("NFKD", text.lower())
+    folded = "".join(c for c in folded if not unicodedata.combining(c))
+    return list(dict.fromkeys(_WORD.findall(folded)))
+
+
+def idf(df: int, n: int) -> float:
+    """BM25's inverse document frequency (never negative)."""
+    return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+
+def lexical_strength(stats: TermStats, matched: Iterable[str]) -> float:
+    """The share of the query's idf weight that the words in ``matched`` carry (0 to 1)."""
+    n = max(stats.chunks, max(stats.df.values(), default=0), 1)
+    weights = {t: idf(d, n) for t, d in stats.df.items()}
+    total = sum(weights.values())
+    if total <= 0:
+        return 0.0
+    return sum(weights[t] for t in set(matched) if t in weights) / total
+
+
+def lexical_weight(strength: float, *, floor: float, full: float) -> float:
+    """The lexical side's weight for a query of this strength: 0 up to ``floor``, 1 from ``full``."""
+    if full <= floor:
+        return 1.0 if strength >= full else 0.0
+    return min(1.0, max(0.0, (strength - floor) / (full - floor)))
+
+
+@dataclass(frozen=True)
+class AdaptiveFusion:
+    """The lexical side's weight for each query (``retrieval.fusion = "adaptive"``)."""
+
+    floor: float = 0.1
+    full: float = 0.5
+
+    def weight(self, query: str, best: "StoredChunk", store: "Store") -> float:
+        """The weight for ``query`` whose best BM25 hit is ``best``: one small index lookup."""
+        stats, matched = store.catalog.term_stats(store.name, query, best.chunk_id)
+        return lexical_weight(lexical_strength(stats, matched), floor=self.floor, full=self.full)
