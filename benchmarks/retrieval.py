@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from pipeline import Pipeline  # noqa: E402
-from pipeline.evaluate import SETTINGS, table  # noqa: E402
+from pipeline.retrieval.evaluate import SETTINGS, table  # noqa: E402
 
 CORPUS = [ROOT / "samples", ROOT / "benchmarks" / "eval" / "generated"]
 

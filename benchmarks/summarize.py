@@ -41,10 +41,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import llama_cpp  # noqa: E402
 
-from pipeline import Pipeline, packing  # noqa: E402
-from pipeline.context import section_prompt  # noqa: E402
+from pipeline import Pipeline
+from pipeline.ask import packing  # noqa: E402
+from pipeline.ask.prompt import section_prompt  # noqa: E402
 from pipeline.engine.embed import usable_cpus  # noqa: E402
-from pipeline.summarize import sections_of  # noqa: E402
+from pipeline.summarize.job import sections_of  # noqa: E402
 from prefill import BareLoop  # noqa: E402
 
 PROMPTS = ["Summarise the document in three sentences.", "List every command-line flag and setting it names."]

@@ -21,13 +21,14 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "Pipeline": "api", "CollectionStatus": "api", "Answer": "answer", "AnswerStream": "answer", "AskStats": "answer",
-    "AskOptions": "options", "AsyncAnswerStream": "aio", "CancelToken": "concurrency",
-    "PrefillProgress": "progress",
+    "Pipeline": "api", "CollectionStatus": "api",
+    "Answer": "ask.answer", "AnswerStream": "ask.answer", "AskStats": "ask.answer",
+    "AskOptions": "ask.request", "AsyncAnswerStream": "ask.aio", "CancelToken": "concurrency",
+    "PrefillProgress": "ask.progress",
     "Config": "config", "load_config": "config",
-    "Hit": "retrieve", "Passage": "retrieve",
+    "Hit": "retrieval.search", "Passage": "retrieval.search",
     "IngestReport": "ingest.run", "IngestEvent": "ingest.run", "FileOutcome": "ingest.run",
-    "Summary": "summarize", "SummaryEvent": "summarize", "SummaryRun": "summarize",
+    "Summary": "summarize.outputs", "SummaryEvent": "summarize.outputs", "SummaryRun": "summarize.job",
     "EngineStats": "engine.stages", "TextEmbedder": "engine.stages", "TextGenerator": "engine.stages",
     "RagError": "errors", "ConfigError": "errors", "InputError": "errors", "ModelError": "errors",
     "StoreError": "errors", "StoreBusyError": "errors", "EngineError": "errors", "LoadError": "errors",
@@ -36,8 +37,8 @@ _EXPORTS = {
 __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
-    from .aio import AsyncAnswerStream
-    from .answer import Answer, AnswerStream, AskStats
+    from .ask.aio import AsyncAnswerStream
+    from .ask.answer import Answer, AnswerStream, AskStats
     from .api import CollectionStatus, Pipeline
     from .concurrency import CancelToken
     from .config import Config, load_config
@@ -45,10 +46,11 @@ if TYPE_CHECKING:
     from .errors import (Cancelled, ConfigError, EngineClosed, EngineError, InputError, LoadError, ModelError,
                          RagError, StoreBusyError, StoreError)
     from .ingest.run import FileOutcome, IngestEvent, IngestReport
-    from .options import AskOptions
-    from .progress import PrefillProgress
-    from .retrieve import Hit, Passage
-    from .summarize import Summary, SummaryEvent, SummaryRun
+    from .ask.request import AskOptions
+    from .ask.progress import PrefillProgress
+    from .retrieval.search import Hit, Passage
+    from .summarize.job import SummaryRun
+    from .summarize.outputs import Summary, SummaryEvent
 
 
 def __getattr__(name: str):

@@ -16,25 +16,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from . import asking, models
-from .answer import Answer, AnswerStream, AskStats
-from .asking import Paths
+from .ask import flow as asking
+from . import models
+from .ask.answer import Answer, AnswerStream, AskStats
+from .ask.flow import Paths
 from .concurrency import CancelToken, EnginePool, once
 from .config import Config, load_config
 from .ingest.run import IngestReport, Progress, ingest
 from .ingest.scan import scan
-from .retrieve import Hit, search
+from .retrieval.search import Hit, search
 from .store.shared import SharedStore
 from .store.store import Store
 
 if TYPE_CHECKING:
-    from .context import Prompt
+    from .ask.prompt import Prompt
     from .engine.stages import TextEmbedder, TextGenerator
-    from .aio import AsyncAnswerStream
-    from .evaluate import EvalReport, Question
-    from .progress import PrefillProgress
-    from .summarize import SummaryRun
-    from .summary import SummaryEvent
+    from .ask.aio import AsyncAnswerStream
+    from .retrieval.evaluate import EvalReport, Question
+    from .ask.progress import PrefillProgress
+    from .summarize.job import SummaryRun
+    from .summarize.outputs import SummaryEvent
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ class Pipeline:
     @once
     def stops(self):
         """The default stops (a :class:`~.stops.Stops`): the chat template's turn markers and the new-turn guard."""
-        from .stops import template_stops
+        from .ask.stops import template_stops
 
         return template_stops(self.engine)
 
@@ -203,7 +204,7 @@ class Pipeline:
 
     def _layout_for(self, system: str):
         """The prompt layout with ``system`` as its system prompt (made once per system prompt)."""
-        from .context import Layout
+        from .ask.prompt import Layout
 
         layouts = self.__dict__.setdefault("_layouts", {})
         if system not in layouts:
@@ -213,14 +214,14 @@ class Pipeline:
 
     @once
     def _section_tokens(self):
-        from .packing import SectionTokens
+        from .ask.packing import SectionTokens
 
         return SectionTokens(self.engine.tokenize)
 
     @once
     def pack_history(self):
         """The packs recent questions used (beside the prefix cache; in memory when it is off)."""
-        from .packing import PackHistory
+        from .ask.packing import PackHistory
 
         return PackHistory(self.config.cache_path / "packs.sqlite" if self.config.cache.enabled else None)
 
@@ -398,8 +399,8 @@ class Pipeline:
         """Retrieval as configured (``changes`` override retrieval settings: dense, lexical, rerank)."""
         import dataclasses
 
-        from .fusion import AdaptiveFusion
-        from .rerank import make_reranker
+        from .retrieval.fusion import AdaptiveFusion
+        from .retrieval.rerank import make_reranker
 
         r = dataclasses.replace(self.config.retrieval, **changes) if changes else self.config.retrieval
         if r.dense:
@@ -421,7 +422,7 @@ class Pipeline:
         :data:`.evaluate.SETTINGS` (default: dense, lexical, hybrid, hybrid+rerank, adaptive+rerank). With
         ``answers``, each question is also answered and checked (slow: one generation each).
         """
-        from . import evaluate as ev
+        from .retrieval import evaluate as ev
 
         qs = ev.load_questions(questions) if isinstance(questions, (str, Path)) else list(questions)
         names = tuple(settings or ev.DEFAULT_SETTINGS)
@@ -450,7 +451,7 @@ class Pipeline:
 
     def eval_template(self, *, per_document: int = 5) -> list[dict]:
         """Starter lines for a question set over this collection (see :func:`.evaluate.template`)."""
-        from .evaluate import template
+        from .retrieval.evaluate import template
 
         with self.store(create=False) as store:
             store.require()
@@ -524,13 +525,13 @@ class Pipeline:
 
     async def aask(self, question: str, **options: Any) -> Answer:
         """:meth:`ask` for asyncio: the loop never blocks; cancelling the task cancels the call."""
-        from .aio import aask
+        from .ask.aio import aask
 
         return await aask(self, question, **options)
 
     def aask_stream(self, question: str, **options: Any) -> "AsyncAnswerStream":
         """:meth:`ask_stream` for asyncio: ``async for piece in rag.aask_stream(q)``, then ``.answer``."""
-        from .aio import AsyncAnswerStream
+        from .ask.aio import AsyncAnswerStream
 
         return AsyncAnswerStream(lambda cancel: self.ask_stream(question, cancel=cancel, **options))
 
@@ -547,7 +548,7 @@ class Pipeline:
 
     def _reserve(self, max_tokens: int | None = None) -> int:
         """The answer room every layout decision holds back (:func:`.packing.layout_reserve`)."""
-        from .packing import layout_reserve
+        from .ask.packing import layout_reserve
 
         c = self.config
         return layout_reserve(self.engine.n_ctx, c.ask.max_tokens, c.summarize.max_tokens, max_tokens)
@@ -564,7 +565,7 @@ class Pipeline:
         the bytes of the states written and its outcome: "saved", "cached" (already there),
         "too short" (under ``cache.min_tokens``) or "too long" (not even one section fits).
         """
-        from . import packing
+        from .ask import packing
         from .errors import ConfigError
 
         if purpose not in packing.WARM_PURPOSES:
@@ -623,7 +624,7 @@ class Pipeline:
         and prompt, ``jsonl`` one JSON line per summary; ``report`` on the result has
         the totals once iteration ends.
         """
-        from .summarize import SummaryRun
+        from .summarize.job import SummaryRun
 
         return SummaryRun(lambda: self._summary_job(paths, prompts=prompts, max_tokens=max_tokens, ingest_first=True),
                           restart=restart, out_dir=out_dir, jsonl=jsonl, progress=progress)
@@ -638,8 +639,8 @@ class Pipeline:
         return status
 
     def _summary_job(self, paths, *, prompts, max_tokens, ingest_first: bool):
-        from .jobs import JobStore
-        from .summarize import Job, Settings
+        from .summarize.jobstore import JobStore
+        from .summarize.job import Job, Settings
 
         m, failed, skipped = self.config.summarize, [], []
         prompts = list(prompts) if prompts else [m.prompt]
@@ -678,7 +679,7 @@ class Pipeline:
                             repeat_penalty=m.repeat_penalty, seed=s.seed, system=self.config.ask.system_prompt,
                             reserve=self._reserve(max_tokens))
         if self.config.store.catalog_url:  # job state lives with the shared catalog
-            from .store.pg_jobs import PostgresJobStore
+            from .summarize.jobstore_pg import PostgresJobStore
 
             jobs = PostgresJobStore(self.config.store.catalog_url)
         else:

@@ -87,7 +87,7 @@ def _held(engine: Any, tokens: Sequence[int], prefix_len: int, boundaries: Seque
 
 
 def iterate_interruptibly(stream) -> Iterator[str]:
-    """The pieces of an :class:`~pipeline.answer.AnswerStream`, generated in a worker thread, so that
+    """The pieces of an :class:`~pipeline.ask.answer.AnswerStream`, generated in a worker thread, so that
     Ctrl-C in the main thread is seen at once (a signal reaches Python only between bytecodes,
     never inside a ``llama_decode``) and cancels it: the decode stops within one micro-batch."""
     import queue as queue_mod

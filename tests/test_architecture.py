@@ -165,8 +165,8 @@ def test_no_import_cycles_among_the_package_modules():
 
 @pytest.mark.parametrize("layer, forbidden", [
     ("pipeline.engine.", ("pipeline.planner", "pipeline.api", "pipeline.cli", "pipeline.ingest", "pipeline.store",
-                          "pipeline.retrieve", "pipeline.context", "pipeline.profiles")),
-    ("pipeline.store.", ("pipeline.engine", "pipeline.planner", "pipeline.api", "pipeline.cli", "pipeline.retrieve")),
+                          "pipeline.retrieval", "pipeline.ask", "pipeline.profiles")),
+    ("pipeline.store.", ("pipeline.engine", "pipeline.planner", "pipeline.api", "pipeline.cli", "pipeline.retrieval")),
     ("pipeline.ingest.", ("pipeline.planner", "pipeline.api", "pipeline.cli")),
 ])
 def test_layers_import_only_downwards(layer, forbidden):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import InputError
-from pipeline.stops import Stops
+from pipeline.ask.stops import Stops
 
 FAST = {"engine__n_ctx": 768, "ask__max_tokens": 16, "ask__top_k": 2, "ask__neighbours": 0}
 Q = "What do tomato plants need?"

@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from pipeline.chat import condense, transcript
+from pipeline.ask.chat import condense, transcript
 from pipeline.cli import cli
 
 FAST = {"engine__n_ctx": 1024, "ask__max_tokens": 8, "ask__top_k": 2, "ask__neighbours": 0}

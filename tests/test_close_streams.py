@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from pipeline.aio import AsyncAnswerStream
+from pipeline.ask.aio import AsyncAnswerStream
 from pipeline.engine.turns import FairLock, Revocable
 from pipeline.errors import Cancelled, EngineClosed
 

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.concurrency import CancelToken, FairLock
 from pipeline.errors import Cancelled
-from pipeline.stops import until_stop
+from pipeline.ask.stops import until_stop
 
 FAST = {"engine__n_ctx": 768, "ask__max_tokens": 8, "ask__top_k": 2, "ask__neighbours": 0}
 QUESTIONS = [

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.context import pack
+from pipeline.ask.prompt import pack
 from pipeline.errors import EngineError
-from pipeline.retrieve import Passage, merge_chunks
-from pipeline.store.catalog import StoredChunk
+from pipeline.retrieval.search import Passage, merge_chunks
+from pipeline.store.catalog_sqlite import StoredChunk
 
 
 def words(text: str, *, special: bool = False) -> list[int]:

@@ -85,7 +85,7 @@ def test_headers_are_indexed_but_never_shown(make_pipeline, tmp_path):
     assert last.chunk_id in {h.chunk_id for h in hits}
     assert all("Plant operations >" not in h.text for h in hits)
     # the passages of a prompt never show it either
-    from pipeline.retrieve import expand
+    from pipeline.retrieval.search import expand
 
     with rag.store() as store:
         passages = expand(hits, store=store, neighbours=1)
@@ -104,7 +104,7 @@ def test_without_contextual_chunks_the_heading_word_finds_only_its_own_chunk(mak
 
 
 def test_a_version_1_catalog_gains_the_context_column_and_keeps_its_index(tmp_path):
-    from pipeline.store.catalog import Catalog
+    from pipeline.store.catalog_sqlite import Catalog
     from pipeline.store.schema import SCHEMA_VERSION
 
     path = tmp_path / "catalog.sqlite"

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from pipeline.cli import cli
 from pipeline.errors import InputError
-from pipeline.evaluate import (Question, check_answer, load_questions, question_metrics, run,
-                               source_matches, targets_found)
+from pipeline.retrieval.evaluate import (Question, check_answer, load_questions, question_metrics, run,
+                                         source_matches, targets_found)
 
 
 def test_metrics_of_one_ranking_by_hand():

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.fusion import TermStats, lexical_strength, lexical_weight, words
+from pipeline.retrieval.fusion import TermStats, lexical_strength, lexical_weight, words
 
 # Words that mean the same thing share a coordinate: what a real embedder learns and BM25 cannot.
 CONCEPTS = [("car", "automobile", "vehicle"), ("engine", "motor"), ("oil", "lubricant"),

@@ -195,7 +195,7 @@ def test_changing_the_chunking_of_an_existing_collection_is_refused(make_pipelin
 
 
 def test_mmr_trades_redundant_hits_for_diverse_ones(make_pipeline, tmp_path):
-    from pipeline.retrieve import search
+    from pipeline.retrieval.search import search
 
     docs = tmp_path / "dup"
     docs.mkdir()

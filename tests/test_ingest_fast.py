@@ -139,7 +139,7 @@ def test_a_collection_refuses_another_chunking_or_embedder(fake_pipeline, corpus
 
 
 def test_mmr_trades_redundant_hits_for_diverse_ones(fake_pipeline, tmp_path):
-    from pipeline.retrieve import search
+    from pipeline.retrieval.search import search
 
     docs = tmp_path / "dup"
     docs.mkdir()

@@ -262,10 +262,10 @@ def test_not_even_one_passage_or_section_fits_is_refused(make_pipeline, tmp_path
 @pytest.mark.parametrize("model", ["builtin:SmolLM2-135M-Instruct", "builtin:gemma-3-270m"])
 def test_document_and_question_text_cannot_inject_control_tokens(model_home, model):
     from pipeline.config import EngineConfig
-    from pipeline.context import Layout, pack
+    from pipeline.ask.prompt import Layout, pack
     from pipeline.engine.generator import Engine
     from pipeline.models import resolve
-    from pipeline.retrieve import Passage
+    from pipeline.retrieval.search import Passage
 
     eng = Engine(resolve(model, home=model_home), EngineConfig(n_ctx=1024, threads=1))
     markers = ["<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "<|endoftext|>", "<eos>", "<bos>"]

@@ -77,7 +77,7 @@ def test_a_connection_the_server_ended_is_replaced_on_checkout(fake_pipeline, pg
 def test_locks_and_transactions_stay_per_operation(pg_url):
     import psycopg
 
-    from pipeline.store.postgres import PostgresCatalog, _key
+    from pipeline.store.catalog_pg import PostgresCatalog, _key
 
     catalog = PostgresCatalog(pg_url)
     pid = catalog.conn.info.backend_pid

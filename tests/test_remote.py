@@ -371,7 +371,7 @@ def test_llama_server_dialect_sends_tokens_with_cache_prompt_and_reports_its_cac
 
 
 def test_a_summarisation_job_over_two_servers_completes_every_unit_once(gen_model, tmp_path, make_pipeline, corpus):
-    from pipeline.jobs import JobStore
+    from pipeline.summarize.jobstore import JobStore
 
     with LlamaServer(gen_model, tmp_path, alias="smol") as a, LlamaServer(gen_model, tmp_path, alias="smol") as b:
         rag = make_pipeline(models__generator=f"openai:{a.url},{b.url}#smol", engine__n_ctx=2048,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.rerank import ScoreRerank, make_reranker, minmax
-from pipeline.retrieve import rrf
-from pipeline.store.catalog import StoredChunk
+from pipeline.retrieval.rerank import ScoreRerank, make_reranker, minmax
+from pipeline.retrieval.search import rrf
+from pipeline.store.catalog_sqlite import StoredChunk
 
 
 def chunk(name: str, index: int) -> StoredChunk:
@@ -95,7 +95,7 @@ def test_real_store_reranking_recovers_the_page_only_bm25_found(make_pipeline, t
     import sys
     from pathlib import Path
 
-    from pipeline.retrieve import search
+    from pipeline.retrieval.search import search
 
     sys.path.insert(0, str(Path(__file__).parent))
     from pdfs import make_pdf

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pipeline.context import Layout
+from pipeline.ask.prompt import Layout
 from pipeline.engine.generator import Engine
 from pipeline.ingest.sections import cut, target_tokens
-from pipeline.packing import PackHistory, SectionTokens, Shelf, plan, reuse_note
-from pipeline.retrieve import Hit
-from pipeline.store.catalog import DocumentRecord
+from pipeline.ask.packing import PackHistory, SectionTokens, Shelf, plan, reuse_note
+from pipeline.retrieval.search import Hit
+from pipeline.store.catalog_sqlite import DocumentRecord
 
 
 def words(text: str, *, special: bool = False) -> list[int]:

@@ -10,7 +10,7 @@ from servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 from pipeline.errors import StoreBusyError, StoreError
 from pipeline.ingest.chunking import Chunk
-from pipeline.store.catalog import DocumentRecord
+from pipeline.store.catalog_sqlite import DocumentRecord
 from pipeline.store.store import Store
 
 # Real servers (chroma run, a PostgreSQL cluster) and real processes: not the fakes-only fast subset.
@@ -181,7 +181,7 @@ def test_postgres_schema_version_and_migrations(pg_url):
     import psycopg
 
     from pipeline.store import pg_schema
-    from pipeline.store.postgres import PostgresCatalog
+    from pipeline.store.catalog_pg import PostgresCatalog
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         assert pg_schema.upgrade(conn, where="test", target=1) is None  # a version-1 catalog, as rag wrote it
@@ -255,8 +255,8 @@ def _pg_job(pg_url, docs, *, engine=None):
 
     from test_summarize import FakeCatalog, FakeEngine
 
-    from pipeline.store.pg_jobs import PostgresJobStore
-    from pipeline.summarize import Job, Settings
+    from pipeline.summarize.jobstore_pg import PostgresJobStore
+    from pipeline.summarize.job import Job, Settings
 
     catalog = FakeCatalog(docs)
     store = SimpleNamespace(name="c", catalog=catalog, documents=lambda: dict(catalog.docs))

@@ -16,14 +16,14 @@ from types import SimpleNamespace
 
 from click.testing import CliRunner
 
-from pipeline import packing
+from pipeline.ask import packing
 from pipeline.cli import cli
 from pipeline.engine.generator import EngineStats
-from pipeline.jobs import JobStore
+from pipeline.summarize.jobstore import JobStore
 from pipeline.store import sections as section_rows
-from pipeline.store.catalog import DocumentRecord, StoredChunk
-from pipeline.summarize import Job, Settings
-from pipeline.summary import output_names
+from pipeline.store.catalog_sqlite import DocumentRecord, StoredChunk
+from pipeline.summarize.job import Job, Settings
+from pipeline.summarize.outputs import output_names
 
 # -- a deterministic fake engine and store ------------------------------------------------------
 
@@ -432,7 +432,7 @@ def _between_the_old_edges(folder: Path, name: str) -> Path:
 
 def _old_edges(rag, doc: Path) -> tuple[int, int, int]:
     """(the document's packed tokens, the old ask edge, the old summary edge) for a short question."""
-    from pipeline import packing as p
+    from pipeline.ask import packing as p
 
     with rag.store(create=False) as store:
         shelf = p.gather(store, sources=[str(doc.resolve())], target=rag.section_tokens, fetch_tokens=2**62)

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from pipeline.jobs import JobStore
-from pipeline.summarize_spread import spread
+from pipeline.summarize.jobstore import JobStore
+from pipeline.summarize.spread import spread
 
 from servers import pg_cluster, pg_url  # noqa: F401  (fixtures, for the PostgreSQL job store)
 from test_summarize import FakeEngine, doc_chunks
@@ -68,7 +68,7 @@ def job_stores(request, tmp_path):
         path = tmp_path / "jobs.sqlite"
         JobStore(path).close()
         return lambda: JobStore(path)
-    from pipeline.store.pg_jobs import PostgresJobStore
+    from pipeline.summarize.jobstore_pg import PostgresJobStore
 
     url = request.getfixturevalue("pg_url")
     return lambda: PostgresJobStore(url)

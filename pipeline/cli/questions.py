@@ -227,7 +227,7 @@ def eval_(ctx, questions, settings, compare, answers, misses, write_template, pe
         data = [r.to_dict() for r in reports]
         _echo_json(data[0] if len(data) == 1 else data)
         return
-    from ..evaluate import table
+    from ..retrieval.evaluate import table
 
     click.echo(table(reports))
     for r in reports:
@@ -240,7 +240,7 @@ def eval_(ctx, questions, settings, compare, answers, misses, write_template, pe
                                     for t in q["top"])
                     click.echo(f"miss@5 {r.label} / {s.name}: [{q['id']}] {q['question']} (rank {q['rank']}; top: {top})")
         if r.answers is not None:
-            from ..evaluate import answer_summary
+            from ..retrieval.evaluate import answer_summary
 
             a = answer_summary(r.answers)
             click.echo(f"answers ({r.label}): {a['answer_contains_expected']}/{a['with_expected_answer']} contain the "

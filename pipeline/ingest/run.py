@@ -28,7 +28,7 @@ import numpy as np
 
 from ..engine.stages import TextEmbedder
 from ..errors import LoadError, StoreError
-from ..store.catalog import DocumentRecord
+from ..store.catalog_sqlite import DocumentRecord
 from ..store.store import Store
 from .chunking import Chunk, Chunker, for_embedder
 from .loaders import NotADocument, detect_format, load, may_be_text, sniff_text

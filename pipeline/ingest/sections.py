@@ -1,7 +1,7 @@
 """Chunks → sections: each document cut once, at chunk boundaries, into runs of a few thousand tokens.
 
 Sections are what a prompt is built from when the documents do not all fit the
-context (see :mod:`pipeline.packing`), so they must not move from question to
+context (see :mod:`pipeline.ask.packing`), so they must not move from question to
 question: they are cut when the document is committed and recorded in the catalog
 (:mod:`pipeline.store.sections`).
 

@@ -13,7 +13,7 @@ History:
    drops stop words, as the SQLite catalog's FTS5 ``unicode61`` tokenizer does not),
    the reconcile journal (``pending``) and sections;
 2. summarisation job state (``jobs``, ``units``, ``results``, and ``claims``: the leases of
-   workers sharing one job; see :mod:`pipeline.jobs`),
+   workers sharing one job; see :mod:`pipeline.summarize.jobstore`),
    which the SQLite side keeps in ``jobs.sqlite`` beside the store;
 3. the ``tsvector`` splits words at ASCII punctuation first, as FTS5's ``unicode61`` does:
    PostgreSQL's parser keeps ``audio/midi`` or ``bug-libtasn1@gnu.org`` as one lexeme, so a

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from .catalog import Catalog, CollectionInfo, DocumentRecord, StoredChunk
+from .catalog_sqlite import Catalog, CollectionInfo, DocumentRecord, StoredChunk
 from .failures import storage_error
 from ..errors import StoreError
 from .lock import StoreLock
@@ -118,7 +118,7 @@ class Store:
             self._open_directory()
         try:
             if self.catalog_url:
-                from .postgres import PostgresCatalog
+                from .catalog_pg import PostgresCatalog
 
                 self.catalog = PostgresCatalog(self.catalog_url)
             else:

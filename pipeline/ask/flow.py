@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from .answer import Answer, AnswerStream, AskStats
-from .concurrency import CancelToken
-from .config import ASK_MODES
-from .engine.stages import EngineStats
-from .ingest.scan import source_names
-from .store.store import Store
+from ..concurrency import CancelToken
+from ..config import ASK_MODES
+from ..engine.stages import EngineStats
+from ..ingest.scan import source_names
+from ..store.store import Store
 
 if TYPE_CHECKING:
-    from .context import Prompt
-    from .options import AskOptions
+    from .prompt import Prompt
+    from .request import AskOptions
     from .progress import PrefillProgress
 
 # Pipeline is named in strings only: api imports this module, so importing api here would make the two one.
@@ -38,8 +38,8 @@ def ask_stream(rag: "Pipeline", question: str, *, doc: Paths = None, source: Pat
                cancel: CancelToken | None = None, progress: "Callable[[PrefillProgress], None] | None" = None,
                history: Sequence[dict] | None = None) -> AnswerStream:
     """:meth:`Pipeline.ask_stream`: the prompt is built here, generation starts when the stream is iterated."""
-    from .errors import InputError
-    from .options import AskOptions
+    from ..errors import InputError
+    from .request import AskOptions
 
     if not isinstance(question, str) or not question.strip():
         raise InputError("the question is empty")
@@ -69,14 +69,14 @@ def ask_stream(rag: "Pipeline", question: str, *, doc: Paths = None, source: Pat
 def ask_many(rag: "Pipeline", questions: Sequence[str], *, doc: Paths = None, source: Paths = None,
              max_tokens: int | None = None, system_prompt: str | None = None) -> list[Answer]:
     """:meth:`Pipeline.ask_many`: the questions grouped by their prompts' prefix, each group decoded together."""
-    from .options import AskOptions
+    from .request import AskOptions
     from .stops import until_stop
 
     options = AskOptions.resolve(rag.config.ask, max_tokens=max_tokens, system_prompt=system_prompt)
     built = []
     for q in questions:
         if not isinstance(q, str) or not q.strip():
-            from .errors import InputError
+            from ..errors import InputError
 
             raise InputError("a question is empty")
         timings: dict[str, float] = {}
@@ -127,7 +127,7 @@ def build_prompt(rag: "Pipeline", question: str, *, doc: Paths, source: Paths, m
     """The packed prompt for ``question`` (what goes last in it); retrieval uses ``query``
     (default: the question). ``options`` set the system prompt and the answer's room."""
     from . import packing
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     a, r = rag.config.ask, rag.config.retrieval
     o = options or a
@@ -179,7 +179,7 @@ def build_prompt(rag: "Pipeline", question: str, *, doc: Paths, source: Paths, m
 
 def selected_sources(store: Store, doc: Paths, source: Paths) -> list[str] | None:
     """The sources ``doc`` (documents) and ``source`` (documents or folders) select; None for all."""
-    from .errors import InputError
+    from ..errors import InputError
 
     def listed(value) -> list:
         if value is None:
@@ -210,7 +210,7 @@ def selected_sources(store: Store, doc: Paths, source: Paths) -> list[str] | Non
 
 def _retrieve(rag: "Pipeline", question: str, store: Store, *, k: int, sources: list[str] | None,
               expand_passages: bool = True, timings: dict[str, float] | None = None):
-    from .retrieve import expand
+    from ..retrieval.search import expand
 
     a = rag.config.ask
     hits = rag._search(store, question, top_k=k, source=sources, use_mmr=a.mmr and expand_passages,
@@ -221,7 +221,7 @@ def _retrieve(rag: "Pipeline", question: str, store: Store, *, k: int, sources: 
 @contextmanager
 def _reading(rag: "Pipeline") -> Iterator[Store]:
     """The store, for answering: the collection must exist and hold documents."""
-    from .errors import StoreError
+    from ..errors import StoreError
 
     with rag.store(create=False) as store:
         store.require()
@@ -233,7 +233,7 @@ def _reading(rag: "Pipeline") -> Iterator[Store]:
 
 def _pack(rag: "Pipeline", passages, question: str, options: "AskOptions | None" = None) -> "Prompt":
     """``passages`` and ``question`` as a prompt for the generator (:func:`.context.pack`)."""
-    from .context import pack
+    from .prompt import pack
 
     engine, a = rag.engine, options or rag.config.ask
     return pack(passages, question, chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos,
@@ -243,7 +243,7 @@ def _pack(rag: "Pipeline", passages, question: str, options: "AskOptions | None"
 def _passages_prompt(rag: "Pipeline", question: str, *, doc: Paths, source: Paths, k: int, notes: list[str],
                      timings: dict[str, float] | None = None, options: "AskOptions | None" = None,
                      query: str | None = None):
-    from .retrieve import whole_document
+    from ..retrieval.search import whole_document
 
     engine = rag.engine
     with _reading(rag) as store:

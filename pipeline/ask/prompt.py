@@ -16,7 +16,7 @@ Two ways to fill the documents part:
 - **passages** (:func:`pack`): retrieved passages, as many as fit, best first, laid out
   by document and position (not by score) and numbered ``[1]``, ``[2]``...;
 - **sections** (:func:`section_prompt`): whole documents or fixed sections, chosen by
-  :mod:`pipeline.packing` and given here in canonical order. Each section is headed by
+  :mod:`pipeline.ask.packing` and given here in canonical order. Each section is headed by
   its document's number and marks its pages inline, ``[2, p. 9]``, so citations stay
   page-exact.
 """
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
-from .errors import EngineError
-from .retrieve import Passage
-from .store.sections import Section
+from ..errors import EngineError
+from ..retrieval.search import Passage
+from ..store.sections import Section
 
 _SENTINEL = "\x00DOCUMENTS\x00"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")

@@ -32,18 +32,18 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from . import packing
-from .context import Layout, Prompt, pack, section_prompt
-from .errors import EngineError, InputError, RagError
-from .jobs import JobStore, StoredResult, Unit, digest
-from .retrieve import Passage
-from .summary import JobReport, Outputs, Summary, SummaryEvent
+from ..ask import packing
+from ..ask.prompt import Layout, Prompt, pack, section_prompt
+from ..errors import EngineError, InputError, RagError
+from .jobstore import JobStore, StoredResult, Unit, digest
+from ..retrieval.search import Passage
+from .outputs import JobReport, Outputs, Summary, SummaryEvent
 
 if TYPE_CHECKING:
-    from .engine.generator import Engine, EngineStats
-    from .store.catalog import DocumentRecord
-    from .store.sections import Section
-    from .store.store import Store
+    from ..engine.generator import Engine, EngineStats
+    from ..store.catalog_sqlite import DocumentRecord
+    from ..store.sections import Section
+    from ..store.store import Store
 
 # Bumped when prompts or the method change in a way that changes outputs: old units are then not reused.
 METHOD_VERSION = 2  # 2: prompts laid out by the packer (page-marked sections), as `ask` and `warm` lay them out
@@ -218,7 +218,7 @@ class Job:
             workers = getattr(self.engine, "workers", None)  # several generator servers: one worker each
             engines = workers() if workers else []
             if len(engines) > 1:
-                from .summarize_spread import spread
+                from .spread import spread
 
                 finished = spread(self, engines)
             else:

@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from .errors import InputError
+from ..errors import InputError
 
 if TYPE_CHECKING:
-    from .engine.generator import EngineStats
+    from ..engine.generator import EngineStats
 
 
 @dataclass

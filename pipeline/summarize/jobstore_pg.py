@@ -1,10 +1,10 @@
 """Summarisation job state in the PostgreSQL catalog (``store.catalog_url``), shared by every worker.
 
-The same content-addressed units and results as :class:`pipeline.jobs.JobStore` (which
+The same content-addressed units and results as :class:`pipeline.summarize.jobstore.JobStore` (which
 keeps them in ``jobs.sqlite`` beside an embedded store), in the tables of catalog schema
 version 2 (:mod:`.pg_schema`). Every commit is one statement, so ``kill -9`` loses at
 most the unit in flight, as with SQLite. Workers on several machines split one job through
-the same leases as :class:`~pipeline.jobs.JobStore` (:meth:`claim`, :meth:`renew`,
+the same leases as :class:`~pipeline.summarize.jobstore.JobStore` (:meth:`claim`, :meth:`renew`,
 :meth:`release`): a claim runs in one transaction under an advisory lock on the job, so two
 workers never take the same item, and a crashed worker's items are free once its lease ends.
 """
@@ -16,15 +16,15 @@ import os
 import time
 from typing import Iterable, Sequence
 
-from ..jobs import KILL_HOOK, JobStore, StoredResult, Unit
-from .pg_schema import upgrade
-from .pg_pool import pool
-from .postgres import _key
-from .vectors import redact
+from .jobstore import KILL_HOOK, JobStore, StoredResult, Unit
+from ..store.pg_schema import upgrade
+from ..store.pg_pool import pool
+from ..store.catalog_pg import _key
+from ..store.vectors import redact
 
 
 class PostgresJobStore(JobStore):
-    """:class:`~pipeline.jobs.JobStore` on PostgreSQL. One connection per instance, lent by the
+    """:class:`~pipeline.summarize.jobstore.JobStore` on PostgreSQL. One connection per instance, lent by the
     process's pool (:mod:`.pg_pool`) until :meth:`close`; not shared between threads."""
 
     def __init__(self, url: str):

@@ -15,35 +15,18 @@ between. Both thresholds were chosen on the development sets only (see docs/retr
 from __future__ import annotations
 
 import math
-import re
-import unicodedata
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable
+
+from ..store.terms import TermStats, words
+
+__all__ = ["FUSIONS", "AdaptiveFusion", "TermStats", "idf", "lexical_strength", "lexical_weight", "words"]
 
 if TYPE_CHECKING:
-    from .store.catalog import StoredChunk
-    from .store.store import Store
-
-_WORD = re.compile(r"\w+", re.UNICODE)
+    from ..store.catalog_sqlite import StoredChunk
+    from ..store.store import Store
 
 FUSIONS = ("adaptive", "rrf")
-
-
-@dataclass(frozen=True)
-class TermStats:
-    """What the lexical index knows about a query's words: how many chunks it holds, and in
-    how many of them each word occurs (0 for a word it does not hold)."""
-
-    chunks: int
-    df: Mapping[str, int]
-
-
-def words(text: str) -> list[str]:
-    """The distinct index words of ``text``, in order: lower-cased and without diacritics, as
-    SQLite's ``unicode61`` tokenizer folds them."""
-    folded = unicodedata.normalize("NFKD", text.lower())
-    folded = "".join(c for c in folded if not unicodedata.combining(c))
-    return list(dict.fromkeys(_WORD.findall(folded)))
 
 
 def idf(df: int, n: int) -> float:

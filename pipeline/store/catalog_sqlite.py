@@ -83,7 +83,7 @@ def fts_query(text: str) -> str | None:
 class Catalog:
     """SQLite catalog of one store. Not shared between threads; the store lock serialises processes.
 
-    :class:`pipeline.store.postgres.PostgresCatalog` is the same interface on a PostgreSQL
+    :class:`pipeline.store.catalog_pg.PostgresCatalog` is the same interface on a PostgreSQL
     server, shared by many processes (``shared`` is True there: no store lock is taken).
 
     Opening it creates the schema in a new file and migrates an older one (see :mod:`.schema`);
@@ -233,8 +233,8 @@ class Catalog:
 
     def term_stats(self, collection: str, query: str, chunk_id: str) -> "tuple[TermStats, set[str]]":
         """The query's words with their document frequencies in the index (0 for words it does not
-        hold), and those of them that the chunk ``chunk_id`` contains (see :mod:`pipeline.fusion`)."""
-        from ..fusion import TermStats, words
+        hold), and those of them that the chunk ``chunk_id`` contains (see :mod:`pipeline.retrieval.fusion`)."""
+        from .terms import TermStats, words
 
         terms = words(query)
         if not terms:

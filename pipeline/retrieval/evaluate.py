@@ -33,18 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
-from .errors import InputError
+from ..errors import InputError
 
 if TYPE_CHECKING:
-    from .retrieve import Hit
-    from .store.store import Store
+    from .search import Hit
+    from ..store.store import Store
 
 KS = (1, 5, 10)
 DEPTH = max(KS)  # chunks retrieved per question
 
 # The retrieval settings `rag eval` compares: overrides of the retrieval configuration. "hybrid"
 # weighs both sides evenly (plain reciprocal-rank fusion); "adaptive" weighs BM25 per query
-# (see pipeline.fusion); "adaptive+rerank" is the default configuration.
+# (see pipeline.retrieval.fusion); "adaptive+rerank" is the default configuration.
 SETTINGS: dict[str, dict] = {
     "dense": {"dense": True, "lexical": False, "rerank": "none"},
     "lexical": {"dense": False, "lexical": True, "rerank": "none"},

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 from ..errors import StoreError
-from .catalog import _WORD, CollectionInfo, DocumentRecord, StoredChunk
+from .catalog_sqlite import _WORD, CollectionInfo, DocumentRecord, StoredChunk
 from .pg_pool import pool
 from .pg_schema import LEXEMES, upgrade
 from .sections import Section
@@ -259,8 +259,8 @@ class PostgresCatalog:
 
     def term_stats(self, collection: str, query: str, chunk_id: str) -> "tuple[TermStats, set[str]]":
         """The query's lexemes with their document frequencies (0 for lexemes no chunk holds), and
-        those of them that the chunk ``chunk_id`` holds (see :mod:`pipeline.fusion`)."""
-        from ..fusion import TermStats
+        those of them that the chunk ``chunk_id`` holds (see :mod:`pipeline.retrieval.fusion`)."""
+        from .terms import TermStats
 
         n, df = self._lexeme_counts(collection, query)
         if not df:

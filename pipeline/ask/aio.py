@@ -17,8 +17,8 @@ import asyncio
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-from .concurrency import CancelToken
-from .errors import Cancelled, EngineClosed
+from ..concurrency import CancelToken
+from ..errors import Cancelled, EngineClosed
 
 if TYPE_CHECKING:
     from .answer import Answer, AnswerStream

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .errors import StoreError
+from ..errors import StoreError
 
 SCHEMA_VERSION = 1
 KILL_HOOK = "RAG_TEST_KILL_AFTER_COMMITS"

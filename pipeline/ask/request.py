@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .config import ASK_MODES, AskConfig
-from .errors import InputError
+from ..config import ASK_MODES, AskConfig
+from ..errors import InputError
 
 
 @dataclass(frozen=True)

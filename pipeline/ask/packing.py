@@ -39,11 +39,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from .context import Layout, PackedSection, Prompt, Tokenize, label, render_section, section_prompt
-from .ingest.sections import cut as cut_sections
-from .retrieve import Hit, merge_chunks
-from .store.catalog import DocumentRecord
-from .store.sections import Section
+from .prompt import Layout, PackedSection, Prompt, Tokenize, label, render_section, section_prompt
+from ..ingest.sections import cut as cut_sections
+from ..retrieval.search import Hit, merge_chunks
+from ..store.catalog_sqlite import DocumentRecord
+from ..store.sections import Section
 
 Key = tuple[str, str, int]  # (source, content_hash, section index)
 

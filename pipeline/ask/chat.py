@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from .errors import InputError
+from ..errors import InputError
 
 _CHAT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # Earlier turns kept in the prompt; older ones still shape the retrieval query.

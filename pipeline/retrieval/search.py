@@ -12,10 +12,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from .store.catalog import StoredChunk
-from .engine.embed_prompts import embed_query
-from .engine.stages import TextEmbedder
-from .store.store import Store
+from ..store.catalog_sqlite import StoredChunk
+from ..engine.embed_prompts import embed_query
+from ..engine.stages import TextEmbedder
+from ..store.store import Store
 
 if TYPE_CHECKING:
     from .fusion import AdaptiveFusion

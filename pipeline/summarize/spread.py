@@ -1,7 +1,7 @@
 """A summarisation job spread over several generator servers: one worker per server.
 
-Workers share the job's state through the job store (:class:`~pipeline.jobs.JobStore`):
-each takes a document with :meth:`~pipeline.jobs.JobStore.claim` (one transaction, so
+Workers share the job's state through the job store (:class:`~pipeline.summarize.jobstore.JobStore`):
+each takes a document with :meth:`~pipeline.summarize.jobstore.JobStore.claim` (one transaction, so
 no document is taken twice), keeps its lease alive while it works, and marks it done
 when its summaries are committed. Units are content-addressed and committed as they
 finish, as in a single-worker job. A worker that stops renewing its lease (its
@@ -21,8 +21,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from .jobs import JobStore
-from .store.catalog import DocumentRecord
+from .jobstore import JobStore
+from ..store.catalog_sqlite import DocumentRecord
 
 LEASE_SECONDS = 60.0
 POLL_SECONDS = 0.5
@@ -57,7 +57,7 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
         # request (a tokenize call from another worker) arrives. The tokens are the same on every server.
         mine.__dict__.pop("layout", None)
         if hasattr(job, "memo"):
-            from .packing import SectionTokens
+            from ..ask.packing import SectionTokens
 
             mine.memo = SectionTokens(engine.tokenize)
         key = None

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from .concurrency import CancelToken
-from .engine.stages import EngineStats
+from ..concurrency import CancelToken
+from ..engine.stages import EngineStats
 
 if TYPE_CHECKING:
-    from .context import Prompt
-    from .engine.stages import Generation
+    from .prompt import Prompt
+    from ..engine.stages import Generation
 
 
 @dataclass
@@ -97,7 +97,7 @@ class AnswerStream:
         for _ in self:
             pass
         if self.answer is None:
-            from .errors import Cancelled
+            from ..errors import Cancelled
 
             raise Cancelled("the stream was closed before the answer was complete")
         return self.answer

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 if TYPE_CHECKING:
     import numpy as np
 
-    from .store.catalog import StoredChunk
-    from .store.store import Store
+    from ..store.catalog_sqlite import StoredChunk
+    from ..store.store import Store
 
-# One fused candidate, as :func:`pipeline.retrieve.rrf` returns it: (chunk, score, {side: (rank, score)}).
+# One fused candidate, as :func:`pipeline.retrieval.search.rrf` returns it: (chunk, score, {side: (rank, score)}).
 Candidate = tuple["StoredChunk", float, dict]
 
 
@@ -117,6 +117,6 @@ def make_reranker(kind: str, *, candidates: int, dense_weight: float, normalise:
         return None
     if kind == "scores":
         return ScoreRerank(candidates=candidates, dense_weight=dense_weight, normalise=normalise)
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     raise ConfigError(f"retrieval.rerank must be 'scores' or 'none', got {kind!r}")

@@ -1,0 +1,1 @@
+"""Asking: a question in, an answer with its sources out (request, flow, packing, prompt layout, answers)."""
