@@ -11,8 +11,11 @@ a second run embeds nothing): the development corpus (``samples/`` and
 ``benchmarks/eval/generated/``), the two manuals these machines carry under ``/usr/share/doc``,
 and the held-out shelf (both fetched manuals in one collection, so each question is searched
 against both). It then runs every question set through every retrieval setting and prints one
-table: recall@5 and recall@10 by page, and MRR. Development sets (``dev``, ``dev-paraphrased``,
-``usr-share-doc``, ``usr-share-doc-paraphrased``) are marked as such: settings were chosen on them.
+table: recall@5 and recall@10 by page, MRR, and for the default configuration the share of
+questions whose answer page is inside the prompt ``rag ask`` builds (``rag eval --packed``; the
+generator's tokenizer loads for it, ``--no-packed`` skips it). Development sets (``dev``,
+``dev-paraphrased``, ``usr-share-doc``, ``usr-share-doc-paraphrased``) are marked as such:
+settings were chosen on them.
 
 Two real manuals no one on the project wrote, from Debian documentation packages: ``gnuplot.pdf``
 (``gnuplot-doc``) and ``asymptote.pdf`` (``asymptote-doc``). They are fetched with ``apt-get
@@ -168,6 +171,8 @@ QUESTION_SETS = [
     ("asymptote", SETS["asymptote-doc"], "heldout", False),
 ]
 
+#: the ``rag eval`` setting that is the default configuration
+DEFAULT_SETTING = "adaptive+rerank"
 #: what each row of the table is called, and the ``rag eval`` setting behind it
 ROWS = [("dense only", "dense"), ("lexical only", "lexical"), ("hybrid RRF", "hybrid"),
         ("hybrid RRF + rerank (the default before adaptive fusion)", "hybrid+rerank"),
@@ -175,8 +180,10 @@ ROWS = [("dense only", "dense"), ("lexical only", "lexical"), ("hybrid RRF", "hy
 
 
 def run_sets(*, settings: list[tuple[str, str]] = ROWS, sets: list[str] | None = None, store_root: Path | None = None,
-             overrides: dict | None = None, log=print) -> list[dict]:
-    """Every question set through every setting; one dict per (set, setting)."""
+             overrides: dict | None = None, packed: bool = True, log=print) -> list[dict]:
+    """Every question set through every setting; one dict per (set, setting). With ``packed``, the
+    row of the configured default also says how often the answer's page is inside the prompt
+    ``rag ask`` builds (``page_in_prompt``)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from pipeline import Pipeline
@@ -195,7 +202,13 @@ def run_sets(*, settings: list[tuple[str, str]] = ROWS, sets: list[str] | None =
                 if report.chunks:
                     log(f"ingested {label}: {report.chunks} chunks, {report.tokens:,} tokens in {report.seconds:.1f} s")
             rag = pipelines[label]
-            report = rag.evaluate(questions, settings=[s for _, s in settings], label=name)
+            report = rag.evaluate(questions, settings=[s for _, s in settings], label=name, packed=packed)
+            share = None
+            if report.packed is not None:
+                from pipeline.retrieval.evaluate import packed_summary
+
+                summary = packed_summary(report.packed)
+                share, modes = summary["share"], summary["modes"]
             for u in report.unreachable:
                 log(f"warning: {name} {u['id']}: {u['reason']}")
             for (row_name, _), result in zip(settings, report.settings):
@@ -203,7 +216,9 @@ def run_sets(*, settings: list[tuple[str, str]] = ROWS, sets: list[str] | None =
                 rows.append({"set": name, "development": development, "setting": row_name,
                              "questions": d["questions"], "recall@5": d["recall@5"], "recall@10": d["recall@10"],
                              "mrr": d["mrr"], "latency_ms": d["latency_ms"].get("total"),
-                             "misses@5": [q["id"] for q in result.misses(5)]})
+                             "misses@5": [q["id"] for q in result.misses(5)],
+                             **({"page_in_prompt": share, "prompt_modes": modes}
+                                if share is not None and result.name == DEFAULT_SETTING else {})})
     finally:
         for rag in pipelines.values():
             rag.close()
@@ -211,11 +226,13 @@ def run_sets(*, settings: list[tuple[str, str]] = ROWS, sets: list[str] | None =
 
 
 def sets_table(rows: list[dict]) -> str:
-    lines = ["| set | setting | questions | recall@5 | recall@10 | MRR |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| set | setting | questions | recall@5 | recall@10 | MRR | page in prompt |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         name = r["set"] + (" (development)" if r["development"] else " (held out)")
+        packed = f"{r['page_in_prompt']:.3f}" if r.get("page_in_prompt") is not None else "-"
         lines.append(f"| {name} | {r['setting']} | {r['questions']} | {r['recall@5']:.3f} | {r['recall@10']:.3f} "
-                     f"| {r['mrr']:.3f} |")
+                     f"| {r['mrr']:.3f} | {packed} |")
     return "\n".join(lines)
 
 
@@ -228,12 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="every retrieval setting over every question set")
     r.add_argument("--set", action="append", dest="sets", help="only this set (repeatable)")
     r.add_argument("--json", type=Path, default=None, help="write the rows to this file")
+    r.add_argument("--no-packed", action="store_true", help="skip the page-in-prompt check (no generator needed)")
+    r.add_argument("--set-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting for every pipeline, e.g. engine.n_ctx=32768 (repeatable)")
     args = ap.parse_args(argv)
     if args.command == "run":
         import time
 
         started = time.time()
-        rows = run_sets(sets=args.sets)
+        overrides = {}
+        for item in args.set_config:
+            key, _, value = item.partition("=")
+            overrides[key] = json.loads(value) if value[:1] in "0123456789-tf[{\"" else value
+        rows = run_sets(sets=args.sets, packed=not args.no_packed, overrides=overrides)
         print(f"load average at the end: {os.getloadavg()[0]:.1f}; {time.time() - started:.0f} s")
         print(sets_table(rows))
         if args.json:

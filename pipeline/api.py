@@ -414,13 +414,16 @@ class Pipeline:
                       rerank=reranker, fusion=fusion, timings=timings)
 
     def evaluate(self, questions: "str | Path | Sequence[Question]", *,
-                 settings: "Sequence[str] | None" = None, answers: bool = False, label: str = "",
-                 progress: Callable[[str, int], None] | None = None) -> "EvalReport":
+                 settings: "Sequence[str] | None" = None, answers: bool = False, packed: bool = False,
+                 label: str = "", progress: Callable[[str, int], None] | None = None) -> "EvalReport":
         """Run a question set through each retrieval setting (see :mod:`.evaluate`).
 
         ``questions`` is a JSONL path or loaded questions; ``settings`` names entries of
         :data:`.evaluate.SETTINGS` (default: dense, lexical, hybrid, hybrid+rerank, adaptive+rerank). With
         ``answers``, each question is also answered and checked (slow: one generation each).
+        With ``packed``, each question's prompt is built as ``rag ask`` builds it for a first
+        question (no earlier packs preferred) and checked for the answer's page (no generation;
+        the generator's tokenizer loads).
         """
         from .retrieval import evaluate as ev
 
@@ -442,6 +445,14 @@ class Pipeline:
 
             report = ev.run(qs, one, settings=names, label=label, progress=progress)
         report.unreachable = missing
+        if packed:
+            from .ask.flow import build_prompt
+
+            report.packed = []
+            for q in qs:
+                prompt, _, _ = build_prompt(self, q.question, doc=None, source=None, mode=None, top_k=None,
+                                            remember=False)
+                report.packed.append(ev.in_prompt(q, prompt))
         if answers:
             report.answers = []
             for q in qs:

@@ -123,9 +123,12 @@ def chat_stream(rag: "Pipeline", question: str, *, chat_id: str | None = None,
 
 def build_prompt(rag: "Pipeline", question: str, *, doc: Paths, source: Paths, mode: str | None,
                  top_k: int | None, timings: dict[str, float] | None = None, options: "AskOptions | None" = None,
-                 query: str | None = None) -> "tuple[Prompt, list[str], Callable[[AskStats], None] | None]":
+                 query: str | None = None, remember: bool = True
+                 ) -> "tuple[Prompt, list[str], Callable[[AskStats], None] | None]":
     """The packed prompt for ``question`` (what goes last in it); retrieval uses ``query``
-    (default: the question). ``options`` set the system prompt and the answer's room."""
+    (default: the question). ``options`` set the system prompt and the answer's room.
+    ``remember=False`` neither prefers nor records earlier packs (the prompt a first question
+    gets: what ``rag eval --packed`` measures)."""
     from . import packing
     from ..errors import ConfigError
 
@@ -141,7 +144,7 @@ def build_prompt(rag: "Pipeline", question: str, *, doc: Paths, source: Paths, m
 
     if mode == "auto":
         namespace = engine.namespace
-        history = rag.pack_history.recent(namespace, rag.config.store.collection)
+        history = rag.pack_history.recent(namespace, rag.config.store.collection) if remember else []
         with _reading(rag) as store:
             selection = selected_sources(store, doc, source)
             hits = _retrieve(rag, query, store, k=2 * r.candidates, sources=selection, expand_passages=False,
@@ -162,7 +165,8 @@ def build_prompt(rag: "Pipeline", question: str, *, doc: Paths, source: Paths, m
                              f"context of {engine.n_ctx:,}: packed {len(prompt.sections)} of its "
                              f"{len(shelf.sections)} sections, the most relevant, in document order")
             keys = [p.section.key for p in prompt.sections]
-            rag.pack_history.record(namespace, shelf.collection, keys)
+            if remember:
+                rag.pack_history.record(namespace, shelf.collection, keys)
             previous = history[0] if history else None
 
             def finish(stats: AskStats) -> None:

@@ -209,6 +209,7 @@ class EvalReport:
     settings: list[SettingResult]
     unreachable: list[dict] = field(default_factory=list)
     answers: list[dict] | None = None
+    packed: list[dict] | None = None  # per question: is the answer inside the prompt `rag ask` builds?
 
     def to_dict(self, *, details: bool = True) -> dict:
         d: dict = {"label": self.label, "settings": [s.summary() for s in self.settings],
@@ -217,6 +218,8 @@ class EvalReport:
             d["questions"] = {s.name: s.questions for s in self.settings}
         if self.answers is not None:
             d["answers"] = {"summary": answer_summary(self.answers), "questions": self.answers}
+        if self.packed is not None:
+            d["packed"] = {"summary": packed_summary(self.packed), **({"questions": self.packed} if details else {})}
         return d
 
 
@@ -305,6 +308,38 @@ def check_answer(q: Question, text: str, sources: Sequence[dict]) -> dict:
             "cited_ok": any(holds(s) for s in sources if s["n"] in cited_numbers),
             "given_ok": any(holds(s) for s in sources),
             "cited": sorted(cited_numbers), "answer": text}
+
+
+def in_prompt(q: Question, prompt) -> dict:
+    """Whether the place that answers ``q`` is inside ``prompt`` (a packed :class:`Prompt`): one
+    of its pages within a packed section (whole or sections mode) or passage of its source, or
+    for a question without pages, its evidence phrase in the prompt's text. What packing does
+    with the ranking decides this, more than any one chunk's rank."""
+    if prompt.mode in ("whole", "sections"):
+        spans = [(p.section.source, p.section.first_page, p.section.last_page) for p in prompt.sections]
+    else:
+        spans = [(ps.source, min(ps.pages), max(ps.pages)) if ps.pages else (ps.source, None, None)
+                 for ps in prompt.passages]
+    if q.pages:
+        found = sorted({page for source, lo, hi in spans if source_matches(q.source, source) and lo is not None
+                        for page in q.pages if lo <= page <= (hi if hi is not None else lo)})
+        ok = bool(found)
+    else:
+        found = []
+        ok = any(source_matches(q.source, source) for source, _, _ in spans) and (
+            q.evidence is None or _norm(q.evidence) in _norm(prompt.prefix))
+    return {"id": q.id, "question": q.question, "in_prompt": ok, "pages_found": found, "mode": prompt.mode,
+            "units": len(spans), "tokens": len(prompt.tokens)}
+
+
+def packed_summary(rows: Sequence[dict]) -> dict:
+    modes: dict[str, int] = {}
+    for r in rows:
+        modes[r["mode"]] = modes.get(r["mode"], 0) + 1
+    n = len(rows)
+    return {"questions": n, "in_prompt": sum(r["in_prompt"] for r in rows),
+            "share": round(sum(r["in_prompt"] for r in rows) / n, 4) if n else 0.0, "modes": modes,
+            "median_tokens": statistics.median(r["tokens"] for r in rows) if rows else 0}
 
 
 def answer_summary(rows: Sequence[dict]) -> dict:
