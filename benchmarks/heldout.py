@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--set", action="append", dest="sets", help="only this set (repeatable)")
     r.add_argument("--json", type=Path, default=None, help="write the rows to this file")
     r.add_argument("--no-packed", action="store_true", help="skip the page-in-prompt check (no generator needed)")
+    r.add_argument("--setting", action="append", dest="rows", choices=[s for _, s in ROWS],
+                   help="only this retrieval setting (repeatable)")
     r.add_argument("--set-config", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting for every pipeline, e.g. engine.n_ctx=32768 (repeatable)")
     args = ap.parse_args(argv)
@@ -257,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         for item in args.set_config:
             key, _, value = item.partition("=")
             overrides[key] = json.loads(value) if value[:1] in "0123456789-tf[{\"" else value
-        rows = run_sets(sets=args.sets, packed=not args.no_packed, overrides=overrides)
+        chosen = [row for row in ROWS if not args.rows or row[1] in args.rows]
+        rows = run_sets(settings=chosen, sets=args.sets, packed=not args.no_packed, overrides=overrides)
         print(f"load average at the end: {os.getloadavg()[0]:.1f}; {time.time() - started:.0f} s")
         print(sets_table(rows))
         if args.json:

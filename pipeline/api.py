@@ -374,10 +374,15 @@ class Pipeline:
         with self.store() as store:
             c = self.config.chunking
             ref = None if "embedder" in self._given else self.config.models.embedder
+            expand = None
+            if c.doc2query:
+                from .retrieval.expansion import Doc2QueryChunker
+
+                expand = lambda chunker: Doc2QueryChunker(chunker, self.engine, n=c.doc2query)  # noqa: E731
             return ingest(scanned, store=store, embedder=self.embedder, chunk_size=c.size,
                           chunk_overlap=c.overlap, section_tokens=self.section_tokens,
                           embedder_ref=ref, prune=prune, max_bytes=int(i.max_file_mb * 2**20),
-                          contextual=c.contextual, progress=progress)
+                          contextual=c.contextual, expand_chunker=expand, progress=progress)
 
     def search(self, query: str, *, top_k: int | None = None,
                timings: dict[str, float] | None = None) -> list[Hit]:
@@ -408,10 +413,21 @@ class Pipeline:
         reranker = make_reranker(r.rerank, candidates=max(r.rerank_candidates, top_k),
                                  dense_weight=r.rerank_dense_weight, normalise=r.rerank_normalise)
         fusion = AdaptiveFusion(r.lexical_floor, r.lexical_full) if r.fusion == "adaptive" else None
+        dense_query = None
+        if r.hyde and r.dense:
+            import time
+
+            from .retrieval.expansion import hyde_query, hypothetical_passage
+
+            started = time.perf_counter()
+            passage = hypothetical_passage(self._pool.pick(), query, max_tokens=r.hyde_tokens)
+            dense_query = hyde_query(query, passage)
+            if timings is not None:
+                timings["hyde"] = timings.get("hyde", 0.0) + time.perf_counter() - started
         return search(query, store=store, embedder=self.embedder if r.dense else None, top_k=top_k,
                       dense=r.dense, lexical=r.lexical, candidates=max(r.candidates, top_k), rrf_k=r.rrf_k,
                       source=source, use_mmr=use_mmr, mmr_lambda=self.config.ask.mmr_lambda,
-                      rerank=reranker, fusion=fusion, timings=timings)
+                      rerank=reranker, fusion=fusion, dense_query=dense_query, timings=timings)
 
     def evaluate(self, questions: "str | Path | Sequence[Question]", *,
                  settings: "Sequence[str] | None" = None, answers: bool = False, packed: bool = False,

@@ -69,6 +69,8 @@ class ChunkingConfig:
     """Embed and index each chunk with its title and heading path in front (never shown in passages)."""
     section_tokens: int = 0
     """Section length in embedder tokens (runs of chunks prompts are built from); 0 = n_ctx / 4, at most 4096."""
+    doc2query: int = 0
+    """Questions the generator writes per chunk at ingest, indexed and embedded with it (doc2query); 0 = off (slow)."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,10 @@ class RetrievalConfig:
     """Adaptive fusion: a query whose best BM25 hit holds at most this share of its idf weight is ranked by dense alone."""
     lexical_full: float = 0.5
     """Adaptive fusion: from this share of the query's idf weight matched, BM25 counts fully (as with "rrf")."""
+    hyde: bool = False
+    """Embed each query with a short answer the generator writes first (HyDE); for a capable generator, one generation a query."""
+    hyde_tokens: int = 96
+    """Longest hypothetical answer HyDE generates, in generator tokens."""
 
 
 #: The ``[engine]`` keys that say what llama.cpp runs with and where the weights live: what the
@@ -480,6 +486,10 @@ class Config:
             raise ConfigError(f"retrieval.rerank_normalise must be 'max' or 'minmax', got {r.rerank_normalise!r}")
         if r.rerank_candidates < 1 or not 0.0 <= r.rerank_dense_weight <= 1.0:
             raise ConfigError("retrieval.rerank_candidates must be >= 1 and retrieval.rerank_dense_weight in [0, 1]")
+        if r.hyde_tokens < 1:
+            raise ConfigError(f"retrieval.hyde_tokens must be at least 1, got {r.hyde_tokens}")
+        if self.chunking.doc2query < 0:
+            raise ConfigError(f"chunking.doc2query must be 0 (off) or more questions per chunk, got {self.chunking.doc2query}")
         if r.fusion not in ("adaptive", "rrf"):
             raise ConfigError(f"retrieval.fusion must be 'adaptive' or 'rrf', got {r.fusion!r}")
         if not 0.0 <= r.lexical_floor <= r.lexical_full <= 1.0:

@@ -104,12 +104,14 @@ def mmr(query_vector, candidates: list, vectors: dict, *, k: int, lam: float) ->
 def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: int, dense: bool = True,
            lexical: bool = True, candidates: int = 40, rrf_k: int = 60, source: str | Sequence[str] | None = None,
            use_mmr: bool = False, mmr_lambda: float = 0.7, rerank: "Reranker | None" = None,
-           fusion: "AdaptiveFusion | None" = None, timings: dict[str, float] | None = None) -> list[Hit]:
+           fusion: "AdaptiveFusion | None" = None, dense_query: str | None = None,
+           timings: dict[str, float] | None = None) -> list[Hit]:
     """The ``top_k`` best chunks for ``query`` from the enabled sides, of ``source`` (one document,
     several, or all when None). ``store`` must be open.
 
     ``fusion`` (see :mod:`.fusion`) weighs the lexical side for this query, in the fusion and
-    the reranking alike (None: both sides count evenly); ``rerank`` (see :mod:`.rerank`)
+    the reranking alike (None: both sides count evenly); ``dense_query`` is what the dense side
+    embeds instead of ``query`` (HyDE, see :mod:`.expansion`); ``rerank`` (see :mod:`.rerank`)
     re-orders the fused candidates; ``timings``, when given, receives the seconds spent per
     stage (embed_query, dense, lexical, fuse, rerank).
     """
@@ -118,7 +120,7 @@ def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: in
     rankings: dict[str, list[tuple[StoredChunk, float]]] = {}
     vector = None
     if dense and embedder is not None:
-        vector = embed_query(embedder, [query])[0]
+        vector = embed_query(embedder, [dense_query or query])[0]
         clock.lap("embed_query")
         rankings["dense"] = store.dense(vector, limit=candidates, source=source)
         clock.lap("dense")
