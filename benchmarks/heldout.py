@@ -200,7 +200,8 @@ def run_sets(*, settings: list[tuple[str, str]] = ROWS, sets: list[str] | None =
                 pipelines[label] = rag
                 report = rag.ingest(corpora(pdfs)[label])
                 if report.chunks:
-                    log(f"ingested {label}: {report.chunks} chunks, {report.tokens:,} tokens in {report.seconds:.1f} s")
+                    log(f"ingested {label}: {report.chunks} chunks, {report.tokens:,} tokens in {report.seconds:.1f} s "
+                        f"({1000 * report.seconds / report.chunks:.1f} s per 1,000 chunks)")
             rag = pipelines[label]
             report = rag.evaluate(questions, settings=[s for _, s in settings], label=name, packed=packed)
             share = None
@@ -246,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--set", action="append", dest="sets", help="only this set (repeatable)")
     r.add_argument("--json", type=Path, default=None, help="write the rows to this file")
     r.add_argument("--no-packed", action="store_true", help="skip the page-in-prompt check (no generator needed)")
+    r.add_argument("--stores", type=Path, default=None,
+                   help="keep the stores here (default: the cache folder's stores/); a fresh folder re-ingests")
     r.add_argument("--setting", action="append", dest="rows", choices=[s for _, s in ROWS],
                    help="only this retrieval setting (repeatable)")
     r.add_argument("--set-config", action="append", default=[], metavar="KEY=VALUE",
@@ -260,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
             key, _, value = item.partition("=")
             overrides[key] = json.loads(value) if value[:1] in "0123456789-tf[{\"" else value
         chosen = [row for row in ROWS if not args.rows or row[1] in args.rows]
-        rows = run_sets(settings=chosen, sets=args.sets, packed=not args.no_packed, overrides=overrides)
+        rows = run_sets(settings=chosen, sets=args.sets, packed=not args.no_packed, overrides=overrides,
+                        store_root=args.stores)
         print(f"load average at the end: {os.getloadavg()[0]:.1f}; {time.time() - started:.0f} s")
         print(sets_table(rows))
         if args.json:
