@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from pipeline.retrieval.fusion import TermStats, lexical_strength, lexical_weight, words
+from servers import pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 # Words that mean the same thing share a coordinate: what a real embedder learns and BM25 cannot.
 CONCEPTS = [("car", "automobile", "vehicle"), ("engine", "motor"), ("oil", "lubricant"),
@@ -164,3 +165,23 @@ def test_fusion_settings_are_checked():
         load_config(overrides={"retrieval.fusion": "weighted"})
     with pytest.raises(ConfigError, match="lexical_floor"):
         load_config(overrides={"retrieval.lexical_floor": 0.6, "retrieval.lexical_full": 0.5})
+
+
+@pytest.mark.slow
+def test_both_cases_hold_with_the_catalog_in_postgresql(tmp_path, fake_pipeline, pg_url):
+    """The same two cases with the full-text index in PostgreSQL (its own lexemes and counts)."""
+    folder = tmp_path / "manual"
+    folder.mkdir()
+    for name, text in DOCS.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    rag = fake_pipeline(embedder=ConceptEmbedder(), store__catalog_url=pg_url)
+    rag.ingest([folder])
+    assert top(rag, PARAPHRASE, fusion="rrf") == "intro.md"
+    assert top(rag, PARAPHRASE) == "oil.md"
+    assert top(rag, RARE, rerank="none", lexical=False) == "lamp.md"
+    assert top(rag, RARE) == "faults.md"
+    with rag.store(create=False) as store:
+        best = store.lexical(RARE, limit=1)[0][0]
+        stats, matched = store.catalog.term_stats(store.name, RARE, best.chunk_id)
+        assert stats.df["e42"] == 1 and {"e42", "qx7", "fault"} <= matched  # PostgreSQL splits at "_"
+        assert lexical_strength(stats, matched) > 0.5
