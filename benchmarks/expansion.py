@@ -182,7 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['set']} ({tag}) | {r['variant']} | {r['recall@5']:.3f} | {r['recall@10']:.3f} | "
               f"{r['extra_ms_per_query']:.1f} | {r['ingest_s_per_1000_chunks']:.1f} |")
     if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
+        from pipeline.dev.bench import document, row
+
+        declared = [row(f"{r['set']} {r['variant']} recall@5", r["recall@5"], "", set=r["set"], variant=r["variant"])
+                    for r in out]
+        declared += [row(f"{r['set']} {r['variant']} extra ms/query", r["extra_ms_per_query"], "ms", set=r["set"],
+                         variant=r["variant"]) for r in out if r["variant"] != "default"]
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document(declared, variants=out), indent=2))
     return 0
 
 

@@ -4,7 +4,7 @@ Run from the repository root::
 
     .venv/bin/python benchmarks/heldout.py fetch      # the PDFs, into ~/.cache/rag/heldout (once)
     .venv/bin/python benchmarks/heldout.py overlap    # content words each question shares with its passage
-    .venv/bin/python benchmarks/heldout.py run [--json OUT.json]   # every setting x every set
+    .venv/bin/python benchmarks/heldout.py run [--json OUT.json]   # every setting x every set (the default)
 
 ``run`` ingests three corpora into stores kept under the cache folder (ingest is incremental, so
 a second run embeds nothing): the development corpus (``samples/`` and
@@ -239,7 +239,7 @@ def sets_table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="command", required=True)
+    sub = ap.add_subparsers(dest="command")
     sub.add_parser("fetch", help="download and unpack the held-out manuals into the cache folder")
     o = sub.add_parser("overlap", help="content words each question shares with its passage")
     o.add_argument("--verbose", "-v", action="store_true", help="list the shared words of each question")
@@ -253,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="only this retrieval setting (repeatable)")
     r.add_argument("--set-config", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting for every pipeline, e.g. engine.n_ctx=32768 (repeatable)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["run", *argv]  # what `rag bench` runs: `heldout.py --json OUT`
     args = ap.parse_args(argv)
     if args.command == "run":
         import time
@@ -268,7 +271,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average at the end: {os.getloadavg()[0]:.1f}; {time.time() - started:.0f} s")
         print(sets_table(rows))
         if args.json:
-            args.json.write_text(json.dumps(rows, indent=2))
+            from pipeline.dev.bench import document, row
+
+            declared = [row(f"{r['set']} {r['setting']} recall@5", r["recall@5"], "", set=r["set"],
+                            setting=r["setting"], development=r["development"]) for r in rows]
+            declared += [row(f"{r['set']} page in prompt", r["page_in_prompt"], "", set=r["set"],
+                             development=r["development"]) for r in rows if r.get("page_in_prompt") is not None]
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(document(declared, sets=rows), indent=2))
         return 0
     if args.command == "fetch":
         try:
