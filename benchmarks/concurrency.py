@@ -142,7 +142,7 @@ def gpu_model(*, gpu: str = "h100", context: int = 16384, streams=(1, 2, 4)) -> 
     the aggregate is about one stream's. ``serialised`` is one stream.
     """
     from pipeline.config import EngineConfig
-    from pipeline.engine.ggml import type_bytes
+    from pipeline.engine.gguf.ggml import type_bytes
     from pipeline.planner.hardware import get_profile
     from pipeline.planner.memory import kv_cells
     from pipeline.planner.spec import ModelSpec

@@ -158,7 +158,7 @@ def measure(args: argparse.Namespace, log) -> dict:
 
     from dataclasses import replace
 
-    from pipeline.engine.generator import Engine
+    from pipeline.engine.local import Engine
 
     rng = random.Random(0)
     rows = []

@@ -51,7 +51,7 @@ import llama_cpp  # noqa: E402
 
 from pipeline.config import EngineConfig  # noqa: E402
 from pipeline.engine.host import usable_cpus  # noqa: E402
-from pipeline.engine.generator import Engine  # noqa: E402
+from pipeline.engine.local import Engine  # noqa: E402
 from pipeline.dev.synthetic import write_moe_model  # noqa: E402
 
 #: The generated model: qwen3moe, 64K trained context. At 16K tokens the attention over the long
@@ -147,7 +147,7 @@ class EngineRun:
         decode to the next call's first synchronisation (idle time included) as the *next* call's
         prompt-eval time; see :func:`stale_timer_check`.
         """
-        self.engine._reset()  # llama_memory_clear + forget the cached tokens: no prefix reuse
+        self.engine.reset()  # llama_memory_clear + forget the cached tokens: no prefix reuse
         t0 = time.perf_counter()
         gen = self.engine.generate(tokens, max_tokens=1)
         gen.read()
@@ -281,18 +281,18 @@ def param_differences(a, b) -> list[str]:
 def python_overhead(run: EngineRun, tokens: list[int]) -> float:
     """Seconds ``Engine.prefill`` spends outside ``llama_decode``: the same call with decode stubbed out."""
     llm = run.engine.llm
-    run.engine._reset()
+    run.engine.reset()
     llm._decode = lambda: None  # instance attribute shadows Model._decode, the llama_decode call
     try:
         times = []
         for _ in range(3):
-            run.engine._tokens = []
+            run.engine.reset()
             t0 = time.perf_counter()
             Engine.prefill(run.engine, tokens)
             times.append(time.perf_counter() - t0)
     finally:
         del llm._decode
-        run.engine._reset()
+        run.engine.reset()
     return min(times)
 
 

@@ -44,7 +44,7 @@ import llama_cpp  # noqa: E402
 from pipeline import Pipeline
 from pipeline.ask import packing  # noqa: E402
 from pipeline.ask.prompt import section_prompt  # noqa: E402
-from pipeline.engine.embed import usable_cpus  # noqa: E402
+from pipeline.engine.host import usable_cpus  # noqa: E402
 from pipeline.summarize.job import sections_of  # noqa: E402
 from prefill import BareLoop  # noqa: E402
 
@@ -77,7 +77,7 @@ def batched_decode(rag: Pipeline, *, sequences: Sequence[int] = (2, 4), max_toke
     wall time is the suffixes' prefill and the answers' decode. Outputs must be equal (greedy).
     Each k runs in its own engine (``n_seq_max`` is a context setting); the engines share the
     prefix through the prefix cache, so it is prefilled once."""
-    from pipeline.engine.generator import Engine
+    from pipeline.engine.local import Engine
 
     engine = rag.engine
     with rag.store() as store:

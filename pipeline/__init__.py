@@ -29,7 +29,7 @@ _EXPORTS = {
     "Hit": "retrieval.search", "Passage": "retrieval.search",
     "IngestReport": "ingest.run", "IngestEvent": "ingest.run", "FileOutcome": "ingest.run",
     "Summary": "summarize.outputs", "SummaryEvent": "summarize.outputs", "SummaryRun": "summarize.job",
-    "EngineStats": "engine.stages", "TextEmbedder": "engine.stages", "TextGenerator": "engine.stages",
+    "EngineStats": "engine.contract", "TextEmbedder": "engine.contract", "TextGenerator": "engine.contract",
     "RagError": "errors", "ConfigError": "errors", "InputError": "errors", "ModelError": "errors",
     "StoreError": "errors", "StoreBusyError": "errors", "EngineError": "errors", "LoadError": "errors",
     "Cancelled": "errors", "EngineClosed": "errors",
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from .api import CollectionStatus, Pipeline
     from .concurrency import CancelToken
     from .config import Config, load_config
-    from .engine.stages import EngineStats, TextEmbedder, TextGenerator
+    from .engine.contract import EngineStats, TextEmbedder, TextGenerator
     from .errors import (Cancelled, ConfigError, EngineClosed, EngineError, InputError, LoadError, ModelError,
                          RagError, StoreBusyError, StoreError)
     from .ingest.run import FileOutcome, IngestEvent, IngestReport

@@ -30,7 +30,7 @@ from .store.store import Store
 
 if TYPE_CHECKING:
     from .ask.prompt import Prompt
-    from .engine.stages import TextEmbedder, TextGenerator
+    from .engine.contract import TextEmbedder, TextGenerator
     from .ask.aio import AsyncAnswerStream
     from .retrieval.evaluate import EvalReport, Question
     from .ask.progress import PrefillProgress
@@ -71,7 +71,7 @@ class Pipeline:
 
     The embedder and the generator are the configured llama.cpp models, loaded on first
     use, unless ``embedder`` or ``generator`` is given: any object that fulfils
-    :class:`~pipeline.engine.stages.TextEmbedder` / :class:`~pipeline.engine.stages.TextGenerator`
+    :class:`~pipeline.engine.contract.TextEmbedder` / :class:`~pipeline.engine.contract.TextGenerator`
     (the tests' fakes, a remote backend). The pipeline closes only what it made.
     """
 
@@ -108,10 +108,9 @@ class Pipeline:
     @once
     def embedder(self):
         from .engine.embed import Embedder
-        from .engine.remote import is_remote
-        from .engine.remote_embedder import remote_embedder
-
+        from .engine.remote.client import is_remote
         from .engine.embed_prompts import PrefixedEmbedder, gguf_names, resolve
+        from .engine.remote.embedder import remote_embedder
 
         m = self.config.models
         if is_remote(m.embedder):
@@ -134,8 +133,8 @@ class Pipeline:
 
     @once
     def engine(self):
-        from .engine.remote import is_remote
-        from .engine.remote_generator import remote_generator
+        from .engine.remote.client import is_remote
+        from .engine.remote.generator import remote_generator
 
         if is_remote(self.config.models.generator):
             return remote_generator(self.config.models.generator, self.config.engine, self.config.remote,
@@ -147,7 +146,7 @@ class Pipeline:
     def _new_engine(self, path: Path | None = None):
         import dataclasses
 
-        from .engine.generator import Engine
+        from .engine.local import Engine
         from .engine.host import usable_cpus
 
         path = path or self.engine.model_path
@@ -163,7 +162,7 @@ class Pipeline:
         """The engines answering questions: ``engine`` and, with ``engine.parallel`` > 1, more as
         concurrent questions need them (never for an injected or a remote generator: servers
         run their own slots)."""
-        from .engine.remote import is_remote
+        from .engine.remote.client import is_remote
 
         local = "engine" not in self._given and not is_remote(self.config.models.generator)
         size = self.config.engine.parallel if local else 1
@@ -180,7 +179,7 @@ class Pipeline:
     def section_tokens(self) -> int:
         """The size new documents' sections are cut to, in embedder tokens (``chunking.section_tokens``,
         else a quarter of the generator's context; see :mod:`.ingest.sections`)."""
-        from .engine.generator import Engine
+        from .engine.local import Engine
         from .errors import RagError
         from .ingest.sections import target_tokens
 
@@ -232,7 +231,7 @@ class Pipeline:
         settings = self.config.engine
         if not settings.tuned:
             return settings
-        from .engine.model_info import ModelInfo
+        from .engine.gguf.info import ModelInfo
 
         n_ctx = ModelInfo.read(model_path).context_length(settings.n_ctx, settings.rope_scaling)
         settings, changes, note = tuned_engine(settings, self.config.home_path, model_path, n_ctx)
@@ -325,7 +324,7 @@ class Pipeline:
         """The on-disk prefix KV cache, or None when ``cache.enabled`` is off."""
         if not self.config.cache.enabled:
             return None
-        from .engine.cache import PrefixCache
+        from .engine.cache.store import PrefixCache
 
         return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
 
@@ -526,7 +525,7 @@ class Pipeline:
     def ask_many(self, questions: Sequence[str], *, doc: Paths = None, source: Paths = None,
                  max_tokens: int | None = None, system_prompt: str | None = None) -> list[Answer]:
         """Answer several questions at once: those whose prompts share their prefix (the same packed
-        documents) are decoded together in one context (:meth:`~.engine.generator.Engine.generate_many`,
+        documents) are decoded together in one context (:meth:`~.engine.local.Engine.generate_many`,
         ``engine.n_seq_max`` sequences per decode), the others one after another. Greedy answers
         are those of :meth:`ask`; this is what a server batching concurrent questions calls."""
         return asking.ask_many(self, questions, doc=doc, source=source, max_tokens=max_tokens,
@@ -618,9 +617,8 @@ class Pipeline:
             elif len(prompt.prefix_tokens) < self.config.cache.min_tokens:
                 outcome = "too short"
             else:
-                probe = getattr(engine, "reusable", None)
-                reused = probe(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries) \
-                    if probe else 0
+                reused = engine.reusable(prompt.tokens, prefix_len=len(prompt.prefix_tokens),
+                                         boundaries=prompt.boundaries)
                 before = {e.id for e in cache.entries(engine.namespace)}
                 outcome = "saved" if engine.warm(prompt.prefix_tokens, boundaries=prompt.boundaries) else "cached"
                 written = sum(e.bytes for e in cache.entries(engine.namespace) if e.id not in before)

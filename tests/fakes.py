@@ -1,4 +1,4 @@
-"""Deterministic fakes of the two stage contracts (:mod:`pipeline.engine.stages`), for fast tests.
+"""Deterministic fakes of the engine's contract (:mod:`pipeline.engine.contract`), for fast tests.
 
 :class:`HashEmbedder` embeds by feature hashing: every word adds to one of ``dim``
 coordinates, so texts sharing words are close and the same text always gives the
@@ -19,7 +19,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from pipeline.engine.stages import EngineStats, Generation
+from pipeline.engine.contract import EmbedderBase, EngineStats, Generation, GeneratorBase
+from pipeline.engine.reuse import cuts as prompt_cuts
 
 _WORDS = re.compile(r"\w+|[^\w\s]")
 _PIECES = re.compile(r"\s+|\w+|[^\w\s]")
@@ -30,7 +31,7 @@ def _token_id(piece: str, vocab: int) -> int:
     return 10 + zlib.crc32(piece.encode("utf-8")) % vocab  # ids below 10 are special
 
 
-class HashEmbedder:
+class HashEmbedder(EmbedderBase):
     """Words → hashed coordinates of a ``dim``-dimensional unit vector; ``delay`` seconds per embedding."""
 
     CLS, SEP = 1, 2
@@ -47,14 +48,8 @@ class HashEmbedder:
     def tokenize(self, text: str) -> list[int]:
         return [_token_id(w.lower(), 50_000) for w in _WORDS.findall(text)]
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenize(text))
-
     def sequence(self, text: str) -> list[int]:
         return [self.CLS] + self.tokenize(text)[:self.max_tokens] + [self.SEP]
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed_tokens([self.sequence(t) for t in texts])
 
     def embed_tokens(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
         out = np.zeros((len(seqs), self.dim), dtype=np.float32)
@@ -72,7 +67,7 @@ class HashEmbedder:
         self.closed = True
 
 
-class EchoGenerator:
+class EchoGenerator(GeneratorBase):
     """Answers "You asked: <question>" word by word, with the engine's prefix-reuse figures."""
 
     BOS = 1
@@ -101,20 +96,12 @@ class EchoGenerator:
             out.append(tok)
         return out
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenize(text))
-
     def detokenize(self, tokens: Sequence[int]) -> str:
         return "".join(self._pieces.get(t, "") for t in tokens)
 
     def chat(self, system: str, user: str) -> str:
         return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
                 "<|im_start|>assistant\n")
-
-    @staticmethod
-    def _cuts(n_tokens: int, prefix_len: int, boundaries: Sequence[int]) -> list[int]:
-        limit = min(prefix_len, n_tokens - 1)
-        return sorted({b for b in boundaries if 0 < b < limit} | {limit}) if limit > 0 else []
 
     def _reuse(self, tokens: Sequence[int], cuts: list[int]) -> tuple[int, str]:
         """(tokens reused, where from) as the engine would: memory up to a cut, else the longest saved cut."""
@@ -130,7 +117,7 @@ class EchoGenerator:
         return memory, "memory" if memory else "none"
 
     def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
-        return self._reuse(list(tokens), self._cuts(len(tokens), prefix_len, boundaries))[0]
+        return self._reuse(list(tokens), prompt_cuts(len(tokens), prefix_len, boundaries))[0]
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
@@ -144,7 +131,7 @@ class EchoGenerator:
         self.prompts.append(tokens)
         stats = stats or EngineStats()
         stats.prompt_tokens = len(tokens)
-        cuts = self._cuts(len(tokens), prefix_len, boundaries)
+        cuts = prompt_cuts(len(tokens), prefix_len, boundaries)
         reused, where = self._reuse(tokens, cuts)
         stats.cache = where
         if cuts and cuts[-1] >= self.min_tokens and reused < cuts[-1]:

@@ -12,11 +12,11 @@ import pytest
 
 from pipeline.config import EngineConfig
 from pipeline.dev.synthetic import write_moe_model
-from pipeline.engine.cache import PrefixCache
-from pipeline.engine.cache_index import INDEX_NAME
-from pipeline.engine.cache_keys import BLOCK, SHORT_BLOCK_HASH, block_hash, chain_hashes, full_hash, namespace, \
+from pipeline.engine.cache.store import PrefixCache
+from pipeline.engine.cache.index import INDEX_NAME
+from pipeline.engine.cache.keys import BLOCK, SHORT_BLOCK_HASH, block_hash, chain_hashes, full_hash, namespace, \
     token_bytes
-from pipeline.engine.generator import Engine
+from pipeline.engine.local import Engine
 from pipeline.models import file_identity
 
 SETTINGS = EngineConfig(n_ctx=1024, threads=2)
@@ -57,7 +57,7 @@ def answer(eng: Engine, tokens: list[int], n: int = 10):
     """Greedy answer tokens of ``tokens`` (reusing whatever prefix the engine's KV holds) and the stats."""
     gen = eng.generate(tokens, max_tokens=n, temperature=0.0, repeat_penalty=1.0)
     gen.read()
-    return eng._tokens[len(tokens):], gen.stats
+    return eng.held_tokens[len(tokens):], gen.stats
 
 
 def seq_end(eng: Engine) -> int:
@@ -65,17 +65,15 @@ def seq_end(eng: Engine) -> int:
 
 
 def trim(eng: Engine, n: int) -> None:
-    assert eng.llm.trim(n)
-    del eng._tokens[n:]
+    assert eng.keep(n)
 
 
 def restored(eng: Engine, cache: PrefixCache, ns: str, tokens: list[int]) -> int:
     """Look up and load the longest saved prefix of ``tokens`` into ``eng``; the tokens it covers."""
     entry = cache.lookup(ns, tokens)
-    if entry is None or not cache.load(entry, eng.llm):
-        eng._reset()
+    if entry is None or not eng.restore(cache, entry, tokens):
+        eng.reset()
         return 0
-    eng._tokens = list(tokens[:entry.n_tokens])
     return entry.n_tokens
 
 
@@ -101,7 +99,7 @@ def test_restored_prefix_gives_the_same_answer(model, moe_path, request, tmp_pat
     # the same prefix again: no second file, the entry is returned
     assert cache.save(ns, prefix, saver.llm).id == entry.id and cache.stats()["entries"] == 1
 
-    saver._reset()  # the reference: no cache at all
+    saver.reset()  # the reference: no cache at all
     expected, st = answer(saver, prompt)
     assert st.cached_tokens == 0 and st.prefill_tokens == len(prompt)
     assert len(expected) > 0
@@ -192,7 +190,7 @@ def test_state_holding_other_tokens_is_rejected_after_restore(saved, moe_path):
     other = eng.tokenize(passage(4)[::-1])[:200]
     eng.prefill(other)
     intruder = cache.save(ns, other, eng.llm)
-    eng._reset()
+    eng.reset()
     src = cache.directory / intruder.file
     with sqlite3.connect(cache.directory / INDEX_NAME) as db:  # point the entry at the intruder's file
         db.execute("UPDATE entries SET bytes = ?, digest = ? WHERE id = ?",
@@ -227,7 +225,7 @@ def test_lru_eviction_respects_max_bytes(moe_path, tmp_path):
     cache = PrefixCache(tmp_path / "cache", max_bytes=int(size * 2.5))
 
     def put(tokens):
-        eng._reset()
+        eng.reset()
         eng.prefill(tokens)
         e = cache.save(ns, tokens, eng.llm)
         assert e is not None, cache.last_error
@@ -235,7 +233,7 @@ def test_lru_eviction_respects_max_bytes(moe_path, tmp_path):
 
     a = put(lists[0])
     b = put(lists[1])
-    eng._reset()
+    eng.reset()
     assert cache.load(cache.lookup(ns, lists[0] + [1]), eng.llm)  # a is now used after b
     c = put(lists[2])
     files = {e.file for e in cache.entries()}
@@ -248,9 +246,9 @@ def test_lru_eviction_respects_max_bytes(moe_path, tmp_path):
     assert s["namespaces"][ns]["entries"] == 2 and s["hits"] == 1
 
     # A state larger than the whole cap is not kept and evicts nothing.
-    eng._reset()
+    eng.reset()
     eng.prefill(lists[3] + eng.tokenize(passage(12)))
-    big = eng._tokens[:]
+    big = eng.held_tokens
     assert cache.save(ns, big, eng.llm) is None and "larger" in cache.last_error
     assert {e.file for e in cache.entries()} == {a.file, c.file}
 

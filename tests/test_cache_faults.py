@@ -23,10 +23,10 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import cli
-from pipeline.engine import cache as cache_mod
-from pipeline.engine.cache import PrefixCache
-from pipeline.engine.cache_index import INDEX_NAME
-from pipeline.engine.cache_keys import block_hash, chain_hashes, full_hash, token_bytes
+from pipeline.engine.cache import store as cache_mod
+from pipeline.engine.cache.store import PrefixCache
+from pipeline.engine.cache.index import INDEX_NAME
+from pipeline.engine.cache.keys import block_hash, chain_hashes, full_hash, token_bytes
 from pipeline.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +77,7 @@ def test_a_damaged_index_is_rebuilt_on_open_and_its_orphans_swept(tmp_path):
 
 
 def test_damage_seen_mid_run_is_rebuilt_and_costs_one_miss(tmp_path, monkeypatch):
-    from pipeline.engine.cache_index import CacheIndex
+    from pipeline.engine.cache.index import CacheIndex
 
     cache = PrefixCache(tmp_path / "cache", max_bytes=2**30)
     fake_entry(cache, 300)
@@ -151,7 +151,7 @@ def test_orphans_of_a_lost_index_are_swept_at_most_once_an_hour(tmp_path, monkey
 READ_ONLY_CHECK = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[2])
-    from pipeline.engine.cache import PrefixCache
+    from pipeline.engine.cache.store import PrefixCache
     from pipeline.errors import EngineError
     cache = PrefixCache(sys.argv[1], max_bytes=2**30)
     assert not cache.unavailable and cache.read_only, cache.unavailable

@@ -15,7 +15,7 @@ import gguf
 import numpy as np
 import pytest
 
-from pipeline.engine.convert import KEY_SOURCE_SHA256, convert_bert, read_safetensors, source_sha256
+from pipeline.engine.gguf.convert import KEY_SOURCE_SHA256, convert_bert, read_safetensors, source_sha256
 from pipeline.errors import ModelError
 
 pytestmark = pytest.mark.slow  # the real default models (see conftest.py)

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from pipeline.engine import generator as engine_mod
+from pipeline.engine import loading
 from pipeline.engine._llama import LlamaLog
 from pipeline.config import EngineConfig
-from pipeline.engine.generator import Engine
+from pipeline.engine.local import Engine
 from pipeline.errors import EngineError
 from pipeline.engine.offload import planned_tensors
 from pipeline.dev.synthetic import tensor_names, write_moe_model
@@ -89,7 +89,7 @@ def test_context_above_training_is_clamped_with_a_note(moe_path):
 
 
 def test_a_context_that_cannot_fit_names_the_setting(moe_path, monkeypatch):
-    monkeypatch.setattr(engine_mod, "detect_ram", lambda available=False: 4 * 2**20)
+    monkeypatch.setattr(loading, "detect_ram", lambda available=False: 4 * 2**20)
     eng = Engine(moe_path, settings(n_ctx=65536, type_k="f32", type_v="f32"))
     with pytest.raises(EngineError, match="lower engine.n_ctx.*q8_0"):
         eng.llm

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fakes import EchoGenerator, HashEmbedder
-from pipeline.engine.stages import Generation
+from pipeline.engine.contract import Generation
 from pipeline.retrieval.expansion import hyde_query, questions_for
 
 

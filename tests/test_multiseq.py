@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.config import EngineConfig
 from pipeline.dev.synthetic import write_moe_model
-from pipeline.engine.generator import Engine
+from pipeline.engine.local import Engine
 from pipeline.engine.multiseq import groups
 
 

@@ -63,7 +63,7 @@ def test_ten_questions_over_a_collection_that_fits_reuse_the_prefix_and_answer_a
     plain = make_pipeline(engine__n_ctx=1024, ask__max_tokens=6, cache__enabled=False)
     for q, a in zip(QUESTIONS, answers):
         if "engine" in plain.__dict__:
-            plain.engine._reset()  # forget the previous question's KV cache: a cold run each time
+            plain.engine.reset()  # forget the previous question's KV cache: a cold run each time
         uncached = plain.ask(q)
         assert uncached.stats.cached_tokens == 0 and uncached.text == a.text, q
 
@@ -221,13 +221,13 @@ def test_warm_prepares_each_documents_leading_sections_when_the_collection_does_
 
 
 def test_the_generator_loads_only_after_the_store_is_released(make_pipeline, corpus, monkeypatch):
-    from pipeline.engine import generator
+    from pipeline.engine import local
     from pipeline.store.lock import StoreLock
 
     make_pipeline().ingest([corpus])
     rag = make_pipeline(engine__n_ctx=1024, ask__max_tokens=2)
     held = []
-    real = generator.Engine.llm.func
+    real = local.Engine.llm.func
 
     def load(self):
         try:
@@ -237,8 +237,8 @@ def test_the_generator_loads_only_after_the_store_is_released(make_pipeline, cor
             held.append(True)
         return real(self)
 
-    monkeypatch.setattr(generator.Engine, "llm", generator.cached_property(load))
-    generator.Engine.llm.__set_name__(generator.Engine, "llm")
+    monkeypatch.setattr(local.Engine, "llm", local.cached_property(load))
+    local.Engine.llm.__set_name__(local.Engine, "llm")
     for mode in ("auto", "passages"):
         rag.__dict__.pop("engine", None)
         rag.__dict__.pop("_layout", None)
@@ -263,7 +263,7 @@ def test_not_even_one_passage_or_section_fits_is_refused(make_pipeline, tmp_path
 def test_document_and_question_text_cannot_inject_control_tokens(model_home, model):
     from pipeline.config import EngineConfig
     from pipeline.ask.prompt import Layout, pack
-    from pipeline.engine.generator import Engine
+    from pipeline.engine.local import Engine
     from pipeline.models import resolve
     from pipeline.retrieval.search import Passage
 

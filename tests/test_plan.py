@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from pipeline.engine._gguf import ArrayInfo
+from pipeline.engine.gguf.header import ArrayInfo
 from pipeline.errors import ConfigError
 from pipeline.engine.host import detect_ram
 from pipeline.planner.hardware import PROFILES, GiB, HardwareProfile, get_profile, load_profile, save_profile

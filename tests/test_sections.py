@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from pipeline.ask.prompt import Layout
-from pipeline.engine.generator import Engine
+from pipeline.engine.reuse import ReusePolicy
 from pipeline.ingest.sections import cut, target_tokens
 from pipeline.ask.packing import PackHistory, SectionTokens, Shelf, plan, reuse_note
 from pipeline.retrieval.search import Hit
@@ -34,15 +34,14 @@ def test_sections_are_balanced_cut_at_chunk_boundaries_and_prefer_page_starts():
 
 
 def test_states_are_saved_at_the_prefix_and_a_bounded_spread_of_boundaries():
-    eng = Engine.__new__(Engine)
-    eng.cache_min_tokens, eng.boundary_states = 100, 4
+    policy = ReusePolicy(None, namespace=lambda: "n", min_tokens=100, boundary_states=4)
     cuts = [50, 200, 300, 400, 500, 600, 700, 800, 900]
-    points = eng._save_points(cuts, start=0)
+    points = policy.save_points(cuts, start=0)
     assert 900 in points and 50 not in points and len(points) == 5  # the prefix + 4 spread from the first
     assert 200 in points and 800 in points
-    assert eng._save_points(cuts, start=800) == {900}
-    eng.boundary_states = 0
-    assert eng._save_points(cuts, start=0) == {900}
+    assert policy.save_points(cuts, start=800) == {900}
+    assert ReusePolicy(None, namespace=lambda: "n", min_tokens=100, boundary_states=0).save_points(
+        cuts, start=0) == {900}
 
 
 def _shelf(n_docs=4, per_doc=3, words_per=60):

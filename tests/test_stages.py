@@ -1,4 +1,4 @@
-"""The stage contracts: the llama.cpp classes and the fakes fulfil the same Protocols."""
+"""The engine's contract: the llama.cpp classes, the remote ones and the fakes fulfil the same Protocols."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import pytest
 from fakes import EchoGenerator, HashEmbedder
 
 from pipeline.engine.embed import Embedder
-from pipeline.engine.generator import Engine
-from pipeline.engine.stages import EngineStats, TextEmbedder, TextGenerator
+from pipeline.engine.local import Engine
+from pipeline.engine.remote.embedder import RemoteEmbedder
+from pipeline.engine.remote.generator import RemoteGenerator
+from pipeline.engine.contract import EmbedderBase, EngineStats, GeneratorBase, TextEmbedder, TextGenerator
 
 
 def members(protocol: type) -> set[str]:
@@ -18,15 +20,29 @@ def members(protocol: type) -> set[str]:
         typing.get_type_hints(protocol))
 
 
-@pytest.mark.parametrize("protocol, real", [(TextEmbedder, Embedder), (TextGenerator, Engine)])
-def test_the_llama_cpp_classes_have_every_member_of_their_contract(protocol, real):
+@pytest.mark.parametrize("protocol, real", [(TextEmbedder, Embedder), (TextGenerator, Engine),
+                                            (TextEmbedder, RemoteEmbedder), (TextGenerator, RemoteGenerator)])
+def test_the_engine_classes_have_every_member_of_their_contract(protocol, real):
     instance_attributes = {"model_path"}  # set in __init__
     assert members(protocol) - instance_attributes <= set(dir(real))
+    assert issubclass(real, EmbedderBase if protocol is TextEmbedder else GeneratorBase)
 
 
 def test_the_fakes_fulfil_the_contracts():
     assert isinstance(HashEmbedder(), TextEmbedder)
     assert isinstance(EchoGenerator(), TextGenerator)
+
+
+def test_the_base_gives_the_capabilities_a_backend_lacks_their_plain_meaning():
+    g = EchoGenerator(min_tokens=4)
+    assert g.waiting == 0 and g.n_seq_max == 1 and g.can_trim and g.workers() == [g]
+    assert g.render([{"role": "user", "content": "x"}]) is None  # no template of its own: the stop guard only
+    head = g.bos + g.tokenize(g.chat("sys", "Documents:\n\n[1] a long shared passage of text "))
+    prompts = [head + g.tokenize(f"Question: {q}?<|im_end|>\n") for q in ("what", "why")]
+    done = g.generate_many(prompts, prefix_len=len(head))
+    assert [c.text for c in done] == ["You asked: what?", "You asked: why?"]  # one after another
+    assert done[1].stats.cached_tokens == len(head)
+    assert g.held(prompts[0], prefix_len=len(head)) == g.reusable(prompts[0], prefix_len=len(head)) == len(head)
 
 
 def test_hash_embedder_is_deterministic_and_similar_for_shared_words():

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from pipeline.ask import packing
 from pipeline.cli import cli
-from pipeline.engine.generator import EngineStats
+from pipeline.engine.contract import EngineStats, GeneratorBase
 from pipeline.summarize.jobstore import JobStore
 from pipeline.store import sections as section_rows
 from pipeline.store.catalog_sqlite import DocumentRecord, StoredChunk
@@ -28,7 +28,7 @@ from pipeline.summarize.outputs import output_names
 # -- a deterministic fake engine and store ------------------------------------------------------
 
 
-class FakeEngine:
+class FakeEngine(GeneratorBase):
     """Words are tokens. The output of a prompt is the range of chunk markers (C<i>) it covered, padded,
     or GAP if they were not consecutive and in order."""
 

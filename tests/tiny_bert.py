@@ -1,5 +1,5 @@
 """A generated BERT embedder: a random-weight sentence-transformers folder, converted to GGUF by
-the product's own converter (:func:`pipeline.engine.convert.convert_bert`).
+the product's own converter (:func:`pipeline.engine.gguf.convert.convert_bert`).
 
 The folder's name becomes the GGUF's ``general.name``, so a test can make a model that calls
 itself ``e5-small-tiny`` or ``bge-small-en-v1.5-tiny`` and check what the embedder does with it.
@@ -78,7 +78,7 @@ def write_bert_folder(folder: Path, *, hidden: int = 32, layers: int = 2, heads:
 
 def write_bert_gguf(path: Path, *, name: str, **options) -> Path:
     """A generated BERT GGUF at ``path`` whose ``general.name`` is ``name``."""
-    from pipeline.engine.convert import convert_bert
+    from pipeline.engine.gguf.convert import convert_bert
 
     folder = write_bert_folder(path.parent / f"{path.stem}-src" / name, **options)
     return convert_bert(folder, path, dtype="f32")

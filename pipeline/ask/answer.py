@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..concurrency import CancelToken
-from ..engine.stages import EngineStats
+from ..engine.contract import EngineStats
 
 if TYPE_CHECKING:
     from .prompt import Prompt
-    from ..engine.stages import Generation
+    from ..engine.contract import Generation
 
 
 @dataclass

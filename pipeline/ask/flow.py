@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from .answer import Answer, AnswerStream, AskStats
 from ..concurrency import CancelToken
 from ..config import ASK_MODES
-from ..engine.stages import EngineStats
 from ..ingest.scan import source_names
 from ..store.store import Store
 
@@ -56,13 +54,12 @@ def ask_stream(rag: "Pipeline", question: str, *, doc: Paths = None, source: Pat
     stats = AskStats(mode=prompt.mode, sections=[p.to_dict() for p in prompt.sections])
     stops = rag.stops.with_strings(options.stop)
     engine = rag._pool.pick(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries)
-    extra = _supported(engine, stop_tokens=stops.tokens, cancel=cancel,
-                       progress=_tracker(progress) if progress else None)
-    cancel = extra.get("cancel") or cancel
+    cancel = cancel or CancelToken()  # every generator takes one: a stream can always be cancelled
     generation = engine.generate(prompt.tokens, max_tokens=options.max_tokens, temperature=options.temperature,
                                  repeat_penalty=rag.config.ask.repeat_penalty,
                                  prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries,
-                                 stats=stats, **extra)
+                                 stats=stats, stop_tokens=stops.tokens, cancel=cancel,
+                                 progress=_tracker(progress) if progress else None)
     return AnswerStream(question, prompt, generation, notes, timings, finish, stops=stops.strings, cancel=cancel)
 
 
@@ -90,10 +87,7 @@ def ask_many(rag: "Pipeline", questions: Sequence[str], *, doc: Paths = None, so
     for (prefix, boundaries), members in by_prefix.items():
         kw = dict(prefix_len=len(prefix), boundaries=boundaries, max_tokens=options.max_tokens,
                   temperature=options.temperature, repeat_penalty=rag.config.ask.repeat_penalty)
-        if hasattr(engine, "generate_many"):
-            done = engine.generate_many([built[i][1].tokens for i in members], **kw)
-        else:  # a generator without multi-sequence decoding: one after another
-            done = [_Done(g.read(), g.stats) for g in (engine.generate(built[i][1].tokens, **kw) for i in members)]
+        done = engine.generate_many([built[i][1].tokens for i in members], **kw)
         for i, completion in zip(members, done):
             q, prompt, notes, finish, timings = built[i]
             stats = AskStats(**completion.stats.__dict__, mode=prompt.mode,
@@ -288,33 +282,8 @@ def _passages_prompt(rag: "Pipeline", question: str, *, doc: Paths, source: Path
     return prompt, notes, finish
 
 
-@dataclass
-class _Done:
-    text: str
-    stats: EngineStats
-
-
 def _tracker(callback):
     from .progress import tracker
 
     return tracker(callback)
 
-
-_OPTIONAL = ("stop_tokens", "progress", "cancel")
-
-
-def _supported(generator, **kwargs) -> dict:
-    """The optional ``generate`` arguments (see :class:`~.engine.stages.TextGenerator`) that
-    ``generator`` takes and that are set; an unset ``cancel`` is made where it is taken, so a
-    stream can always be cancelled."""
-    import inspect
-
-    try:
-        params = inspect.signature(generator.generate).parameters
-    except (TypeError, ValueError):
-        return {}
-    takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    out = {k: v for k, v in kwargs.items() if (takes_all or k in params) and k in _OPTIONAL}
-    if "cancel" in out and out["cancel"] is None:
-        out["cancel"] = CancelToken()
-    return {k: v for k, v in out.items() if v is not None and v != frozenset()}

@@ -6,7 +6,7 @@ tokenised on its own and the token lists are joined, so:
 
 - a prompt made of parts ``[A, B]`` is token for token the start of one made of
   ``[A, B, C]``: the end of every part is a *boundary* where a saved KV state can be
-  reused (:meth:`pipeline.engine.generator.Engine.generate`);
+  reused (:meth:`pipeline.engine.local.Engine.generate`);
 - only the template's own markup is tokenised with special-token parsing: text from
   documents and questions never becomes control tokens, so a document holding
   ``<|im_end|><|im_start|>system`` cannot forge a turn.

@@ -32,15 +32,14 @@ class Stops:
 
 def template_stops(engine) -> Stops:
     """The chat template's end-of-turn and next-turn markers as stop tokens (and strings), plus the guard."""
-    info = getattr(engine, "info", None)
-    if not getattr(info, "chat_template", None) or not hasattr(engine, "render"):
-        return Stops(strings=TURN_GUARD)  # no template (or a generator that renders none itself)
     try:
         rendered = engine.render([{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
                                   {"role": "assistant", "content": _A}, {"role": "user", "content": _B}],
                                  add_generation_prompt=False)
     except Exception:  # noqa: BLE001 - a template that cannot render this shape: the guard still applies
         return Stops(strings=TURN_GUARD)
+    if rendered is None:
+        return Stops(strings=TURN_GUARD)  # no template (or a generator that renders none itself)
     between = rendered.partition(_A)[2].partition(_B)[0]  # e.g. "<|im_end|>\n<|im_start|>user\n"
     tokens, strings = set(), []
     for part in between.split("\n"):

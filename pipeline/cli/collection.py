@@ -217,17 +217,31 @@ class _IngestProgress:
 @click.pass_context
 @handles_errors
 def status(ctx, collection, store_path, as_json):
-    """Show what a collection holds: documents, chunks, models and the store path."""
+    """Show what a collection holds (documents, chunks, store path), then what a bug report needs:
+    versions, the llama.cpp build (instruction sets or CUDA architectures), the models with their
+    sizes and the prefix cache's size and hits."""
+    from ..system_report import system_report
+
     with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
         st = rag.status()
+        report = system_report(rag.config)
     if as_json:
-        _echo_json(st.to_dict())
+        _echo_json({**st.to_dict(), "system": report.to_dict()})
         return
     click.echo(f"store:       {_printable(st.store)}")
     if not st.exists:
         others = f" (collections here: {', '.join(st.collections)})" if st.collections else ""
         click.echo(f"collection:  {st.collection} (does not exist yet{others})")
-        return
+    else:
+        _echo_collection(st)
+    click.echo("\n" + _printable_lines(report.describe()))
+
+
+def _printable_lines(text: str) -> str:
+    return "\n".join(_printable(line) for line in text.splitlines())
+
+
+def _echo_collection(st) -> None:
     click.echo(f"collection:  {st.collection}")
     click.echo(f"documents:   {st.documents:,}")
     click.echo(f"chunks:      {st.chunks:,} ({st.tokens:,} tokens; chunk size {st.chunk_size}, overlap {st.chunk_overlap})")

@@ -8,6 +8,7 @@ import functools
 import json
 import math
 import shlex
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -116,8 +117,20 @@ def _printable(text: str) -> str:
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
+def _version(ctx: click.Context, _param, value: bool) -> None:
+    """``rag --version``: this package's and llama-cpp-python's versions (llama.cpp is not loaded)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from ..system_report import llama_cpp_python_version, rag_version
+
+    click.echo(f"rag {rag_version()} (llama-cpp-python {llama_cpp_python_version()}, "
+               f"Python {sys.version.split()[0]})")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="rag-pipeline", prog_name="rag")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Show the version of rag and of llama-cpp-python, and exit.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               envvar="RAG_CONFIG", help="TOML settings file. [env: RAG_CONFIG]")
 def cli(config_path: Path | None) -> None:

@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np  # light (~0.1 s); llama_cpp loads only with the model
 
+from .contract import EmbedderBase
 from .host import usable_cpus
 from .turns import once
 from ..errors import EngineError, ModelError
@@ -35,7 +36,7 @@ def default_threads() -> int:
     return max(1, usable_cpus() - 1)
 
 
-class Embedder:
+class Embedder(EmbedderBase):
     """A BERT-style embedding model in llama.cpp. The model loads on first use."""
 
     def __init__(self, model_path: Path, *, threads: int = 0, flash_attn: bool = True,
@@ -79,7 +80,7 @@ class Embedder:
     def pooling(self) -> str:
         """The model's own pooling ("": llama.cpp reads it) when its GGUF names one (bge pools the
         [CLS] token, Qwen3-Embedding the last one), else mean pooling."""
-        from ._gguf import read_header
+        from .gguf.header import read_header
 
         try:
             named = read_header(self.model_path, tensors=False).get("pooling_type") is not None
@@ -101,9 +102,6 @@ class Embedder:
         """Content tokens of ``text`` (no special tokens): what chunk sizes are measured in."""
         return self.llm.tokenize(text, add_bos=False, special=False)
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenize(text))
-
     def sequence(self, text: str) -> list[int]:
         """The tokens of one embedding input: [CLS] ``text`` [SEP], cut to :attr:`max_tokens` in between."""
         tokens = self.llm.tokenize(text, add_bos=True, special=False)
@@ -111,11 +109,6 @@ class Embedder:
         if len(tokens) > limit:  # the encoder would abort the process, not raise
             tokens = tokens[: limit - 1] + tokens[-1:]
         return tokens
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """L2-normalised embeddings, one row per text, in order."""
-        seqs = [self.sequence(t) for t in texts]
-        return self.embed_tokens(seqs)
 
     def embed_tokens(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
         out = np.empty((len(seqs), self.dim), dtype=np.float32)

@@ -65,7 +65,7 @@ def known_prompts(*names: str) -> Prompts:
 
 def gguf_names(path: str | Path) -> tuple[str, ...]:
     """The names a GGUF file gives its model: ``general.name``, ``general.basename``, the architecture."""
-    from ._gguf import read_header
+    from .gguf.header import read_header
 
     header = read_header(path, tensors=False)
     meta = header.metadata

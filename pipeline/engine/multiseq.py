@@ -33,19 +33,9 @@ from __future__ import annotations
 
 import codecs
 import time
-from dataclasses import dataclass
 from typing import Sequence
 
-from .stages import EngineStats
-
-
-@dataclass
-class Completion:
-    """One prompt's whole answer and its figures."""
-
-    text: str
-    stats: EngineStats
-
+from .contract import EngineStats
 
 def groups(lengths: Sequence[int], *, prefix_len: int, max_tokens: int, n_ctx: int, n_seq: int) -> list[list[int]]:
     """Indexes of prompts (of ``lengths`` tokens, all sharing ``prefix_len``) in runs that fit together:

@@ -9,18 +9,24 @@ so a thread asking in a loop could starve the others). A :class:`CancelToken`
 takes a waiting call out of the queue, and stops a running one: the engine sets
 llama.cpp's abort flag, which ends the running decode within one micro-batch. A
 stream paused between two pieces runs nothing, so closing the engine ends its turn
-from the closing thread (:class:`Revocable`) instead of waiting for it.
+from the closing thread (:class:`Revocable`) instead of waiting for it. :class:`Turns`
+puts these together for one context: who holds it, its queue, its streams, closing it.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from collections import deque
 from contextlib import contextmanager
 from functools import cached_property
-from typing import Any, Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator
 
-from ..errors import Cancelled, EngineClosed
+from ..errors import Cancelled, EngineClosed, EngineError
+
+if TYPE_CHECKING:
+    from ._llama import AbortFlag
 
 
 class CancelToken:
@@ -188,3 +194,103 @@ class Revocable:
         finally:
             self._mu.release()
         return True
+
+
+class Turns:
+    """Prompts taking turns on one llama.cpp context, and ending them all when it closes.
+
+    A turn given a cancel token and the context's :class:`~._llama.AbortFlag` sets the flag
+    when cancelled, which stops the running decode. ``closed`` is the message a stream made
+    before a close raises when it is read.
+    """
+
+    def __init__(self, *, closed: str):
+        self._closed = closed
+        self._lock = FairLock()
+        self._holder: int | None = None
+        self._cancel: CancelToken | None = None  # the running turn's cancel token
+        self._closing = False
+        self.epoch = 0  # how many times close() ran: a stream made before a close never runs after it
+        self._streams: weakref.WeakSet[Revocable] = weakref.WeakSet()  # what close() ends
+        self._streams_mu = threading.Lock()
+
+    @property
+    def queued(self) -> int:
+        """Prompts waiting for the context (the running one not included)."""
+        return self._lock.waiting
+
+    @property
+    def busy(self) -> bool:
+        """Whether a prompt holds the context now."""
+        return self._lock.locked
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the running turn was asked to stop (its cancel token, or :meth:`close`)."""
+        return self._closing or (self._cancel is not None and self._cancel.cancelled)
+
+    def stream(self, pieces: Generator[str, None, None]) -> Revocable:
+        """``pieces`` (a generator that holds a turn while it runs) as a stream :meth:`close` can end."""
+        out = Revocable(pieces, self._closed)
+        with self._streams_mu:
+            self._streams.add(out)
+        return out
+
+    @contextmanager
+    def hold(self, cancel: CancelToken | None = None, epoch: int | None = None, *,
+             flag: Callable[[], AbortFlag] | None = None) -> Iterator[None]:
+        """Hold the context: other threads wait (first come, first served); the holding thread may
+        not start a second prompt. ``cancel`` aborts what runs in the turn (through ``flag()``, the
+        context's abort flag, got once the turn is granted); a stream made before the context was
+        closed (``epoch``) never gets a turn after it."""
+        me = threading.get_ident()
+        if self._holder == me:
+            raise EngineError("this thread is still reading an earlier answer from this engine: finish it "
+                              "(or close its stream) before starting another")
+        self._lock.acquire(cancel=cancel)
+        if self._closing or (epoch is not None and epoch != self.epoch):
+            self._lock.release()
+            raise EngineClosed(self._closed)
+        self._holder, self._cancel = me, cancel
+        abort = flag() if cancel is not None and flag is not None else None
+        unregister = cancel.on_cancel(abort.set) if abort is not None else (lambda: None)
+        try:
+            yield
+        finally:
+            unregister()
+            if abort is not None and not self._closing:  # close() keeps it set until it holds the context
+                abort.clear()
+            self._holder = self._cancel = None
+            self._lock.release()
+
+    def close(self, free: Callable[[], None], *, flag: AbortFlag | None = None) -> None:
+        """End every unfinished stream (``flag``, the context's abort flag where a model is loaded, stops
+        a running decode), then call ``free`` holding the context (see :meth:`.local.Engine.close`).
+        Called from inside a running turn of this thread, it cannot wait for that turn and frees nothing."""
+        self.epoch += 1
+        self._closing = True
+        if flag is not None:
+            flag.set()
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                with self._streams_mu:
+                    streams = list(self._streams)
+                for stream in streams:
+                    stream.revoke()  # a paused one gives the context back here, in this thread
+                if self._lock.acquire(timeout=0.05):
+                    break
+                if self._holder == threading.get_ident() or time.monotonic() > deadline:
+                    return
+        finally:
+            if flag is not None:
+                flag.clear()
+            self._closing = False
+        try:
+            free()
+        finally:
+            self._lock.release()

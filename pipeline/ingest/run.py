@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..engine.stages import TextEmbedder
+from ..engine.contract import TextEmbedder
 from ..errors import LoadError, StoreError
 from ..store.catalog_sqlite import DocumentRecord
 from ..store.store import Store

@@ -32,7 +32,7 @@ The margins a plan keeps free on each device are the planner's business
 (:class:`pipeline.planner.result.Budget`). :func:`dry_run` asks llama.cpp itself (model
 param ``no_alloc``: nothing allocated) for the real KV and compute buffer sizes,
 and :func:`parse_dry_run` reads them from its log; llama.cpp is used only there (through
-:mod:`pipeline.engine._llama`, with the engine's own translation of settings).
+:func:`pipeline.engine.loading.dry_run_log`, with the engine's own translation of settings).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 from ..config import EngineConfig
 from ..errors import ConfigError
 from .hardware import HardwareProfile
-from ..engine.ggml import type_bytes
+from ..engine.gguf.ggml import type_bytes
 from .spec import LayerSpec, ModelSpec
 
 MiB = 1024**2
@@ -206,13 +206,11 @@ def parse_dry_run(log: str) -> DryRun:
 
 def dry_run(path: str | os.PathLike[str], settings: EngineConfig, *, n_threads: int = 1) -> DryRun:
     """Run llama.cpp's own dry run (model param ``no_alloc``) for ``settings`` and read the sizes it logs."""
-    from ..engine._llama import LlamaLog, load
-    from ..engine.generator import Engine, load_params
+    from ..engine.loading import dry_run_log
+    from ..engine.local import Engine
 
     engine = Engine(path, replace(settings, threads=n_threads, threads_batch=n_threads))
-    with LlamaLog(chain=False) as log:  # expert placement aside: it moves no buffer's size
-        load(path, model_params={"no_alloc": True}, **load_params(engine.settings, n_ctx=engine.n_ctx)).close()
-    result = parse_dry_run(log.text)
+    result = parse_dry_run(dry_run_log(path, engine.settings, n_ctx=engine.n_ctx))
     if not result.compute:
         raise ConfigError(f"llama.cpp's dry run of {path} logged no compute buffer size.")
     return result

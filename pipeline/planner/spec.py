@@ -4,9 +4,9 @@ A :class:`ModelSpec` holds per-layer byte counts (routed experts apart from the
 rest), the embeddings and output head, attention shapes and layer kinds (full
 attention, sliding window, recurrent). :meth:`ModelSpec.from_gguf` reads them from
 a GGUF file's header and tensor list (no weights read): the layers' kinds and shapes
-as :class:`pipeline.engine.model_info.ModelInfo` reads them, the bytes from the tensor
+as :class:`pipeline.engine.gguf.info.ModelInfo` reads them, the bytes from the tensor
 table; :meth:`ModelSpec.qwen36_35b_a3b` builds them from published shapes. The ggml
-type sizes it needs live on the engine side (:mod:`pipeline.engine.ggml`).
+type sizes it needs live on the engine side (:mod:`pipeline.engine.gguf.ggml`).
 
 Plain Python; ``gguf`` is imported only for the names of ggml types.
 """
@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..engine._gguf import ArrayInfo, read_header
-from ..engine.ggml import GGML_TYPES, type_bytes
-from ..engine.model_info import LayerKind, ModelInfo
+from ..engine.gguf.header import ArrayInfo, read_header
+from ..engine.gguf.ggml import GGML_TYPES, type_bytes
+from ..engine.gguf.info import LayerKind, ModelInfo
 from ..errors import ConfigError
 from ..engine.offload import EXPERT_PATTERN
 
@@ -288,8 +288,8 @@ def ggml_type_name(type_id: int) -> str:
 def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[tuple[str, tuple[int, ...], str]]]:
     """(metadata, tensor infos) of a GGUF file, header only, as :meth:`ModelSpec.from_metadata` takes them.
 
-    A thin adapter over :func:`pipeline.engine._gguf.read_header`: long arrays (the
-    vocabulary) are :class:`pipeline.engine._gguf.ArrayInfo` (type and length), tensor
+    A thin adapter over :func:`pipeline.engine.gguf.header.read_header`: long arrays (the
+    vocabulary) are :class:`pipeline.engine.gguf.header.ArrayInfo` (type and length), tensor
     infos are (name, shape in ggml order, ggml type name).
     """
     header = read_header(path)

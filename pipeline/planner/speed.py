@@ -48,7 +48,7 @@ from typing import Any
 from ..config import EngineConfig
 from .hardware import HardwareProfile
 from .memory import kv_cells
-from ..engine.ggml import type_bytes
+from ..engine.gguf.ggml import type_bytes
 from .spec import LayerSpec, ModelSpec
 
 #: llama.cpp's op offload copies host weights to the GPU only for micro-batches of at least this many tokens.

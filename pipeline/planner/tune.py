@@ -44,7 +44,7 @@ from ..config import EngineConfig, toml_value
 from ..errors import ConfigError, RagError
 from ..profiles import PROFILE_KEYS
 from ..engine.host import detect_ram
-from ..engine.model_info import effective_n_ctx
+from ..engine.gguf.info import effective_n_ctx
 from .hardware import GiB, HardwareProfile
 from .hardware import measure_hardware as _measure_hardware
 from .plan import UBATCHES
@@ -242,7 +242,7 @@ class TuneResult:
 
 def gpu_offload_available() -> bool:
     """Whether this llama.cpp build can offload to a GPU."""
-    from ..engine._llama import supports_gpu_offload
+    from ..engine.loading import supports_gpu_offload
 
     return supports_gpu_offload()
 
@@ -300,7 +300,8 @@ def _prompt(rng: random.Random, n_vocab: int, n: int, first: int) -> list[int]:
 def measure(model_path: Path, settings: EngineConfig, *, n_tokens: int, n_vocab: int, repeats: int = 1,
             seed: int = 0) -> tuple[list[float], float]:
     """(prefill tokens/s of each of ``repeats`` prefills of ``n_tokens`` tokens, load seconds), after a warm-up."""
-    from ..engine.generator import Engine, EngineStats
+    from ..engine.local import Engine
+    from ..engine.contract import EngineStats
 
     rng = random.Random(seed)
     warm = max(8, min(settings.n_ubatch, n_tokens // 4))

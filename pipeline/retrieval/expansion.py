@@ -28,7 +28,7 @@ DOC2QUERY_SYSTEM = "You read a passage of a manual and write the questions a use
 
 
 def generate_text(engine: Any, system: str, user: str, *, max_tokens: int) -> str:
-    """One greedy answer of ``engine`` (a :class:`~pipeline.engine.stages.TextGenerator`)."""
+    """One greedy answer of ``engine`` (a :class:`~pipeline.engine.contract.TextGenerator`)."""
     tokens = engine.tokenize(engine.chat(system, user), special=True)
     return engine.generate(tokens, max_tokens=max_tokens, temperature=0.0).read().strip()
 

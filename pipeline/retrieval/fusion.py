@@ -1,9 +1,10 @@
 """How strongly the lexical side counts, per query: the share of the query's idf weight its best hit matched.
 
 BM25 helps when a question shares rare words with the passage (a function name, a flag, an
-error code) and hurts when it shares only common ones: a paraphrased question ("how do I make
-the vertical numbers grow going down?") matches whatever chunk repeats "how", "numbers" and
-"down", and reciprocal-rank fusion gives that chunk as much weight as the dense side's best.
+error code) and hurts when it shares only common ones: a paraphrased question ("how do I change my
+engine oil?" of a manual that says "swap the lubricant of the motor") matches whatever chunk
+repeats "how do I", and reciprocal-rank fusion gives that chunk as much weight as the dense side's
+best.
 The query's words are weighed by their inverse document frequency in the collection, words the
 collection does not hold at all included (the question speaks another vocabulary than the
 text); :func:`lexical_strength` is the share of that weight the best BM25 hit contains, and

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..store.catalog_sqlite import StoredChunk
 from ..engine.embed_prompts import embed_query
-from ..engine.stages import TextEmbedder
+from ..engine.contract import TextEmbedder
 from ..store.store import Store
 
 if TYPE_CHECKING:

@@ -40,7 +40,8 @@ from ..retrieval.search import Passage
 from .outputs import JobReport, Outputs, Summary, SummaryEvent
 
 if TYPE_CHECKING:
-    from ..engine.generator import Engine, EngineStats
+    from ..engine.local import Engine
+    from ..engine.contract import EngineStats
     from ..store.catalog_sqlite import DocumentRecord
     from ..store.sections import Section
     from ..store.store import Store
@@ -215,8 +216,7 @@ class Job:
             total = sum(d.n_tokens for d in self.documents)
             done_tokens = 0
             self.progress(SummaryEvent("plan", documents=len(self.documents), tokens=total))
-            workers = getattr(self.engine, "workers", None)  # several generator servers: one worker each
-            engines = workers() if workers else []
+            engines = self.engine.workers()  # several generator servers: one worker each
             if len(engines) > 1:
                 from .spread import spread
 
@@ -450,7 +450,7 @@ class Job:
         g = self.settings
         kw = dict(max_tokens=g.max_tokens, temperature=g.temperature, repeat_penalty=g.repeat_penalty, seed=g.seed)
         first = prompts[0]
-        if len(prompts) > 1 and getattr(self.engine, "n_seq_max", 1) > 1 and \
+        if len(prompts) > 1 and self.engine.n_seq_max > 1 and \
                 all(p.prefix_tokens == first.prefix_tokens for p in prompts):
             done = self.engine.generate_many([p.tokens for p in prompts], prefix_len=len(first.prefix_tokens),
                                              boundaries=first.boundaries, **kw)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 from ..errors import InputError
 
 if TYPE_CHECKING:
-    from ..engine.generator import EngineStats
+    from ..engine.contract import EngineStats
 
 
 @dataclass

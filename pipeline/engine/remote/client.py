@@ -36,7 +36,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from ..errors import ConfigError, EngineError, redact
+from ...errors import ConfigError, EngineError, redact
 
 PREFIX = "openai:"
 

@@ -21,7 +21,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from pipeline.errors import ModelError
+from ...errors import ModelError
 
 __all__ = ["convert_bert", "read_safetensors", "source_sha256", "CONVERTER_VERSION"]
 

@@ -3,8 +3,8 @@
 One SQLite file (``index.sqlite``, WAL) per cache directory, shared by every process
 that uses the directory: each write is one transaction (``BEGIN IMMEDIATE``, one
 writer at a time). A lookup is one indexed query (``namespace = ? AND block_hash IN
-(...) AND n_tokens <= ?``) over the block hashes of :mod:`.cache_keys`, never a scan.
-Plain SQLite: the state files themselves are :mod:`.cache`'s business.
+(...) AND n_tokens <= ?``) over the block hashes of :mod:`.keys`, never a scan.
+Plain SQLite: the state files themselves are :mod:`.files`' and :mod:`.store`'s business.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
 
-from .._sqlite import connect, transaction
-from .cache_keys import FORMAT
+from ..._sqlite import connect, transaction
+from .keys import FORMAT
 
 INDEX_NAME = "index.sqlite"
 

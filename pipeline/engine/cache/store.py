@@ -1,12 +1,10 @@
 """Prefix KV states on disk: the second question about the same documents starts answering at once.
 
 A :class:`PrefixCache` is a directory holding one llama.cpp sequence-state file per
-entry (``<key>-<nonce>.state``, written through :meth:`pipeline.engine._llama.Model.save_state`)
-and an index of what each file holds (:mod:`.cache_index`, keyed as :mod:`.cache_keys`
-describes). Several processes may use one directory at the same time: index writes are
-SQLite transactions, state files are written under a temporary name and renamed into
-place, and every file name is unique, so no process ever overwrites a file another one
-may be reading.
+entry (:mod:`.files`: unique names, atomic writes, digests, durability) and an index of
+what each file holds (:mod:`.index`, keyed as :mod:`.keys` describes). Several
+processes may use one directory at the same time: index writes are SQLite
+transactions, and no process ever overwrites a file another one may be reading.
 
 Integrity
     The index records each file's size and a digest. :meth:`PrefixCache.load`
@@ -15,19 +13,6 @@ Integrity
     llama.cpp restored exactly the claimed tokens. Any failure clears the
     sequence, deletes the entry and its file, and returns False: the caller
     prefills from scratch, so a bad cache costs time, never a wrong answer.
-
-    The digest is SHA-256 over 8 MiB chunks, combined by a final SHA-256; the chunks
-    are hashed in parallel threads (hashlib releases the GIL), which pays on
-    machines with idle cores. Measured here (2 busy cores, file in the page cache)
-    on a 1000-token SmolLM2 state of 23 MB: llama.cpp's load 11 ms, the digest
-    19-30 ms, so a checked load takes about 30 ms against 16 s of prefill. The
-    check costs more than the 20% of the load once hoped for, but no cheaper full
-    check exists: reading the file once more is most of it (22-25 ms for that file
-    with no hashing at all; CRC-32 and Adler-32 measured 38-42 ms with the read),
-    and a check of sampled blocks would let flipped bytes elsewhere through, to
-    answers silently computed from a damaged KV cache. It guards against accidents
-    (truncation, files torn by a crash, bit rot, a stray edit), not against an
-    attacker, who could rewrite the index as easily as the files.
 
 Faults cost time, never an answer
     Nothing here raises during a prompt. A directory that cannot be created or used
@@ -48,12 +33,6 @@ Left-overs
     after a rebuild, and on :meth:`PrefixCache.clear`; its cost is one directory
     listing.
 
-Durability
-    State files are not fsync'ed by default (``fsync=True`` to do so): a file torn
-    by a power loss fails the size or digest check and is dropped, so fsync would
-    buy the survival of a cache entry, at a cost (tens of ms per 1000 tokens) paid
-    on the save path.
-
 What the caller guarantees
     :meth:`PrefixCache.save` saves sequence ``seq`` of a model as it is: the caller
     makes sure it holds exactly ``tokens`` at positions ``0..n-1`` (checked: the
@@ -67,25 +46,21 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import os
-import secrets
 import sqlite3
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Collection, Iterator, Sequence
 
-from ..errors import ConfigError, EngineError
-from .cache_index import INDEX_NAME, CacheIndex, Entry, is_damaged
-from .cache_keys import SHORT_BLOCK_HASH, block_hash, chain_hashes, full_hash, token_bytes
+from ...errors import ConfigError, EngineError
+from .files import check_file, is_state_file, state_name, sweep_files, write_state
+from .index import INDEX_NAME, CacheIndex, Entry, is_damaged
+from .keys import SHORT_BLOCK_HASH, block_hash, chain_hashes, full_hash, token_bytes
 
 if TYPE_CHECKING:
-    from ._llama import Model
+    from .._llama import Model
 
-STATE_SUFFIX = ".state"
-TMP_SUFFIX = ".tmp"
 LOCK_NAME = "index.lock"
 
 SWEEP_INTERVAL = 3600.0
@@ -93,29 +68,6 @@ SWEEP_INTERVAL = 3600.0
 
 _ORPHAN_AGE = 600.0  # seconds before an unindexed state or temporary file counts as left over
 _REBUILT_ORPHAN_AGE = 60.0  # after a lost index nothing old can be found again
-_CHUNK = 8 * 2**20  # bytes per chunk of the file digest
-_PARALLEL_MIN = 2 * _CHUNK  # smaller files are hashed in this thread
-
-
-def file_digest(path: str | os.PathLike[str]) -> str:
-    """SHA-256 over 8 MiB chunks, hashed in parallel, combined by SHA-256 (see the module notes)."""
-    size = os.path.getsize(path)
-    n_chunks = max(1, -(-size // _CHUNK))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        def chunk(i: int) -> bytes:
-            data = os.pread(fd, _CHUNK, i * _CHUNK)
-            return hashlib.sha256(data).digest()
-
-        workers = min(4, os.cpu_count() or 1, n_chunks)
-        if size < _PARALLEL_MIN or workers < 2:
-            digests = [chunk(i) for i in range(n_chunks)]
-        else:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                digests = list(pool.map(chunk, range(n_chunks)))
-    finally:
-        os.close(fd)
-    return "sha256x8m:" + hashlib.sha256(f"{size};".encode() + b"".join(digests)).hexdigest()
 
 
 class PrefixCache:
@@ -343,29 +295,16 @@ class PrefixCache:
             self.last_error = f"the state ({expected:,} bytes) is larger than the cache ({self.max_bytes:,})"
             return None
 
-        key = hashlib.sha256(f"{namespace}:{fh}".encode()).hexdigest()[:32]
-        name = f"{key}-{secrets.token_hex(4)}{STATE_SUFFIX}"
-        tmp = self.directory / f".{name}.{os.getpid()}{TMP_SUFFIX}"
-        final = self.directory / name
+        name = state_name(namespace, fh)
         try:
-            if not model.save_state(tmp, tokens, seq=seq):
-                self.last_error = "llama.cpp could not save the sequence state"
-                return None
-            size = tmp.stat().st_size
-            digest = file_digest(tmp)
-            if self.fsync:
-                fd = os.open(tmp, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            os.replace(tmp, final)
+            written = write_state(self.directory, name, model, tokens, seq=seq, fsync=self.fsync)
         except OSError as exc:
             self.last_error = f"could not write the state file: {exc}"
             return None
-        finally:
-            if tmp.exists():
-                self._unlink(tmp.name)
+        if written is None:
+            self.last_error = "llama.cpp could not save the sequence state"
+            return None
+        size, digest = written
 
         if size > self.max_bytes:  # it alone is over the cap: do not keep it
             self._unlink(name)
@@ -427,18 +366,9 @@ class PrefixCache:
         self.last_error = ""
         self.last_load_seconds = 0.0
         path = self._path(entry)
-        try:
-            size = path.stat().st_size
-        except OSError:
-            return self._fail(entry, None, seq, "state file missing", t0)
-        if size != entry.bytes:
-            return self._fail(entry, None, seq, f"state file has {size:,} bytes, not {entry.bytes:,}", t0)
-        try:
-            digest = file_digest(path)
-        except OSError as exc:
-            return self._fail(entry, None, seq, f"state file unreadable: {exc.strerror or exc}", t0)
-        if digest != entry.digest:
-            return self._fail(entry, None, seq, "state file checksum mismatch", t0)
+        damage = check_file(path, size=entry.bytes, digest=entry.digest)
+        if damage:
+            return self._fail(entry, None, seq, damage, t0)
         n_ctx = model.n_ctx
         if entry.n_tokens > n_ctx:  # a caller's mistake (namespace without n_ctx), not a bad entry
             self.last_error = f"the state holds {entry.n_tokens:,} tokens; the context only {n_ctx:,}"
@@ -517,7 +447,7 @@ class PrefixCache:
             self._rebuild(exc)
             n = 0
         for p in self.directory.iterdir():
-            if p.name.endswith(STATE_SUFFIX) or p.name.endswith(TMP_SUFFIX):
+            if is_state_file(p.name):
                 self._unlink(p.name)
         return n
 
@@ -529,22 +459,8 @@ class PrefixCache:
             return 0
         try:
             known = index.files()
-            removed = 0
             now = time.time()
-            present = set()
-            with os.scandir(self.directory) as it:
-                for item in it:
-                    if not (item.name.endswith(STATE_SUFFIX) or item.name.endswith(TMP_SUFFIX)):
-                        continue
-                    present.add(item.name)
-                    if item.name in known:
-                        continue
-                    try:
-                        if now - item.stat().st_mtime >= min_age:
-                            os.unlink(item.path)
-                            removed += 1
-                    except OSError:
-                        pass
+            removed, present = sweep_files(self.directory, set(known), min_age=min_age)
             gone = [i for f, i in known.items() if f not in present]
             if gone:
                 index.delete_ids(gone)
@@ -579,4 +495,4 @@ class PrefixCache:
                 "max_bytes": self.max_bytes, **st}
 
 
-__all__ = ["PrefixCache", "STATE_SUFFIX", "SWEEP_INTERVAL", "file_digest"]
+__all__ = ["PrefixCache", "SWEEP_INTERVAL"]

@@ -7,7 +7,7 @@ cells with it.
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 #: ggml type name -> (block size in values, bytes per block), as ggml defines them.
 GGML_TYPES: dict[str, tuple[int, int]] = {

@@ -12,7 +12,7 @@ Token lists are chain-hashed in blocks of :data:`BLOCK` tokens
 tokens is indexed under ``h_{n // BLOCK}`` (:data:`SHORT_BLOCK_HASH` when ``n <
 BLOCK``) and stores ``full_hash = sha256(all n tokens)``: a lookup computes the
 chain hashes of its query once and finds every candidate with one indexed query
-(:mod:`.cache_index`), then checks candidates' ``full_hash`` against its own prefix
+(:mod:`.index`), then checks candidates' ``full_hash`` against its own prefix
 of that length, longest first. Its cost grows with the query's length, not with
 the number of entries.
 """
@@ -91,7 +91,7 @@ def _binding_version() -> str:
 
         return version("llama_cpp_python")
     except Exception:  # noqa: BLE001 - not installed as a distribution
-        from ._llama import binding_version
+        from .._llama import binding_version
 
         return binding_version()
 

@@ -1,6 +1,6 @@
 """A generator on one or several OpenAI-compatible servers (``models.generator = "openai:..."``).
 
-It fulfils :class:`~pipeline.engine.stages.TextGenerator`, so asking, warming and
+It fulfils :class:`~pipeline.engine.contract.TextGenerator`, so asking, warming and
 summarising run on it unchanged. Each prompt goes to the server that owns its
 leading documents on a consistent-hash ring (:mod:`.routing`), so a server's slot
 keeps reusing the prefix it holds; when that server is down, the next one on the
@@ -21,25 +21,17 @@ import time
 from functools import cached_property
 from typing import Callable, Iterator, Sequence
 
-from .remote import RemoteRef, Retry, Server, TokenText, Transient, api_key, digest
+from .client import RemoteRef, Retry, Server, TokenText, Transient, api_key, digest
 from .routing import HashRing, route_key
-from .stages import EngineStats, Generation
-from ..errors import EngineError, redact
+from ..contract import EngineStats, Generation, GeneratorBase
+from ..turns import CancelToken
+from ..templates import FALLBACK, render_chat
+from ...errors import EngineError, redact
 
-# Chat templates for servers that do not publish theirs, by the turn markers their vocabulary has.
-_TEMPLATES = {
-    "ChatML": ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
-               "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"),
-    "Gemma": ("{% set sys = messages[0]['content'] + '\n\n' if messages[0]['role'] == 'system' else '' %}"
-              "{% for m in messages if m['role'] != 'system' %}"
-              "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else 'user') + '\n' }}"
-              "{{ (sys if loop.first else '') + m['content'] + '<end_of_turn>\n' }}{% endfor %}"
-              "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"),
-}
 _DEFAULT_N_CTX = 2048  # llama_cpp.server's own default, where a server does not say
 
 
-class RemoteGenerator:
+class RemoteGenerator(GeneratorBase):
     """Prompts → streamed answers on OpenAI-compatible servers; thread-safe (one HTTP client per server)."""
 
     def __init__(self, ref: RemoteRef, settings, remote, *, log: Callable[[str], None] | None = None):
@@ -90,7 +82,7 @@ class RemoteGenerator:
         facts = self.retry.run(probe, self.servers, what="connecting to the generator server")
         if not facts["template"]:
             family = self._template_family(facts["dialect"])
-            facts["template"] = _TEMPLATES.get(family, "")
+            facts["template"] = FALLBACK.get(family, "")
             self.notes.append(
                 "the server does not publish its chat template (llama_cpp.server does not): "
                 + (f"using the {family} template its vocabulary's control tokens point to" if family
@@ -169,12 +161,7 @@ class RemoteGenerator:
         self.texts.remember(tokens, text)
         return tokens
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenize(text))
-
     def chat(self, system: str, user: str) -> str:
-        from .generator import render_chat
-
         f = self._facts
         return render_chat(f["template"], system, user, bos=f["bos_text"], eos=f["eos_text"])
 
@@ -202,8 +189,10 @@ class RemoteGenerator:
             out.append(worker)
         return out
 
-    def _body(self, tokens: Sequence[int], *, max_tokens: int, temperature: float, repeat_penalty: float,
-              seed: int | None) -> dict:
+    def request_body(self, tokens: Sequence[int], *, max_tokens: int, temperature: float, repeat_penalty: float,
+                     seed: int | None) -> dict:
+        """The JSON body of the completion request for ``tokens``: the token ids for llama-server, else
+        the text the client remembers for them (see :class:`.client.TokenText`)."""
         if self.dialect == "llama-server":
             prompt: object = list(tokens)
         else:
@@ -224,19 +213,25 @@ class RemoteGenerator:
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 boundaries: Sequence[int] = (), stats: EngineStats | None = None) -> Generation:
-        """Stream the completion of ``tokens`` from the server that owns its prefix (see :meth:`route`)."""
+                 boundaries: Sequence[int] = (), stats: EngineStats | None = None, stop_tokens: Sequence[int] = (),
+                 progress: Callable[[int, int], None] | None = None, cancel: CancelToken | None = None) -> Generation:
+        """Stream the completion of ``tokens`` from the server that owns its prefix (see :meth:`route`).
+
+        The server ends the answer at its own end-of-generation tokens: ``stop_tokens`` are not sent
+        (stop strings still apply to the text), and the server reports no prefill ``progress``.
+        ``cancel`` ends the stream at the next piece."""
         if len(tokens) + 1 > self.n_ctx:
             raise EngineError(f"the prompt has {len(tokens):,} tokens; the server's context holds {self.n_ctx:,}")
         stats = stats or EngineStats()
         stats.prompt_tokens = len(tokens)
         seed = self.settings.seed if seed is None else seed
-        body = self._body(tokens, max_tokens=max_tokens, temperature=temperature, repeat_penalty=repeat_penalty,
-                          seed=seed)
+        body = self.request_body(tokens, max_tokens=max_tokens, temperature=temperature,
+                                 repeat_penalty=repeat_penalty, seed=seed)
         order = self.route(tokens, prefix_len=prefix_len, boundaries=boundaries)
-        return Generation(self._run(tuple(tokens), body, order, stats), stats)
+        return Generation(self._run(tuple(tokens), body, order, stats, cancel), stats)
 
-    def _run(self, tokens: tuple[int, ...], body: dict, order: list[Server], stats: EngineStats) -> Iterator[str]:
+    def _run(self, tokens: tuple[int, ...], body: dict, order: list[Server], stats: EngineStats,
+             cancel: CancelToken | None = None) -> Iterator[str]:
         from tenacity import wait_exponential
 
         backoff = wait_exponential(multiplier=0.25, max=4)
@@ -263,6 +258,8 @@ class RemoteGenerator:
                             report["finish_reason"] = choices[0]["finish_reason"]
                         if not piece:
                             continue
+                        if cancel is not None:
+                            cancel.raise_if_cancelled()
                         pieces += 1
                         if first is None:
                             first = time.perf_counter()

@@ -1,6 +1,6 @@
 """An embedder on OpenAI-compatible servers (``models.embedder = "openai:..."``).
 
-It fulfils :class:`~pipeline.engine.stages.TextEmbedder`: chunk sizes are measured in
+It fulfils :class:`~pipeline.engine.contract.TextEmbedder`: chunk sizes are measured in
 the server's own tokens (its tokenize endpoint), vectors come from ``/v1/embeddings``
 and are L2-normalised here. Requests are retried like the generator's
 (:class:`.remote.Retry`), across the listed servers in order. An encoder run by
@@ -17,14 +17,15 @@ from typing import Sequence
 
 import numpy as np
 
-from .remote import RemoteRef, Retry, Server, TokenText, api_key, digest
-from ..errors import EngineError, redact
+from ..contract import EmbedderBase
+from .client import RemoteRef, Retry, Server, TokenText, api_key, digest
+from ...errors import EngineError, redact
 
 _BATCH = 32  # inputs per request
 _PROBE = "The quick brown fox jumps over the lazy dog."
 
 
-class RemoteEmbedder:
+class RemoteEmbedder(EmbedderBase):
     def __init__(self, ref: RemoteRef, remote):
         self.ref = ref
         self.remote = remote
@@ -67,9 +68,6 @@ class RemoteEmbedder:
             tokens = tokens[:-len(tail)]
         return tokens
 
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenize(text))
-
     def sequence(self, text: str) -> list[int]:
         head, tail = self._specials
         content = self.tokenize(text)
@@ -78,9 +76,6 @@ class RemoteEmbedder:
         else:
             self.texts.remember(content, text)
         return head + content + tail
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed_tokens([self.sequence(t) for t in texts])
 
     def _inputs(self, seqs: Sequence[Sequence[int]]) -> list:
         head, tail = self._specials

@@ -4,7 +4,7 @@ attention shapes, experts, chat template.
 The one reading of a model's metadata: the generator clamps its context and sizes its
 KV cache with it, and the planner's :class:`~pipeline.planner.spec.ModelSpec` adds the
 byte counts of the tensor table to it. No weights are read
-(:func:`pipeline.engine._gguf.read_header`).
+(:func:`pipeline.engine.gguf.header.read_header`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from ._gguf import read_header
+from .header import read_header
 from .ggml import type_bytes
 
 LayerKind = Literal["full", "swa", "recurrent"]

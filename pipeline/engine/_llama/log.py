@@ -1,0 +1,109 @@
+"""llama.cpp's log, captured: every level (debug included), chained to the callback in place before."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import llama_cpp.llama_cpp as _llama_cpp_c
+
+# ggml_log_level, as ggml.h of this build defines it. (llama-cpp-python's _logger.py
+# has an older order, INFO=1 ... DEBUG=4, and so misclassifies every level.)
+LOG_NONE, LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_CONT = range(6)
+
+_OVERRIDE_LINE = re.compile(r"tensor (\S+) \((.*?)\) buffer type overridden to (\S+)")
+# One capture at a time across threads (the log callback is process-wide);
+# re-entrant so captures nest on one thread.
+_log_lock = threading.RLock()
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    level: int  # ggml_log_level; CONT pieces carry the level of the message they continue
+    text: str
+
+
+class LlamaLog:
+    """Capture llama.cpp's log while in the ``with`` block.
+
+    Every message reaches the capture, debug level included (llama.cpp filters
+    nothing before the callback). Messages are also passed on to the callback that
+    was in place (llama-cpp-python's own, which prints only when ``verbose``), so
+    the terminal behaves as it would without the capture; ``chain=False`` keeps
+    them from it. The previous callback is restored on exit.
+    """
+
+    def __init__(self, *, chain: bool = True):
+        self.chain = chain
+        self._records: list[LogRecord] = []
+        self._lock = threading.Lock()
+        self._last_level = LOG_INFO
+        self._prev_cb: Any = None
+        self._prev_ud = ctypes.c_void_p()
+        self._callback = _llama_cpp_c.llama_log_callback(self._on_log)  # referenced while installed
+
+    def _on_log(self, level: int, text: bytes | None, user_data: Any) -> None:
+        try:
+            s = (text or b"").decode("utf-8", errors="replace")
+            with self._lock:
+                resolved = self._last_level if level == LOG_CONT else level
+                self._last_level = resolved
+                self._records.append(LogRecord(resolved, s))
+            if self.chain and self._prev_cb:
+                self._prev_cb(level, text, self._prev_ud)
+        except Exception:  # never let an exception cross into C
+            pass
+
+    def __enter__(self) -> LlamaLog:
+        _log_lock.acquire()
+        try:
+            prev = _llama_cpp_c.llama_log_callback()
+            _llama_cpp_c.llama_log_get(ctypes.byref(prev), ctypes.byref(self._prev_ud))
+            self._prev_cb = prev
+            _llama_cpp_c.llama_log_set(self._callback, ctypes.c_void_p(0))
+        except BaseException:
+            _log_lock.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            # NULL restores llama.cpp's default (stderr) logger, as before any set.
+            _llama_cpp_c.llama_log_set(self._prev_cb, self._prev_ud)
+        finally:
+            _log_lock.release()
+
+    # ---- reading
+
+    @property
+    def records(self) -> list[LogRecord]:
+        with self._lock:
+            return list(self._records)
+
+    @property
+    def text(self) -> str:
+        return "".join(r.text for r in self.records)
+
+    @property
+    def lines(self) -> list[str]:
+        return self.text.splitlines()
+
+    def grep(self, pattern: str) -> list[str]:
+        """Lines where ``pattern`` is found (``re.search``)."""
+        rx = re.compile(pattern)
+        return [line for line in self.lines if rx.search(line)]
+
+    def iter_matches(self, pattern: str) -> Iterator[re.Match[str]]:
+        rx = re.compile(pattern)
+        for line in self.lines:
+            m = rx.search(line)
+            if m:
+                yield m
+
+    def overridden(self) -> dict[str, str]:
+        """Tensor name -> buffer type, from the loader's ``buffer type overridden`` lines (debug level)."""
+        return {m.group(1): m.group(3) for m in self.iter_matches(_OVERRIDE_LINE.pattern)}
