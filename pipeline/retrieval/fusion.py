@@ -42,7 +42,7 @@ def lexical_strength(stats: TermStats, matched: Iterable[str]) -> float:
     total = sum(weights.values())
     if total <= 0:
         return 0.0
-    return sum(weights[t] for t in set(matched) if t in weights) / total
+    return sum(weights[t] for t in sorted(set(matched)) if t in weights) / total  # sorted: the same float every run
 
 
 def lexical_weight(strength: float, *, floor: float, full: float) -> float:
