@@ -62,7 +62,7 @@ def main(argv=None) -> int:
                 for question, page in questions:
                     row = {"pdf": Path(pdf).name, "question": question, "page": page}
                     for mode in ("auto", "passages"):
-                        prompt = rag._prompt(question, doc=None, source=None, mode=mode, top_k=None)[0]
+                        prompt = rag.prompt(question, mode=mode)
                         pages = sorted({p for s in prompt.sources if s["source"] == pdf for p in s["pages"]})
                         row[mode] = {"cited": page in pages, "pages": pages, "packing": prompt.mode,
                                      "prompt_tokens": len(prompt.tokens)}

@@ -128,7 +128,7 @@ def ranked(rag: Pipeline, store, query: str, variant: str, mv) -> tuple[list, fl
 
 
 def _chunks(store, chunk_ids):
-    from pipeline.store.catalog_sqlite import StoredChunk
+    from pipeline.records import StoredChunk
 
     marks = ",".join("?" * len(chunk_ids))
     rows = store.catalog.db.execute(

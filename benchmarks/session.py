@@ -10,11 +10,14 @@ Pipeline as an app would; the same questions in the same order in both modes):
 
   (a) the bundled samples/ with the default model (SmolLM2-135M, default n_ctx 8192);
   (b) about 60K tokens of documents with a generated MoE model at a 64K context
-      (pipeline/dev/synthetic.py; its text is noise, its timings are real).
+      (pipeline/dev/synthetic; its text is noise, its timings are real): ``qwen3moe``, and with
+      ``--arch`` the hybrid ``qwen35moe`` (Gated DeltaNet + attention: a later question restores the
+      saved state instead of cutting memory) and ``gpt-oss`` (sliding-window layers), in the same run.
 
 Targets in auto: at least 20x for (a), at least 50x for (b).
 
-    .venv/bin/python benchmarks/session.py [--case a|b|all] [--json OUT] [--quick]
+    .venv/bin/python benchmarks/session.py [--case a|b|all] [--arch qwen3moe,qwen35moe,gpt-oss|all]
+        [--json OUT] [--quick]
 """
 
 from __future__ import annotations
@@ -121,22 +124,25 @@ def ratios(rows: list[dict]) -> dict:
             "prompt_tokens_q1": first["prompt_tokens"]}
 
 
-def run_case(name: str, work: Path, *, quick: bool) -> dict:
+ARCHS = ("qwen3moe", "qwen35moe", "gpt-oss")
+
+
+def run_case(name: str, work: Path, *, quick: bool, arch: str = "qwen3moe") -> dict:
     overrides = {"store.path": str(work / "store"), "store.collection": f"session-{name}", "ask.max_tokens": 32}
     if name == "a":
         docs, questions, target = [ROOT / "samples"], QUESTIONS_A, 20
         model = "SmolLM2-135M-Instruct (default), n_ctx 8192"
     else:
-        from pipeline.dev.synthetic import write_moe_model
+        from pipeline.dev.synthetic import write_model
 
-        path = write_moe_model(work / "moe.gguf", n_ctx_train=65536)
+        path = write_model(arch, work / f"{arch}.gguf", n_ctx_train=65536)
         overrides.update({"models.generator": str(path), "engine.n_ctx": 65536, "ask.max_tokens": 8})
         questions, target = QUESTIONS_B, 50
         with Pipeline.from_config(overrides=overrides) as probe:
             n = synthetic_corpus(work / "corpus", 20_000 if quick else 58_000,
                                  lambda t: len(probe.engine.tokenize(t)))
         docs = [work / "corpus"]
-        model = f"generated qwen3moe (4 layers, 8 experts), n_ctx 65536; corpus {n:,} tokens"
+        model = f"generated {arch} (4 layers, 8 experts), n_ctx 65536; corpus {n:,} tokens"
     if quick:
         questions = questions[:4]
     with Pipeline.from_config(overrides=overrides) as rag:
@@ -161,12 +167,19 @@ def main(argv=None) -> int:
     ap.add_argument("--case", choices=["a", "b", "all"], default="all")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quick", action="store_true", help="4 questions; a 20K-token corpus for (b)")
+    ap.add_argument("--arch", default="qwen3moe", help="case (b)'s generated models: a comma list of "
+                    f"{', '.join(ARCHS)}, or all")
     args = ap.parse_args(argv)
+    archs = list(ARCHS) if args.arch == "all" else args.arch.split(",")
+    if any(a not in ARCHS for a in archs):
+        ap.error(f"--arch takes {', '.join(ARCHS)} or all, not {args.arch!r}")
     work = Path(tempfile.mkdtemp(prefix="rag-bench-session-"))
     results = {}
     try:
         for name in (["a", "b"] if args.case == "all" else [args.case]):
-            results[name] = run_case(name, work, quick=args.quick)
+            for arch in (archs if name == "b" else ["-"]):
+                key = name if arch in ("-", "qwen3moe") else f"{name}-{arch}"
+                results[key] = run_case(key, work, quick=args.quick, arch="qwen3moe" if arch == "-" else arch)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("\n| case | mode | prompt tokens (q1) | TTFT q1 (s) | median TTFT q2-10 (s) | q1 / median | wall q1 / median |"

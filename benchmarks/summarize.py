@@ -43,7 +43,7 @@ import llama_cpp  # noqa: E402
 
 from pipeline import Pipeline
 from pipeline.ask import packing  # noqa: E402
-from pipeline.ask.prompt import section_prompt  # noqa: E402
+from pipeline.ask.prompt import SectionTokens, section_prompt  # noqa: E402
 from pipeline.engine.host import usable_cpus  # noqa: E402
 from pipeline.summarize.job import sections_of  # noqa: E402
 from prefill import BareLoop  # noqa: E402
@@ -83,8 +83,8 @@ def batched_decode(rag: Pipeline, *, sequences: Sequence[int] = (2, 4), max_toke
     with rag.store() as store:
         source = sorted(store.documents(), key=lambda s: store.documents()[s].n_tokens)[0]
         shelf = sections_of(store, source, target=rag.section_tokens)
-    layout = rag._layout
-    memo = packing.SectionTokens(engine.tokenize)
+    layout = rag.runtime.layout()
+    memo = SectionTokens(engine.tokenize)
     questions = ["Summarise the document in three sentences.", "List every command-line flag it names.",
                  "Which numbers does it give, and for what?", "Who should read it, and why?"]
     k_max = max(sequences)
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
         same = [s.text for s in resumed.result()] == summaries
         resume_wall = time.perf_counter() - t0
         assert resumed.report.units_computed == 0 and same
-        loaded = "engine" in again.__dict__ and "llm" in again.engine.__dict__
+        loaded = again.runtime.has("engine") and "llm" in again.engine.__dict__
         again.close()
 
         ratio = statistics.median(j / b for j, b in pairs)
@@ -269,13 +269,13 @@ def bare_pass(rag: Pipeline, max_tokens: int) -> tuple[float, int]:
     """The job's unique tokens through :class:`BareLoop`: each document's prompt once, then the second
     instruction after the document. Returns (prefill seconds from llama.cpp's counters, tokens)."""
     engine = rag.engine
-    memo = packing.SectionTokens(engine.tokenize)
+    memo = SectionTokens(engine.tokenize)
     with rag.store() as store:
         shelves = [sections_of(store, source, target=rag.section_tokens) for source in sorted(store.documents())]
     prompts = []
     for shelf in shelves:  # the prompts summarize builds: ask's layout, the instruction last
         packed = packing.number(shelf, shelf.sections, memo)
-        prompts.append([section_prompt(rag._layout, packed, q, tokenize=engine.tokenize, mode="whole")
+        prompts.append([section_prompt(rag.runtime.layout(), packed, q, tokenize=engine.tokenize, mode="whole")
                         for q in PROMPTS])
     cfg = dataclasses.replace(engine.settings, threads=engine.settings.threads or usable_cpus())
     bare = BareLoop(engine.model_path, cfg, n_ctx=engine.n_ctx, use_mmap=engine.use_mmap, expert_layers=[])

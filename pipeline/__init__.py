@@ -21,14 +21,14 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "Pipeline": "api", "CollectionStatus": "api",
+    "Pipeline": "api", "CollectionStatus": "collection", "AskRequest": "ask.request",
     "Answer": "ask.answer", "AnswerStream": "ask.answer", "AskStats": "ask.answer",
     "AskOptions": "ask.request", "AsyncAnswerStream": "ask.aio", "CancelToken": "concurrency",
     "PrefillProgress": "ask.progress",
     "Config": "config", "load_config": "config",
-    "Hit": "retrieval.search", "Passage": "retrieval.search",
+    "Hit": "records", "Passage": "records",
     "IngestReport": "ingest.run", "IngestEvent": "ingest.run", "FileOutcome": "ingest.run",
-    "Summary": "summarize.outputs", "SummaryEvent": "summarize.outputs", "SummaryRun": "summarize.job",
+    "Summary": "summarize.outputs", "SummaryEvent": "summarize.outputs", "SummaryRun": "summarize.run",
     "EngineStats": "engine.contract", "TextEmbedder": "engine.contract", "TextGenerator": "engine.contract",
     "RagError": "errors", "ConfigError": "errors", "InputError": "errors", "ModelError": "errors",
     "StoreError": "errors", "StoreBusyError": "errors", "EngineError": "errors", "LoadError": "errors",
@@ -39,17 +39,18 @@ __all__ = [*_EXPORTS, "__version__"]
 if TYPE_CHECKING:
     from .ask.aio import AsyncAnswerStream
     from .ask.answer import Answer, AnswerStream, AskStats
-    from .api import CollectionStatus, Pipeline
+    from .api import Pipeline
+    from .collection import CollectionStatus
     from .concurrency import CancelToken
     from .config import Config, load_config
     from .engine.contract import EngineStats, TextEmbedder, TextGenerator
     from .errors import (Cancelled, ConfigError, EngineClosed, EngineError, InputError, LoadError, ModelError,
                          RagError, StoreBusyError, StoreError)
     from .ingest.run import FileOutcome, IngestEvent, IngestReport
-    from .ask.request import AskOptions
+    from .ask.request import AskOptions, AskRequest
     from .ask.progress import PrefillProgress
-    from .retrieval.search import Hit, Passage
-    from .summarize.job import SummaryRun
+    from .records import Hit, Passage
+    from .summarize.run import SummaryRun
     from .summarize.outputs import Summary, SummaryEvent
 
 

@@ -9,7 +9,10 @@ A model reference is one of:
   is converted once into a GGUF that llama.cpp runs.
 - a path to a ``.gguf`` file;
 - ``hf:owner/repo/path/file.gguf``: downloaded once from Hugging Face (or
-  ``$HF_ENDPOINT``) into the model home, where a network exists.
+  ``$HF_ENDPOINT``) into the model home, where a network exists;
+- ``openai:http://host:port/v1#model``: no file at all, but OpenAI-compatible servers
+  (:mod:`pipeline.engine.remote`). :func:`is_server` is the one place that tells a
+  server from a model file.
 
 Everything lands under ``$RAG_HOME/models``, never inside the package.
 """
@@ -94,11 +97,18 @@ def check_gguf(path: Path, *, what: str = "model") -> Path:
     return path
 
 
+def is_server(ref: str) -> bool:
+    """Whether ``ref`` names OpenAI-compatible servers (``openai:...``) rather than a model file."""
+    from .engine.remote.client import PREFIX
+
+    return ref.strip().startswith(PREFIX)
+
+
 def resolve(ref: str, *, home: Path, fetch: bool = True, what: str = "model",
             log: Callable[[str], None] | None = None) -> Path:
     """The local GGUF path for a model reference, provisioning it first when ``fetch`` allows."""
     ref = ref.strip()
-    if ref.startswith("openai:"):
+    if is_server(ref):
         raise ModelError(f"{what} {redact(ref)} is a server (openai:), not a model file: give a GGUF here")
     if ref.startswith("builtin:"):
         return _builtin_gguf(ref[len("builtin:"):], home=home, fetch=fetch, log=log)
@@ -109,13 +119,25 @@ def resolve(ref: str, *, home: Path, fetch: bool = True, what: str = "model",
 
 def describe(ref: str, *, home: Path) -> dict[str, object]:
     """What a reference points to and whether it is ready, without fetching anything."""
-    if ref.strip().startswith("openai:"):
+    if is_server(ref):
         return {"ref": redact(ref), "path": None, "ready": True, "server": True}
     try:
         path = resolve(ref, home=home, fetch=False)
         return {"ref": ref, "path": str(path), "ready": True, "bytes": path.stat().st_size}
     except ModelError as exc:
         return {"ref": ref, "path": None, "ready": False, "reason": str(exc)}
+
+
+def pull(refs: dict[str, str], *, home: Path, log: Callable[[str], None] | None = None) -> dict[str, str]:
+    """Provision the models ``refs`` names per role (download, convert) and return their local paths
+    (a server's reference, redacted, says there is nothing to pull)."""
+    out = {}
+    for role, ref in refs.items():
+        if is_server(ref):
+            out[role] = redact(ref) + "  (a server: nothing to pull)"
+            continue
+        out[role] = str(resolve(ref, home=home, what=role, log=log))
+    return out
 
 
 def present(home: Path) -> list[dict[str, object]]:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .config import PLANNED_KEYS, Config, EngineConfig, _apply, read_toml
+from .config import PLANNED_KEYS, Config, EngineConfig, apply_settings, read_toml
 
 #: The ``[engine]`` keys a tuned profile sets (the context is part of the profile's name instead).
 PROFILE_KEYS = tuple(k for k in PLANNED_KEYS if k != "n_ctx")
@@ -45,7 +45,7 @@ def read_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
         section, _, name = key.partition(".")
         if section != "engine" or name not in known:
             raise ConfigError(f"{path}: a tuned profile holds only [engine] settings, not {key!r}")
-    _apply(Config(), values, origin=str(path), from_text=False)  # the types, key by key
+    apply_settings(Config(), values, origin=str(path))  # the types, key by key
     return values
 
 

@@ -65,7 +65,7 @@ def test_an_invented_turn_ends_the_answer_and_the_decode(fake_pipeline):
     answer = rag.ask("Where do zebras live?")
     assert answer.text == "You asked: Where do zebras live?"
     assert answer.stats.decode_tokens < 12  # stopped at the invented turn, not after 20 of them
-    rag.__dict__["stops"] = Stops()
+    rag.runtime.stops = Stops()
     assert "Question: more?" in rag.ask("Where do zebras live?").text  # what the guard prevents
 
 

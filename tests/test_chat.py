@@ -6,6 +6,7 @@ import json
 
 from click.testing import CliRunner
 
+from pipeline.ask import flow
 from pipeline.ask.chat import condense, transcript
 from pipeline.cli import cli
 
@@ -56,7 +57,7 @@ def test_cli_ask_chat_continues_a_conversation(store_dir, corpus, tmp_path, monk
     assert bad.exit_code == 2 and "invalid chat id" in bad.output
 
 
-def test_a_follow_up_retrieves_with_the_condensed_query(fake_pipeline, tmp_path):
+def test_a_follow_up_retrieves_with_the_condensed_query(fake_pipeline, tmp_path, monkeypatch):
     """Retrieval sees the earlier question with the follow-up (a bare "And how is it invalidated?"
     names nothing to find)."""
     (tmp_path / "a.md").write_text("# Cache\n\nThe prefix cache is keyed by a hash of the tokens.\n")
@@ -64,13 +65,13 @@ def test_a_follow_up_retrieves_with_the_condensed_query(fake_pipeline, tmp_path)
     rag = fake_pipeline()
     rag.ingest([tmp_path])
     queries = []
-    real = rag._search
+    real = flow.retrieve
 
-    def spy(store, query, **kw):
+    def spy(rt, store, query, **kw):
         queries.append(query)
-        return real(store, query, **kw)
+        return real(rt, store, query, **kw)
 
-    rag._search = spy
+    monkeypatch.setattr(flow, "retrieve", spy)
     first = rag.chat("How is the prefix cache keyed?", chat_id="c")
     queries.clear()
     follow = rag.chat("And how is it invalidated?", chat_id="c")

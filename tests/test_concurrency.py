@@ -234,7 +234,7 @@ def test_an_engine_pool_answers_concurrent_questions_identically(make_pipeline, 
     for th in threads:
         th.join(600)
     assert len(out) == 8 and all(text == expected[q] for q, text in out.values())
-    assert len(rag._pool.engines) == 2  # the second engine was loaded while the first was busy
+    assert len(rag.runtime.pool.engines) == 2  # the second engine was loaded while the first was busy
 
 
 def test_close_while_a_stream_runs_stops_it_instead_of_freeing_the_model_under_it(make_pipeline, ingested):
@@ -372,7 +372,7 @@ def test_an_engine_pool_routes_a_question_to_the_engine_holding_its_documents(ma
     assert second.result().text  # answered by a second engine, loaded for it
     rest = "".join(it)
     assert first.answer is not None and rest is not None
-    a, b = rag._pool.engines
+    a, b = rag.runtime.pool.engines
     assert a is not b
     again = rag.ask("Which client runs Chroma as a server?", doc=ingested / "notes.txt")
     assert again.stats.cached_tokens >= len(second.prompt.prefix_tokens) > 0  # notes.txt's prefix, reused

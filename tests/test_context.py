@@ -6,8 +6,8 @@ import pytest
 
 from pipeline.ask.prompt import pack
 from pipeline.errors import EngineError
-from pipeline.retrieval.search import Passage, merge_chunks
-from pipeline.store.catalog_sqlite import StoredChunk
+from pipeline.records import Passage, StoredChunk
+from pipeline.retrieval.search import merge_chunks
 
 
 def words(text: str, *, special: bool = False) -> list[int]:

@@ -104,7 +104,7 @@ def test_without_contextual_chunks_the_heading_word_finds_only_its_own_chunk(mak
 
 
 def test_a_version_1_catalog_gains_the_context_column_and_keeps_its_index(tmp_path):
-    from pipeline.store.catalog_sqlite import Catalog
+    from pipeline.store.catalog_sqlite import SQLiteCatalog
     from pipeline.store.schema import SCHEMA_VERSION
 
     path = tmp_path / "catalog.sqlite"
@@ -116,7 +116,7 @@ def test_a_version_1_catalog_gains_the_context_column_and_keeps_its_index(tmp_pa
         INSERT INTO chunks VALUES (1, 'c1', 'default', '/d/a.md', 'h', 0, NULL, 0, 10, 3, 'old potassium text');
     """)
     db.close()
-    catalog = Catalog(path)
+    catalog = SQLiteCatalog(path)
     try:
         assert [c.chunk_id for c, _ in catalog.search("default", "potassium", limit=5)] == ["c1"]
         assert catalog.db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == (str(SCHEMA_VERSION),)
@@ -125,7 +125,7 @@ def test_a_version_1_catalog_gains_the_context_column_and_keeps_its_index(tmp_pa
         assert catalog.db.execute("INSERT INTO chunks_fts(chunks_fts) VALUES ('integrity-check')") is not None
     finally:
         catalog.close()
-    Catalog(path).close()  # opening again migrates nothing
+    SQLiteCatalog(path).close()  # opening again migrates nothing
 
 
 def test_contextual_setting_is_typed(make_pipeline):

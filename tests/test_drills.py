@@ -32,6 +32,12 @@ HOLDS = [
     "files.fifo", "files.symlink-loop", "files.outside-link", "files.gzip", "files.utf16-no-bom",
     "files.control-tokens", "cache.corrupt-index", "cache.path-is-file",
     "config.args.collection-space", "config.args.collection-short", "config.args.collection-newline",
+    # rag serve, summarize and the settings that arrived with them
+    "config.args.ask-invalid-utf8", "config.args.search-json-invalid-utf8", "config.args.chat-id-newline",
+    "config.args.config-not-utf8", "config.args.config-dev-zero", "config.env.engine-threads-10000",
+    "config.args.serve-off-loopback", "config.env.serve-allow-missing",
+    "http.ingest-missing", "http.ingest-symlink-file", "http.host-rebound", "http.text-plain", "http.deep-json",
+    "summarize.prompt-file-dev-zero",
 ]
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from fakes import EchoGenerator, HashEmbedder
 from pipeline.engine.contract import Generation
-from pipeline.retrieval.expansion import hyde_query, questions_for
+from pipeline.ingest.doc2query import questions_for
+from pipeline.retrieval.expansion import hyde_query
 
 
 class ScriptedGenerator(EchoGenerator):

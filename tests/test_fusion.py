@@ -97,8 +97,10 @@ def shelf(tmp_path, fake_pipeline):
 
 
 def top(rag, query: str, **changes) -> str:
+    from pipeline.retrieval.search import retrieve
+
     with rag.store(create=False) as store:
-        hits = rag._search(store, query, top_k=5, **changes)
+        hits = retrieve(rag.runtime, store, query, top_k=5, **changes)
     return Path(hits[0].source).name
 
 

@@ -358,9 +358,9 @@ def test_files_over_the_size_limit_are_reported(store_dir, docs, monkeypatch):
 
 
 def test_progress_is_reported_in_tokens_without_a_terminal(store_dir, docs, monkeypatch):
-    from pipeline.cli import _IngestProgress
+    from pipeline.cli.collection import IngestProgress
 
-    monkeypatch.setattr(_IngestProgress, "every", 0.0)
+    monkeypatch.setattr(IngestProgress, "every", 0.0)
     write(docs / "long.md", "\n\n".join(f"Paragraph {i}: capybaras are the largest rodents." for i in range(400)))
     result = CliRunner().invoke(cli, ["ingest", str(docs), "--json"], catch_exceptions=False)
     assert result.exit_code == 0

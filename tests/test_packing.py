@@ -62,7 +62,7 @@ def test_ten_questions_over_a_collection_that_fits_reuse_the_prefix_and_answer_a
     # Greedy answers equal those of runs with no cache and nothing in memory, token for token.
     plain = make_pipeline(engine__n_ctx=1024, ask__max_tokens=6, cache__enabled=False)
     for q, a in zip(QUESTIONS, answers):
-        if "engine" in plain.__dict__:
+        if plain.runtime.has("engine"):
             plain.engine.reset()  # forget the previous question's KV cache: a cold run each time
         uncached = plain.ask(q)
         assert uncached.stats.cached_tokens == 0 and uncached.text == a.text, q
@@ -71,7 +71,7 @@ def test_ten_questions_over_a_collection_that_fits_reuse_the_prefix_and_answer_a
 def test_pages_are_marked_and_sources_cite_the_page_that_matched(make_pipeline, corpus):
     make_pipeline().ingest([corpus])
     rag = make_pipeline(engine__n_ctx=1024, ask__max_tokens=4)
-    prompt = rag._prompt("Which fruit is rich in potassium?", doc=None, source=None, mode=None, top_k=3)[0]
+    prompt = rag.prompt("Which fruit is rich in potassium?", top_k=3)
     n = next(p.n for p in prompt.sections if p.section.source.endswith("manual.pdf"))
     assert f"[{n}, p. 2] Page two explains that bananas" in prompt.prefix
     answer = rag.ask("Which fruit is rich in potassium?", top_k=3)
@@ -82,7 +82,7 @@ def test_pages_are_marked_and_sources_cite_the_page_that_matched(make_pipeline, 
 
 def boundaries(rag, stats) -> list[int]:
     """Where each packed section ends in the prompt, from the stats alone."""
-    out, at = [], len(rag._layout.head_tokens)
+    out, at = [], len(rag.runtime.layout().head_tokens)
     for x in stats.sections:
         at += x["tokens"]
         out.append(at)
@@ -135,7 +135,7 @@ def test_a_collection_larger_than_the_context_reuses_the_longest_cached_section_
     # A question elsewhere in the collection packs other sections and says why reuse was lost.
     far = make_pipeline(**s).ask("Which cable has code CAB-020?")
     assert any(x["source"].endswith("d-cables.md") for x in far.stats.sections)
-    assert far.stats.cached_tokens < len(rag._layout.head_tokens) + sum(x["tokens"] for x in far.stats.sections)
+    assert far.stats.cached_tokens < len(rag.runtime.layout().head_tokens) + sum(x["tokens"] for x in far.stats.sections)
     assert "other sections than the last pack" in far.stats.reuse_lost
 
 
@@ -160,7 +160,7 @@ def test_a_changed_document_is_never_reused_and_a_removed_one_leaves_every_prefi
     assert "b.md changed" in st.reuse_lost
     new_b = [x for x in st.sections if x["source"].endswith("b.md")]
     assert new_b and new_b != old_b
-    prompt = rag._prompt("What does valve unit 2 report?", doc=None, source=None, mode=None, top_k=None)[0]
+    prompt = rag.prompt("What does valve unit 2 report?")
     assert "Paragraph 6 of the valve manual" in prompt.prefix  # the new version
 
     (docs / "c.md").unlink()
@@ -168,7 +168,7 @@ def test_a_changed_document_is_never_reused_and_a_removed_one_leaves_every_prefi
     rag = make_pipeline(**s)
     answer = rag.ask("What does sensor unit 2 report?")
     assert not any(x["source"].endswith("c.md") for x in answer.stats.sections)
-    prompt = rag._prompt("What does sensor unit 2 report?", doc=None, source=None, mode=None, top_k=None)[0]
+    prompt = rag.prompt("What does sensor unit 2 report?")
     assert "sensor manual" not in prompt.prefix
     warmed = rag.warm()
     assert warmed["mode"] == "whole" and warmed["prefixes"][0]["documents"] == 2
@@ -225,13 +225,13 @@ def test_the_generator_loads_only_after_the_store_is_released(make_pipeline, cor
     from pipeline.store.lock import StoreLock
 
     make_pipeline().ingest([corpus])
-    rag = make_pipeline(engine__n_ctx=1024, ask__max_tokens=2)
+    store_path = make_pipeline().config.store_path
     held = []
     real = local.Engine.llm.func
 
     def load(self):
         try:
-            with StoreLock(rag.config.store_path, wait=0):
+            with StoreLock(store_path, wait=0):
                 held.append(False)
         except Exception:  # noqa: BLE001 - the lock is held by this very ask
             held.append(True)
@@ -239,11 +239,8 @@ def test_the_generator_loads_only_after_the_store_is_released(make_pipeline, cor
 
     monkeypatch.setattr(local.Engine, "llm", local.cached_property(load))
     local.Engine.llm.__set_name__(local.Engine, "llm")
-    for mode in ("auto", "passages"):
-        rag.__dict__.pop("engine", None)
-        rag.__dict__.pop("_layout", None)
-        rag.__dict__.pop("_section_tokens", None)
-        rag.ask("What does --n-cpu-moe do?", mode=mode)
+    for mode in ("auto", "passages"):  # a fresh pipeline each time: its generator loads during this ask
+        make_pipeline(engine__n_ctx=1024, ask__max_tokens=2).ask("What does --n-cpu-moe do?", mode=mode)
     assert held == [False, False]
 
 
@@ -265,7 +262,7 @@ def test_document_and_question_text_cannot_inject_control_tokens(model_home, mod
     from pipeline.ask.prompt import Layout, pack
     from pipeline.engine.local import Engine
     from pipeline.models import resolve
-    from pipeline.retrieval.search import Passage
+    from pipeline.records import Passage
 
     eng = Engine(resolve(model, home=model_home), EngineConfig(n_ctx=1024, threads=1))
     markers = ["<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "<|endoftext|>", "<eos>", "<bos>"]

@@ -77,15 +77,16 @@ def test_a_connection_the_server_ended_is_replaced_on_checkout(fake_pipeline, pg
 def test_locks_and_transactions_stay_per_operation(pg_url):
     import psycopg
 
-    from pipeline.store.catalog_pg import PostgresCatalog, _key
+    from pipeline.store.catalog_pg import PostgresCatalog
+    from pipeline.store.pg_pool import advisory_key
 
     catalog = PostgresCatalog(pg_url)
     pid = catalog.conn.info.backend_pid
-    catalog._run("SELECT pg_advisory_lock(%s)", (_key("left", "behind"),))  # as an operation that failed half-way
+    catalog._run("SELECT pg_advisory_lock(%s)", (advisory_key("left", "behind"),))  # as an operation that failed half-way
     catalog.conn.execute("BEGIN")
     catalog.close()
     with psycopg.connect(pg_url, autocommit=True) as other:  # the lock went with the operation
-        assert other.execute("SELECT pg_try_advisory_lock(%s)", (_key("left", "behind"),)).fetchone()[0]
+        assert other.execute("SELECT pg_try_advisory_lock(%s)", (advisory_key("left", "behind"),)).fetchone()[0]
     again = PostgresCatalog(pg_url)
     try:
         assert again.conn.info.backend_pid == pid  # the same connection, cleaned

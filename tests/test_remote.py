@@ -371,7 +371,7 @@ def test_llama_server_dialect_sends_tokens_with_cache_prompt_and_reports_its_cac
 
 
 def test_a_summarisation_job_over_two_servers_completes_every_unit_once(gen_model, tmp_path, make_pipeline, corpus):
-    from pipeline.summarize.jobstore import JobStore
+    from pipeline.summarize.jobstore import SQLiteJobStore
 
     with LlamaServer(gen_model, tmp_path, alias="smol") as a, LlamaServer(gen_model, tmp_path, alias="smol") as b:
         rag = make_pipeline(models__generator=f"openai:{a.url},{b.url}#smol", engine__n_ctx=2048,
@@ -382,7 +382,7 @@ def test_a_summarisation_job_over_two_servers_completes_every_unit_once(gen_mode
         report = run.report
         assert summaries and all(s.ok and s.text for s in summaries), [s.error for s in summaries]
         assert len({s.source for s in summaries}) == len(summaries)  # each document once
-        with JobStore(rag.config.store_path / "jobs.sqlite") as jobs:
+        with SQLiteJobStore(rag.config.store_path / "jobs.sqlite") as jobs:
             units = jobs.db.execute("SELECT COUNT(*) FROM units").fetchone()[0]
             claims = jobs.claims(report.job_id)
         # Every unit once: computed once, committed once, one completion each (no stream was cut and redone).

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.retrieval.rerank import ScoreRerank, make_reranker, minmax
 from pipeline.retrieval.search import rrf
-from pipeline.store.catalog_sqlite import StoredChunk
+from pipeline.records import StoredChunk
 
 
 def chunk(name: str, index: int) -> StoredChunk:

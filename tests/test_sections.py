@@ -7,9 +7,10 @@ from types import SimpleNamespace
 from pipeline.ask.prompt import Layout
 from pipeline.engine.reuse import ReusePolicy
 from pipeline.ingest.sections import cut, target_tokens
-from pipeline.ask.packing import PackHistory, SectionTokens, Shelf, plan, reuse_note
-from pipeline.retrieval.search import Hit
-from pipeline.store.catalog_sqlite import DocumentRecord
+from pipeline.ask.history import PackHistory, reuse_note
+from pipeline.ask.packing import Shelf, plan
+from pipeline.ask.prompt import SectionTokens
+from pipeline.records import DocumentRecord, Hit
 
 
 def words(text: str, *, special: bool = False) -> list[int]:
@@ -45,7 +46,7 @@ def test_states_are_saved_at_the_prefix_and_a_bounded_spread_of_boundaries():
 
 
 def _shelf(n_docs=4, per_doc=3, words_per=60):
-    from pipeline.store.sections import Section
+    from pipeline.records import Section
 
     sections, segments, docs = [], {}, {}
     for d in range(n_docs):

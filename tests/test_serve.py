@@ -70,7 +70,7 @@ def server(tmp_path_factory, model_home):
     rag = [sys.executable, "-m", "pipeline"]
     subprocess.run(rag + ["ingest", str(docs)], env=env, check=True, capture_output=True, timeout=600)
     port = _free_port()
-    proc = subprocess.Popen(rag + ["serve", "--port", str(port), "--max-body", "4096"], env=env,
+    proc = subprocess.Popen(rag + ["serve", "--port", str(port), "--max-body", "4096", "--allow", str(root)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -189,6 +189,7 @@ def test_bad_requests_get_4xx_json(server, case):
         "missing-path": lambda: _http(base + "/ingest", data={"paths": ["/does/not/exist"]}),
         "empty-query": lambda: _http(base + "/search", data={"query": "  "}),
     }[case]()
-    expected = {"no-token": 401, "too-large": 413, "unknown-path": 404, "wrong-method": 405}.get(case, 400)
+    expected = {"no-token": 401, "too-large": 413, "unknown-path": 404, "wrong-method": 405,
+                "missing-path": 403}.get(case, 400)
     assert code == expected, body
     assert isinstance(body["error"]["message"], str) and body["error"]["message"]

@@ -9,9 +9,9 @@ import pytest
 from servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 from pipeline.errors import StoreBusyError, StoreError
-from pipeline.ingest.chunking import Chunk
-from pipeline.store.catalog_sqlite import DocumentRecord
+from pipeline.retrieval.search import retrieve
 from pipeline.store.store import Store
+from pipeline.records import Chunk, DocumentRecord
 
 # Real servers (chroma run, a PostgreSQL cluster) and real processes: not the fakes-only fast subset.
 pytestmark = pytest.mark.slow
@@ -64,9 +64,8 @@ def test_vectors_live_in_the_chroma_server(fake_pipeline, corpus, chroma_url, tm
     assert server.get_collection("default").count() == report.chunks
     hits = rag.search("ERR_SOCKET_ZX81")
     assert hits and hits[0].source.endswith("notes.txt")
-    dense_only = rag._search  # the dense side alone, through the server
-    with rag.store(create=False) as store:
-        found = dense_only(store, "Chroma server HttpClient", top_k=3, lexical=False)
+    with rag.store(create=False) as store:  # the dense side alone, through the server
+        found = retrieve(rag.runtime, store, "Chroma server HttpClient", top_k=3, lexical=False)
     assert found and all(h.source.startswith(str(corpus)) for h in found)
 
 

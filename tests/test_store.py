@@ -7,8 +7,7 @@ def test_writes_are_split_to_chromas_batch_limit(tmp_path):
     """A document with more chunks than Chroma accepts in one call is written in pieces, then committed."""
     import numpy as np
 
-    from pipeline.store.catalog_sqlite import DocumentRecord
-    from pipeline.ingest.chunking import Chunk
+    from pipeline.records import Chunk, DocumentRecord
     from pipeline.store.store import Store
 
     with Store(tmp_path / "store", "big") as store:

@@ -17,11 +17,12 @@ from types import SimpleNamespace
 from click.testing import CliRunner
 
 from pipeline.ask import packing
+from pipeline.ask.prompt import layout_reserve
 from pipeline.cli import cli
 from pipeline.engine.contract import EngineStats, GeneratorBase
-from pipeline.summarize.jobstore import JobStore
+from pipeline.summarize.jobstore import SQLiteJobStore
 from pipeline.store import sections as section_rows
-from pipeline.store.catalog_sqlite import DocumentRecord, StoredChunk
+from pipeline.records import DocumentRecord, StoredChunk
 from pipeline.summarize.job import Job, Settings
 from pipeline.summarize.outputs import output_names
 
@@ -129,7 +130,7 @@ def fake_job(tmp_path, docs: dict[str, list[str]], *, n_ctx: int, prompts=("Summ
         yield store
 
     engine = engine or FakeEngine(n_ctx)
-    jobs = JobStore(tmp_path / "jobs.sqlite")
+    jobs = SQLiteJobStore(tmp_path / "jobs.sqlite")
     settings = Settings(max_tokens=max_tokens, temperature=0.0, repeat_penalty=1.0, seed=0, system="Be brief.",
                         reserve=reserve)
     job = Job(engine=engine, jobs=jobs, open_store=open_store, collection="c", documents=list(catalog.docs.values()),
@@ -163,10 +164,10 @@ def test_ask_and_summarize_decide_the_layout_with_one_reserve(tmp_path):
     # summarize.max_tokens): with the one reserve, a document ``ask`` packs whole is summarised whole,
     # one it packs in sections goes map-reduce, whatever answer length a call asks for.
     n_ctx, ask_max, summarize_max = 400, 4, 40
-    reserve = packing.layout_reserve(n_ctx, ask_max, summarize_max)
-    assert reserve == summarize_max and packing.layout_reserve(n_ctx, ask_max, summarize_max, 1) == reserve
-    assert packing.layout_reserve(120, ask_max, summarize_max) == 30  # at most a quarter of the context
-    assert packing.layout_reserve(n_ctx, ask_max, summarize_max, 90) == 90  # a longer call holds back its own
+    reserve = layout_reserve(n_ctx, ask_max, summarize_max)
+    assert reserve == summarize_max and layout_reserve(n_ctx, ask_max, summarize_max, 1) == reserve
+    assert layout_reserve(120, ask_max, summarize_max) == 30  # at most a quarter of the context
+    assert layout_reserve(n_ctx, ask_max, summarize_max, 90) == 90  # a longer call holds back its own
     new, old = [], []
     for n in range(9, 16):
         job, jobs, engine = fake_job(tmp_path / str(n), {"/d/a.txt": doc_chunks(n)}, n_ctx=n_ctx,
@@ -232,8 +233,8 @@ def test_units_decoded_together_are_committed_together(tmp_path, monkeypatch):
     # A kill between two units of one group must not leave half a group done: a resumed job would
     # then decode fewer sequences together, and on several threads that may change greedy output.
     commits: list[int] = []
-    real = JobStore.commit_units
-    monkeypatch.setattr(JobStore, "commit_units", lambda self, rows: (commits.append(len(rows)), real(self, rows)))
+    real = SQLiteJobStore.commit_units
+    monkeypatch.setattr(SQLiteJobStore, "commit_units", lambda self, rows: (commits.append(len(rows)), real(self, rows)))
     job, jobs, multi = fake_job(tmp_path, {"/d/short.txt": doc_chunks(2)}, n_ctx=200, prompts=("One.", "Two."),
                                 engine=FakeMultiEngine(200))
     with jobs:
@@ -302,13 +303,13 @@ FAST = {"engine__n_ctx": 1024, "cache__min_tokens": 16}
 
 def _ask_prompt(rag, doc: Path, instruction: str):
     """The prompt ``rag ask --doc`` builds for ``doc`` with ``instruction`` as its question (auto mode)."""
-    prompt, _, _ = rag._prompt(instruction, doc=str(doc.resolve()), source=None, mode="auto", top_k=None)
+    prompt = rag.prompt(instruction, doc=str(doc.resolve()), mode="auto")
     return prompt
 
 
 def _suffix(rag, instruction: str) -> int:
     """Tokens of a summary prompt after the document: the instruction and the template's tail."""
-    return len(rag._layout.suffix(instruction, rag.engine.tokenize))
+    return len(rag.runtime.layout().suffix(instruction, rag.engine.tokenize))
 
 
 def test_two_prompts_prefill_the_document_once(make_pipeline, corpus, tmp_path):
@@ -436,8 +437,8 @@ def _old_edges(rag, doc: Path) -> tuple[int, int, int]:
 
     with rag.store(create=False) as store:
         shelf = p.gather(store, sources=[str(doc.resolve())], target=rag.section_tokens, fetch_tokens=2**62)
-    tokens = sum(len(s.tokens) for s in p.number(shelf, shelf.sections, rag._section_tokens))
-    layout, n_ctx = rag._layout, rag.engine.n_ctx
+    tokens = sum(len(s.tokens) for s in p.number(shelf, shelf.sections, rag.runtime.section_memo))
+    layout, n_ctx = rag.runtime.layout(), rag.engine.n_ctx
     ask_edge = layout.budget(n_ctx=n_ctx, reserve=16, suffix_tokens=0)
     summary_edge = layout.budget(n_ctx=n_ctx, reserve=96, suffix_tokens=_suffix(rag, rag.config.summarize.prompt))
     return tokens, ask_edge, summary_edge
@@ -472,7 +473,7 @@ def test_a_document_between_the_old_edges_is_laid_out_alike_and_reused_both_ways
     pack = _ask_prompt(fresh, other, question)
     assert later.method == "map-reduce" and later.units_computed == 3  # two runs and the reduce step
     # the first run is the question's pack, restored from disk (a later step reuses the template's head)
-    assert later.cached_tokens == len(pack.prefix_tokens) + len(fresh._layout.head_tokens)
+    assert later.cached_tokens == len(pack.prefix_tokens) + len(fresh.runtime.layout().head_tokens)
 
 
 def test_after_warm_for_summaries_every_summary_prefills_only_its_instruction(make_pipeline, corpus, tmp_path,

@@ -1,6 +1,6 @@
 """``kill -9`` a real ``rag summarize`` mid-map, mid-reduce and between documents; rerun; same output.
 
-The job runner's test hook (``RAG_TEST_KILL_AFTER_COMMITS=N``, see :mod:`pipeline.summarize.jobstore`)
+The job runner's crash point (``RAG_TEST_KILL_AFTER_COMMITS=N``, see :mod:`pipeline._testhooks`)
 makes the process SIGKILL itself right after its Nth commit, so each kill lands at an
 exact point of the job. Every rerun must add exactly the commits that were missing
 (nothing finished is recomputed) and the final files must be byte-identical to those
@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.summarize.jobstore import KILL_HOOK
+KILL_HOOK = "RAG_TEST_KILL_AFTER_COMMITS"  # the crash point after each committed unit or result
 
 # A small context so that the long document needs several sections; chunks small enough to fit one.
 N_CTX = 224

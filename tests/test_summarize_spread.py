@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pipeline.summarize.jobstore import JobStore
+from pipeline.summarize.jobstore import SQLiteJobStore
 from pipeline.summarize.spread import spread
 
 from servers import pg_cluster, pg_url  # noqa: F401  (fixtures, for the PostgreSQL job store)
@@ -66,12 +66,25 @@ def job_stores(request, tmp_path):
     (a fresh database in the cluster of ``servers.py``)."""
     if request.param == "sqlite":
         path = tmp_path / "jobs.sqlite"
-        JobStore(path).close()
-        return lambda: JobStore(path)
+        SQLiteJobStore(path).close()
+        return lambda: SQLiteJobStore(path)
     from pipeline.summarize.jobstore_pg import PostgresJobStore
 
     url = request.getfixturevalue("pg_url")
     return lambda: PostgresJobStore(url)
+
+
+def test_units_decoded_together_commit_together_on_each_backend(job_stores):
+    """``commit_units`` is one transaction on both job stores (units decoded together are finished together)."""
+    from pipeline.summarize.jobstore import Unit
+
+    rows = [(Unit(f"u{i}", "map", f"text {i}\x00", 10, 8, 2, 0.5), "doc", "prompt", f"[{i}]") for i in range(3)]
+    with job_stores() as jobs:
+        jobs.commit_units(rows)
+        assert jobs.units_done("doc", "prompt") == 3
+        assert jobs.unit("u1").text.startswith("text 1") and jobs.unit("u1").decode_tokens == 2
+        jobs.commit_units(rows[:1])  # committing the same unit again replaces it
+        assert jobs.units_done("doc", "prompt") == 3
 
 
 def test_claims_give_each_item_to_one_worker(job_stores):

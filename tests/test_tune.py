@@ -19,7 +19,8 @@ from pipeline.planner.memory import memory
 from pipeline.models import file_identity
 from pipeline.planner.result import Budget
 from pipeline.planner.spec import ModelSpec
-from pipeline.planner.tune import TuneEvent, fit_cpu_curve, tune
+from pipeline.planner.measure import fit_cpu_curve
+from pipeline.planner.tune import TuneEvent, tune
 from pipeline.profiles import PROFILE_KEYS, profile_path, read_profile, tuned_engine, tuned_settings, write_profile
 
 N_CTX, N_TOKENS = 2048, 512

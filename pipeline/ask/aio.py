@@ -1,7 +1,7 @@
 """The pipeline from asyncio: answers and streams that never block the event loop.
 
 Each call runs in a thread of its own (retrieval and packing, then generation in the
-engine's FIFO queue; see :mod:`.concurrency`), and pieces come back to the loop with
+engine's FIFO queue; see :mod:`pipeline.concurrency`), and pieces come back to the loop with
 ``call_soon_threadsafe``. A dedicated thread per stream, not the loop's default
 executor: streams wait for the engine for as long as the queue is, and eight of them
 would exhaust a small executor that other work needs.
@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..concurrency import CancelToken
 from ..errors import Cancelled, EngineClosed
 
 if TYPE_CHECKING:
     from .answer import Answer, AnswerStream
-
-# Pipeline is named in strings only: api imports this module, so importing api here would make the two one.
-
 
 class AsyncAnswerStream:
     """``async for piece in stream``; then ``stream.answer``. Created by :meth:`Pipeline.aask_stream`."""
@@ -118,13 +115,10 @@ class AsyncAnswerStream:
         return self.answer
 
 
-async def aask(rag: "Pipeline", question: str, **options: Any) -> "Answer":
-    """The answer to ``question``; cancelling the awaiting task cancels the call."""
-    stream = rag.aask_stream(question, **options)
+async def aask(stream: AsyncAnswerStream) -> "Answer":
+    """The answer ``stream`` completes to; cancelling the awaiting task cancels the call."""
     try:
         return await stream.result()
     finally:
         if stream.answer is None:
             stream.cancel()
-
-

@@ -14,7 +14,7 @@ from ..concurrency import CancelToken
 from ..engine.contract import EngineStats
 
 if TYPE_CHECKING:
-    from .prompt import Prompt
+    from ..records import Prompt
     from ..engine.contract import Generation
 
 
@@ -136,10 +136,17 @@ def _pieces(question: str, prompt: "Prompt", generation: "Generation", stops: tu
             yield piece
     finally:
         generation.close()  # a stop string ends it early: the engine is given back now
-    stats = generation.stats
-    if finish is not None:
-        finish(stats)
-    result["answer"] = answer = Answer(question, "".join(parts).strip(), prompt.sources, stats, prompt.dropped,
-                                       prompt.truncated, notes + stats.notes, retrieval)
+    result["answer"] = answer = complete(question, prompt, "".join(parts), generation.stats, notes, retrieval,
+                                         finish)
     for callback in result["callbacks"]:
         callback(answer)
+
+
+def complete(question: str, prompt: "Prompt", text: str, stats: AskStats, notes: list[str],
+             retrieval: dict[str, float] | None, finish: Callable[[AskStats], None] | None) -> Answer:
+    """The finished answer to ``question`` (streamed or decoded with others): ``finish`` completes the
+    figures (why reuse was lost), the prompt gives the sources, the engine's notes follow the packer's."""
+    if finish is not None:
+        finish(stats)
+    return Answer(question, text.strip(), prompt.sources, stats, prompt.dropped, prompt.truncated,
+                  notes + stats.notes, retrieval)

@@ -27,7 +27,7 @@ from typing import Sequence
 
 from ..errors import InputError
 
-_CHAT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_CHAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch: "$" would let "c1\n" through
 # Earlier turns kept in the prompt; older ones still shape the retrieval query.
 MAX_TURNS_IN_PROMPT = 6
 
@@ -64,7 +64,7 @@ class ChatStore:
         self._lock = threading.Lock()
 
     def path(self, chat_id: str) -> Path:
-        if not _CHAT_ID.match(chat_id or ""):
+        if not isinstance(chat_id, str) or not _CHAT_ID.fullmatch(chat_id):
             raise InputError(f"invalid chat id {chat_id!r}: use up to 128 letters, digits, '.', '_' and '-'")
         return self.directory / f"{chat_id}.json"
 

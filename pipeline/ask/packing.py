@@ -16,7 +16,7 @@ at ingest (:mod:`pipeline.ingest.sections`).
   scores within ``reuse_tolerance`` of the best pack (its total score at least
   ``1 - reuse_tolerance`` of the best one's), that pack wins: a run of related questions
   keeps hitting the cache. Candidates come from the packs earlier questions used
-  (:class:`PackHistory`): their leading sections that still exist, extended by the best
+  (:class:`.history.PackHistory`): their leading sections that still exist, extended by the best
   sections that sort after them.
 
 The answer's sources are the packed documents whose chunks ranked highest for this
@@ -29,26 +29,15 @@ the lock is released.
 
 from __future__ import annotations
 
-import json
-import sqlite3
-import threading
-import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from .prompt import Layout, PackedSection, Prompt, Tokenize, label, render_section, section_prompt
 from ..ingest.sections import cut as cut_sections
-from ..retrieval.search import Hit, merge_chunks
-from ..store.catalog_sqlite import DocumentRecord
-from ..store.sections import Section
+from ..retrieval.search import merge_chunks
+from ..records import DocumentRecord, Hit, Key, PackedSection, Prompt, Section
+from .prompt import Layout, SectionTokens, Tokenize, render_section, section_prompt
 
-Key = tuple[str, str, int]  # (source, content_hash, section index)
-
-HISTORY_KEEP = 64
-"""Packs remembered per model and collection, most recent first."""
 _PROBES = 4  # cache-preferring candidates probed against the cache besides the best-scoring pack
 
 
@@ -136,35 +125,6 @@ def page_segments(chunks) -> list[tuple[int | None, str]]:
 # --------------------------------------------------------------------------- tokens of sections
 
 
-class SectionTokens:
-    """The generator tokens of rendered sections, remembered (they never change for a document
-    version), so a question over a packed 60K-token collection tokenises only itself."""
-
-    def __init__(self, tokenize: Tokenize, *, max_tokens: int = 4_000_000):
-        self._tokenize = tokenize
-        self._max = max_tokens
-        self._held = 0
-        self._memo: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, n: int, section: Section, of: int, segments: Sequence[tuple[int | None, str]]
-            ) -> tuple[int, ...]:
-        key = (*section.key, section.first, section.last, n, of)
-        with self._lock:
-            hit = self._memo.get(key)
-            if hit is not None:
-                self._memo.move_to_end(key)
-                return hit
-        tokens = tuple(self._tokenize(render_section(n, section, of=of, segments=segments)))
-        with self._lock:
-            self._memo[key] = tokens
-            self._held += len(tokens)
-            while self._held > self._max and len(self._memo) > 1:
-                _, old = self._memo.popitem(last=False)
-                self._held -= len(old)
-        return tokens
-
-
 def number(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens) -> list[PackedSection]:
     """``chosen`` in canonical order, each with its document's number in this pack and its tokens."""
     counts = shelf.counts
@@ -178,23 +138,6 @@ def number(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens) -> list
 # --------------------------------------------------------------------------- choosing
 
 
-def layout_reserve(n_ctx: int, ask_max_tokens: int, summarize_max_tokens: int, max_tokens: int | None = None) -> int:
-    """The tokens every layout decision holds back for the answer: the larger of ``ask.max_tokens``
-    and ``summarize.max_tokens``, at most a quarter of the context; a call's own ``max_tokens``
-    only where it is larger still.
-
-    ``ask``, ``warm`` and ``summarize`` decide with this one figure whether a document goes
-    whole, which sections fit and where a map-reduce run ends, so a document is laid out the
-    same way by all three and they share its prefix (with each its own reserve, a document
-    between the two edges went whole in one and map-reduce in the other). Generation then
-    uses its own ``max_tokens`` within it, so a shorter answer never changes the layout. The
-    quarter keeps a small context usable for questions when summaries are configured long:
-    a call that needs more than the shared figure holds back its own and may lay out differently.
-    """
-    shared = min(max(ask_max_tokens, summarize_max_tokens), n_ctx // 4)
-    return max(shared, max_tokens or 0)
-
-
 def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens, n_ctx: int,
          reserve: int, tolerance: float = 0.2, history: Sequence[Sequence[Key]] = (),
          reusable: Callable[[Prompt], int] | None = None, top_k: int = 8, neighbours: int = 1) -> Prompt | None:
@@ -206,79 +149,99 @@ def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, mem
     suffix_text = f"Question: {question}"
     suffix_len = len(layout.suffix(suffix_text, tokenize))
     budget = layout.budget(n_ctx=n_ctx, reserve=reserve, suffix_tokens=suffix_len)
+
+    def prompt_of(packed: list[PackedSection], mode: str) -> Prompt:
+        return shelf_prompt(shelf, packed, suffix_text, layout=layout, tokenize=tokenize, mode=mode, top_k=top_k,
+                            neighbours=neighbours)
+
     if shelf.complete and shelf.sections:
         whole = number(shelf, shelf.sections, memo)
         if sum(len(p.tokens) for p in whole) <= budget:
-            return _finish(shelf, whole, suffix_text, layout=layout, tokenize=tokenize, mode="whole", top_k=top_k,
-                           neighbours=neighbours)
-
-    available = [s for s in shelf.sections if s.key in shelf.segments]
-    position = {s.key: i for i, s in enumerate(shelf.sections)}
-    score = section_scores(shelf)
-    ranked = sorted((s for s in available if score.get(s.key, 0) > 0), key=lambda s: (-score[s.key], position[s.key]))
-    if not ranked:  # no hit inside the selection: its leading sections, in order
-        ranked = available
-    if not ranked:
+            return prompt_of(whole, "whole")
+    ranking = _Ranking(shelf, memo)
+    if not ranking.ranked or ranking.cost(ranking.best) > budget:
         return None
+    candidates = _candidates(ranking, history, budget)
+    floor = (1.0 - tolerance) * ranking.total(candidates[0][0])
+    close = [c for c in candidates[1:] if ranking.total(c[0]) >= floor]
+    close.sort(key=lambda c: (-c[1], -ranking.total(c[0])))
+    options = [candidates[0]] + close[:_PROBES]
+    best_prompt, best_rank = None, None
+    for chosen, _ in options:
+        packed = _fit(shelf, chosen, memo, budget, ranking.score, keep=ranking.best)
+        prompt = prompt_of(packed, "sections")
+        reuse = reusable(prompt) if reusable is not None and len(options) > 1 else 0
+        rank = (reuse, ranking.total([p.section for p in packed]))
+        if best_rank is None or rank > best_rank:
+            best_prompt, best_rank = prompt, rank
+    return best_prompt
 
-    def cost(s: Section) -> int:
-        return len(memo.get(1, s, shelf.counts[s.source], shelf.segments[s.key])) + 2  # numbering slack
 
-    def fill(base: list[Section], after: int, room: int) -> list[Section]:
+class _Ranking:
+    """The shelf's sections for one question, best first (the leading ones in order when no hit lies
+    inside the selection), with what each costs in a prompt."""
+
+    def __init__(self, shelf: Shelf, memo: SectionTokens):
+        self.shelf, self.memo = shelf, memo
+        self.available = [s for s in shelf.sections if s.key in shelf.segments]
+        self.by_key = {s.key: s for s in self.available}
+        self.position = {s.key: i for i, s in enumerate(shelf.sections)}
+        self.score = section_scores(shelf)
+        self.ranked = sorted((s for s in self.available if self.score.get(s.key, 0) > 0),
+                             key=lambda s: (-self.score[s.key], self.position[s.key])) or self.available
+
+    @property
+    def best(self) -> Section:
+        return self.ranked[0]
+
+    def cost(self, s: Section) -> int:
+        return len(self.memo.get(1, s, self.shelf.counts[s.source], self.shelf.segments[s.key])) + 2  # numbering
+
+    def total(self, chosen: Sequence[Section]) -> float:
+        return sum(self.score.get(s.key, 0.0) for s in chosen)
+
+    def fill(self, base: list[Section], after: int, room: int) -> list[Section]:
+        """``base`` and the best-ranked sections that sort after position ``after``, within ``room`` tokens."""
         chosen = list(base)
-        for s in ranked:
-            if s in chosen or position[s.key] <= after:
+        for s in self.ranked:
+            if s in chosen or self.position[s.key] <= after:
                 continue
-            c = cost(s)
+            c = self.cost(s)
             if c <= room:
                 chosen.append(s)
                 room -= c
         return chosen
 
-    best = ranked[0]
-    if cost(best) > budget:
-        return None
-    greedy = fill([], -1, budget)
-    candidates: list[tuple[list[Section], int]] = [(greedy, 0)]  # (sections, tokens of the cached lead)
-    by_key = {s.key: s for s in available}
+
+def _candidates(ranking: _Ranking, history: Sequence[Sequence[Key]], budget: int
+                ) -> list[tuple[list[Section], int]]:
+    """Packs to choose from, each with the tokens of its lead that an earlier pack holds: the greedy
+    best-scoring pack first, then one per pack of ``history`` (its leading sections that still exist,
+    with the best section, extended by the best sections that sort after the lead)."""
+    best, position, cost = ranking.best, ranking.position, ranking.cost
+    greedy = ranking.fill([], -1, budget)
+    candidates: list[tuple[list[Section], int]] = [(greedy, 0)]
     seen = {tuple(s.key for s in greedy)}
     for old in history:
         lead: list[Section] = []
         for key in old:
-            if tuple(key) not in by_key:
+            if tuple(key) not in ranking.by_key:
                 break
-            lead.append(by_key[tuple(key)])
+            lead.append(ranking.by_key[tuple(key)])
         # The longest lead that the best section can join (it must sort after the lead's end
         # unless the lead holds it), extended by the best sections that sort after the lead.
         while lead:
             has_best = best in lead
             room = budget - sum(cost(s) for s in lead) - (0 if has_best else cost(best))
             if room >= 0 and (has_best or position[best.key] > position[lead[-1].key]):
-                chosen = fill(lead if has_best else lead + [best], position[lead[-1].key], room)
+                chosen = ranking.fill(lead if has_best else lead + [best], position[lead[-1].key], room)
                 keys = tuple(s.key for s in sorted(chosen, key=lambda s: position[s.key]))
                 if keys not in seen:
                     seen.add(keys)
                     candidates.append((chosen, sum(cost(s) for s in lead)))
                 break
             lead.pop()
-
-    def total(chosen: Sequence[Section]) -> float:
-        return sum(score.get(s.key, 0.0) for s in chosen)
-
-    floor = (1.0 - tolerance) * total(greedy)
-    close = [c for c in candidates[1:] if total(c[0]) >= floor]
-    close.sort(key=lambda c: (-c[1], -total(c[0])))
-    options = [candidates[0]] + close[:_PROBES]
-    best_prompt, best_rank = None, None
-    for chosen, _ in options:
-        packed = _fit(shelf, chosen, memo, budget, score, keep=best)
-        prompt = _finish(shelf, packed, suffix_text, layout=layout, tokenize=tokenize, mode="sections", top_k=top_k,
-                         neighbours=neighbours)
-        reuse = reusable(prompt) if reusable is not None and len(options) > 1 else 0
-        rank = (reuse, total([p.section for p in packed]))
-        if best_rank is None or rank > best_rank:
-            best_prompt, best_rank = prompt, rank
-    return best_prompt
+    return candidates
 
 
 def section_scores(shelf: Shelf) -> dict[Key, float]:
@@ -312,8 +275,10 @@ def _fit(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens, budget: i
         chosen.remove(drop)
 
 
-def _finish(shelf: Shelf, packed: list[PackedSection], suffix_text: str, *, layout: Layout, tokenize: Tokenize,
-            mode: str, top_k: int, neighbours: int = 1) -> Prompt:
+def shelf_prompt(shelf: Shelf, packed: list[PackedSection], suffix_text: str, *, layout: Layout,
+                 tokenize: Tokenize, mode: str, top_k: int, neighbours: int = 1) -> Prompt:
+    """The prompt over ``packed`` sections of the shelf with ``suffix_text`` last, citing the documents
+    the best ``top_k`` hits inside it come from (:func:`cited`)."""
     texts = [render_section(p.n, p.section, of=p.of, segments=shelf.segments[p.section.key]) for p in packed]
     prompt = section_prompt(layout, packed, suffix_text, tokenize=tokenize, mode=mode, texts=texts)
     prompt.sources = cited(shelf.hits, packed, top_k=top_k, neighbours=neighbours, pages=shelf.pages)
@@ -354,162 +319,3 @@ def cited(hits: Sequence[Hit], packed: Sequence[PackedSection], *, top_k: int, n
     chosen = [d for d in docs.values() if d["hit"]] or list(docs.values())
     return [{"n": d["n"], "source": d["source"], "pages": sorted(d["pages"]), "sections": d["sections"]}
             for d in sorted(chosen, key=lambda d: d["n"])]
-
-
-# --------------------------------------------------------------------------- warming
-
-
-WARM_PURPOSES = ("ask", "summarize", "all")
-
-
-def warm_plans(shelf: Shelf, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens, n_ctx: int,
-               reserve: int, purpose: str = "ask") -> tuple[str, list[tuple[str, Prompt | None]]]:
-    """The prefixes the next prompts will hit, labelled, and the mode: "whole" when the selection
-    fits the context, else "sections"; None where not even one section fits.
-
-    When it fits, ``purpose`` says which: "ask" the whole selection's prefix (what every question
-    over it starts from), "summarize" each document's own prefix (what its summaries and
-    ``ask --doc`` start from), "all" both. When it does not fit, each document's leading
-    sections (as many as fit) serve both: the prefix of its summary's first run, and of the
-    pack a question about its beginning reuses.
-    """
-    if purpose not in WARM_PURPOSES:
-        raise ValueError(f"purpose must be one of {', '.join(WARM_PURPOSES)}, got {purpose!r}")
-    budget = layout.budget(n_ctx=n_ctx, reserve=reserve, suffix_tokens=0)
-    whole = number(shelf, shelf.sections, memo)
-
-    def prompt(packed: list[PackedSection], mode: str) -> Prompt:
-        return _finish(shelf, packed, "", layout=layout, tokenize=tokenize, mode=mode, top_k=0)
-
-    if shelf.sections and sum(len(p.tokens) for p in whole) <= budget:
-        out: list[tuple[str, Prompt | None]] = []
-        if purpose != "summarize":
-            docs = len(shelf.documents)
-            out.append((f"the whole collection ({docs} document{'s' * (docs != 1)})", prompt(whole, "whole")))
-        if purpose != "ask":
-            for source in sorted(shelf.documents):
-                own = [s for s in shelf.sections if s.source == source]
-                out.append((source, prompt(number(shelf, own, memo), "whole") if own else None))
-        return "whole", out
-    out = []
-    for source in sorted(shelf.documents):
-        lead: list[Section] = []
-        used = 0
-        for s in (s for s in shelf.sections if s.source == source):
-            c = len(memo.get(1, s, shelf.counts[source], shelf.segments[s.key]))
-            if used + c > budget:
-                break
-            lead.append(s)
-            used += c
-        out.append((source, prompt(number(shelf, lead, memo), "sections") if lead else None))
-    return "sections", out
-
-
-# --------------------------------------------------------------------------- history and reasons
-
-
-class PackHistory:
-    """The packs recent questions used, per model namespace and collection, most recent first.
-
-    Kept in ``packs.sqlite`` beside the prefix cache (shared by processes, like the
-    cache), or in memory when there is no cache directory. Only a hint: what is
-    really cached is always probed. A damaged or unwritable file costs the hint,
-    never an answer.
-    """
-
-    def __init__(self, path: Path | None):
-        self.path = path
-        self._memory: dict[tuple[str, str], list[tuple[Key, ...]]] = {}
-        self._lock = threading.Lock()
-        self._db: sqlite3.Connection | None = None
-        if path is not None:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                self._db = sqlite3.connect(path, timeout=5, isolation_level=None, check_same_thread=False)
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=NORMAL")  # a hint: losing the last one costs nothing
-                self._db.execute("CREATE TABLE IF NOT EXISTS packs (namespace TEXT NOT NULL, collection TEXT "
-                                 "NOT NULL, keys TEXT NOT NULL, used REAL NOT NULL, "
-                                 "PRIMARY KEY (namespace, collection, keys))")
-            except (sqlite3.Error, OSError):
-                self._db = None
-
-    def recent(self, namespace: str, collection: str) -> list[tuple[Key, ...]]:
-        with self._lock:
-            if self._db is not None:
-                try:
-                    rows = self._db.execute("SELECT keys FROM packs WHERE namespace = ? AND collection = ? "
-                                            "ORDER BY used DESC LIMIT ?", (namespace, collection, HISTORY_KEEP))
-                    return [tuple(tuple(k) for k in json.loads(r[0])) for r in rows]
-                except (sqlite3.Error, ValueError, TypeError):
-                    pass
-            return list(self._memory.get((namespace, collection), []))
-
-    def record(self, namespace: str, collection: str, keys: Sequence[Key]) -> None:
-        keys = tuple(tuple(k) for k in keys)
-        if not keys:
-            return
-        with self._lock:
-            packs = self._memory.setdefault((namespace, collection), [])
-            if keys in packs:
-                packs.remove(keys)
-            packs.insert(0, keys)
-            del packs[HISTORY_KEEP:]
-            if self._db is None:
-                return
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                self._db.execute("INSERT OR REPLACE INTO packs VALUES (?, ?, ?, ?)",
-                                 (namespace, collection, json.dumps(keys), time.time()))
-                self._db.execute(
-                    "DELETE FROM packs WHERE namespace = ? AND collection = ? AND keys NOT IN (SELECT keys FROM "
-                    "packs WHERE namespace = ? AND collection = ? ORDER BY used DESC LIMIT ?)",
-                    (namespace, collection, namespace, collection, HISTORY_KEEP))
-                self._db.execute("COMMIT")
-            except sqlite3.Error:
-                try:
-                    self._db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-
-    def close(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-
-
-def reuse_note(prompt: Prompt, *, cached_tokens: int, previous: Sequence[Key] | None,
-               documents: dict[str, DocumentRecord], cache_on: bool, min_tokens: int) -> str:
-    """Why this prompt reused less than its whole prefix, in words ("" when it reused all of it)."""
-    prefix_len = len(prompt.prefix_tokens)
-    if cached_tokens >= prefix_len:
-        return ""
-    if prompt.mode == "passages":
-        return ("passage mode: each question packs its own passages, so prompts share little more "
-                "than the system prompt")
-    keys = [p.section.key for p in prompt.sections]
-    if previous is None:
-        return "nothing was cached for these documents yet: the first question prefills them (`rag warm` does it ahead)"
-    previous = [tuple(k) for k in previous]
-    same = 0
-    while same < min(len(keys), len(previous)) and keys[same] == previous[same]:
-        same += 1
-    shared_end = prompt.boundaries[same - 1] if same else 0
-    if cached_tokens >= shared_end and same < len(keys):  # what it shared with the last pack was reused
-        new = keys[same]
-        if same < len(previous):
-            old = previous[same]
-            record = documents.get(old[0])
-            if record is None:
-                return f"{label(old[0])} is no longer in the collection: the prompt differs from there on"
-            if record.content_hash != old[1]:
-                return f"{label(old[0])} changed since it was last packed: its sections are new"
-            return (f"this question needs other sections than the last pack, from {label(new[0])} "
-                    f"section {new[2] + 1} on")
-        return f"the pack extends the last one: {label(new[0])} section {new[2] + 1} on is new"
-    if not cache_on:
-        return "the prefix cache is off (cache.enabled = false) and the KV memory held another prompt"
-    if prefix_len < min_tokens:
-        return f"the prefix ({prefix_len} tokens) is shorter than cache.min_tokens, so no state is saved"
-    return "its saved prefix state is gone (evicted past cache.max_gb, or damaged)"

@@ -18,19 +18,23 @@ Two ways to fill the documents part:
 - **sections** (:func:`section_prompt`): whole documents or fixed sections, chosen by
   :mod:`pipeline.ask.packing` and given here in canonical order. Each section is headed by
   its document's number and marks its pages inline, ``[2, p. 9]``, so citations stay
-  page-exact.
+  page-exact; :class:`SectionTokens` remembers a rendered section's tokens.
+
+Every layout decision (whole or sections, which sections fit, where a summary's
+map-reduce runs end) holds back the same answer room, :func:`layout_reserve`.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from ..errors import EngineError
-from ..retrieval.search import Passage
-from ..store.sections import Section
+from ..records import PackedSection, Passage, Prompt, Section
 
 _SENTINEL = "\x00DOCUMENTS\x00"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -78,41 +82,21 @@ class Layout:
         return budget
 
 
-@dataclass(frozen=True)
-class PackedSection:
-    """A section as placed in a prompt: its document's number there and its rendered tokens."""
+def layout_reserve(n_ctx: int, ask_max_tokens: int, summarize_max_tokens: int, max_tokens: int | None = None) -> int:
+    """The tokens every layout decision holds back for the answer: the larger of ``ask.max_tokens``
+    and ``summarize.max_tokens``, at most a quarter of the context; a call's own ``max_tokens``
+    only where it is larger still.
 
-    n: int
-    section: Section
-    of: int  # sections in its document
-    tokens: tuple[int, ...]
-
-    def to_dict(self) -> dict:
-        s = self.section
-        return {"n": self.n, "source": s.source, "section": s.index, "of": self.of,
-                "pages": list(s.pages), "tokens": len(self.tokens)}
-
-
-@dataclass
-class Prompt:
-    """A packed prompt: ``prefix`` (head + documents) and ``suffix`` (question + tail).
-
-    ``boundaries`` are the positions (in ``tokens``) where each document part ends;
-    the last is ``len(prefix_tokens)``. ``mode`` is "passages", "whole" (every document
-    of the selection, whole) or "sections" (chosen sections).
+    ``ask``, ``warm`` and ``summarize`` decide with this one figure whether a document goes
+    whole, which sections fit and where a map-reduce run ends, so a document is laid out the
+    same way by all three and they share its prefix (with each its own reserve, a document
+    between the two edges went whole in one and map-reduce in the other). Generation then
+    uses its own ``max_tokens`` within it, so a shorter answer never changes the layout. The
+    quarter keeps a small context usable for questions when summaries are configured long:
+    a call that needs more than the shared figure holds back its own and may lay out differently.
     """
-
-    prefix: str
-    suffix: str
-    passages: list[Passage] = field(default_factory=list)
-    dropped: int = 0
-    truncated: bool = False
-    prefix_tokens: list[int] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    boundaries: list[int] = field(default_factory=list)
-    mode: str = "passages"
-    sections: list[PackedSection] = field(default_factory=list)
-    sources: list[dict] = field(default_factory=list)
+    shared = min(max(ask_max_tokens, summarize_max_tokens), n_ctx // 4)
+    return max(shared, max_tokens or 0)
 
 
 def label(source: str) -> str:
@@ -143,6 +127,35 @@ def render_section(n: int, section: Section, *, of: int, segments: Sequence[tupl
     header = f"[{n}] {label(section.source)}" + (" (" + ", ".join(where) + ")" if where else "")
     body = "\n".join(f"[{n}, p. {page}] {text}" if page is not None else text for page, text in segments)
     return f"{header}\n{body}\n\n"
+
+
+class SectionTokens:
+    """The generator tokens of rendered sections, remembered (they never change for a document
+    version), so a question over a packed 60K-token collection tokenises only itself."""
+
+    def __init__(self, tokenize: Tokenize, *, max_tokens: int = 4_000_000):
+        self._tokenize = tokenize
+        self._max = max_tokens
+        self._held = 0
+        self._memo: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, n: int, section: Section, of: int, segments: Sequence[tuple[int | None, str]]
+            ) -> tuple[int, ...]:
+        key = (*section.key, section.first, section.last, n, of)
+        with self._lock:
+            hit = self._memo.get(key)
+            if hit is not None:
+                self._memo.move_to_end(key)
+                return hit
+        tokens = tuple(self._tokenize(render_section(n, section, of=of, segments=segments)))
+        with self._lock:
+            self._memo[key] = tokens
+            self._held += len(tokens)
+            while self._held > self._max and len(self._memo) > 1:
+                _, old = self._memo.popitem(last=False)
+                self._held -= len(old)
+        return tokens
 
 
 def _join(layout: Layout, parts: Sequence[Sequence[int]], suffix: Sequence[int]) -> tuple[list[int], list[int]]:

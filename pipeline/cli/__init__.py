@@ -12,7 +12,6 @@ group, the shared options, errors) is in :mod:`.common`.
 from __future__ import annotations
 
 from . import collection, questions, settings, summarize, tuning  # noqa: F401  (each adds its commands to cli)
-from .collection import _IngestProgress  # noqa: F401  (imported by the tests from here)
 from .common import cli
 
 __all__ = ["cli", "main"]

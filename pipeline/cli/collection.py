@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 
 from ..errors import ConfigError, InputError
-from .common import (UserError, _display_path, _echo_json, _pipeline, _printable, _store_overrides, cli,
-                     handles_errors, json_option, store_options)
+from .common import (UserError, cli, display_path, echo_json, handles_errors, json_option, open_pipeline, printable,
+                     store_options, store_overrides)
 
 
 @cli.command()
@@ -35,17 +35,17 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
     and files whose name says nothing (README, NEWS) when their content is text; other files
     are skipped. Unchanged files are not embedded again; changed files replace their old chunks.
     """
-    rag = _pipeline(ctx, **_store_overrides(collection, store_path))
-    bar = _IngestProgress(bar=sys.stderr.isatty())
+    rag = open_pipeline(ctx, **store_overrides(collection, store_path))
+    bar = IngestProgress(bar=sys.stderr.isatty())
     try:
         report = rag.ingest(paths, prune=prune, include=include, exclude=exclude,
                             follow_symlinks=follow_symlinks, progress=bar.event)
         bar.close()
         if not as_json:
             for f in report.notable_skips:
-                click.echo(f"skipped: {_display_path(f.path)}: {_printable(f.reason)}", err=True)
+                click.echo(f"skipped: {display_path(f.path)}: {printable(f.reason)}", err=True)
             for f in report.failed:
-                click.echo(f"failed: {_display_path(f.path)}: {_printable(f.reason)}", err=True)
+                click.echo(f"failed: {display_path(f.path)}: {printable(f.reason)}", err=True)
             click.echo(report.summary())
         warmed = _warm(rag, quiet=as_json) if warm else None
     finally:
@@ -55,7 +55,7 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
         data = report.to_dict()
         if warmed is not None:
             data["warm"] = warmed
-        _echo_json(data)
+        echo_json(data)
     if strict and report.failed:
         ctx.exit(1)
 
@@ -63,7 +63,7 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
 def _warm(rag, *, quiet: bool, purpose: str = "ask") -> dict:
     def show(prefix: str, outcome: str) -> None:
         if not quiet:
-            click.echo(f"warm: {_display_path(prefix)}: {outcome}", err=True)
+            click.echo(f"warm: {display_path(prefix)}: {outcome}", err=True)
 
     report = rag.warm(progress=show, purpose=purpose)
     if not quiet:
@@ -107,10 +107,10 @@ def warm(ctx, collection, store_path, purpose, as_json):
     `--for summarize`, each document's own prefix, what its summaries start from), else each
     document's leading sections.
     """
-    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
         report = _warm(rag, quiet=as_json, purpose=purpose)
     if as_json:
-        _echo_json(report)
+        echo_json(report)
 
 
 @cli.group()
@@ -120,7 +120,7 @@ def cache():
 
 def _prefix_cache(ctx):
     """The configured prefix cache (a context manager), or a user error when it is off."""
-    rag = _pipeline(ctx)
+    rag = open_pipeline(ctx)
     if rag.prefix_cache is None:
         raise UserError(ConfigError("the prefix cache is off (cache.enabled = false)"))
     return rag.prefix_cache
@@ -136,7 +136,7 @@ def cache_stats(ctx, as_json):
         st = cache.stats()
         _echo_notes(cache.take_notes())
     if as_json:
-        _echo_json(st)
+        echo_json(st)
         return
     for key, value in st.items():
         if not isinstance(value, (dict, list)):
@@ -151,7 +151,7 @@ def cache_clear(ctx, yes):
     """Delete every saved prefix state."""
     with _prefix_cache(ctx) as cache:
         if not yes:
-            click.confirm(f"Delete every saved prefix state in {_printable(str(cache.directory))}?", abort=True)
+            click.confirm(f"Delete every saved prefix state in {printable(str(cache.directory))}?", abort=True)
         n = cache.clear()
         _echo_notes(cache.take_notes())
     click.echo(f"deleted {n} cached prefix states")
@@ -162,7 +162,7 @@ def _echo_notes(notes: list[str]) -> None:
         click.echo(f"note: {note}", err=True)
 
 
-class _IngestProgress:
+class IngestProgress:
     """Ingest progress on stderr, driven by the library's events, measured in bytes and tokens.
 
     On a terminal, a bar over the bytes to embed (so one long file moves it too). Otherwise
@@ -191,7 +191,7 @@ class _IngestProgress:
             return
         detail = f"{ev.done_chunks:,} chunks, {ev.done_tokens:,} tokens"
         if ev.kind == "chunks":
-            detail += f" | {_printable(Path(ev.path).name)} {ev.chunks:,}/{ev.file_chunks:,} chunks"
+            detail += f" | {printable(Path(ev.path).name)} {ev.chunks:,}/{ev.file_chunks:,} chunks"
         if self.bar is not None:
             self.bar.current_item = detail
             self.bar.update(ev.done_bytes - self.shown)
@@ -222,13 +222,13 @@ def status(ctx, collection, store_path, as_json):
     sizes and the prefix cache's size and hits."""
     from ..system_report import system_report
 
-    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
         st = rag.status()
         report = system_report(rag.config)
     if as_json:
-        _echo_json({**st.to_dict(), "system": report.to_dict()})
+        echo_json({**st.to_dict(), "system": report.to_dict()})
         return
-    click.echo(f"store:       {_printable(st.store)}")
+    click.echo(f"store:       {printable(st.store)}")
     if not st.exists:
         others = f" (collections here: {', '.join(st.collections)})" if st.collections else ""
         click.echo(f"collection:  {st.collection} (does not exist yet{others})")
@@ -238,7 +238,7 @@ def status(ctx, collection, store_path, as_json):
 
 
 def _printable_lines(text: str) -> str:
-    return "\n".join(_printable(line) for line in text.splitlines())
+    return "\n".join(printable(line) for line in text.splitlines())
 
 
 def _echo_collection(st) -> None:
@@ -251,7 +251,7 @@ def _echo_collection(st) -> None:
         click.echo(f"collections: {', '.join(st.collections)}")
     for s in st.sources:
         pages = f", {s['pages']} pages" if s["pages"] else ""
-        click.echo(f"  {_display_path(s['source'])}  ({s['format']}{pages}, {s['chunks']} chunks)")
+        click.echo(f"  {display_path(s['source'])}  ({s['format']}{pages}, {s['chunks']} chunks)")
 
 
 @cli.command()
@@ -261,7 +261,7 @@ def _echo_collection(st) -> None:
 @handles_errors
 def drop(ctx, collection, store_path, yes):
     """Delete a collection (its vectors, chunks and lexical index)."""
-    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
+    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
         name = rag.config.store.collection
         missing = InputError(f"collection '{name}' does not exist in {rag.config.store_path}")
         if not rag.status().exists:

@@ -21,7 +21,7 @@ class UserError(click.ClickException):
     """A :class:`RagError` shown as ``Error: message`` (one line) with the error's exit status."""
 
     def __init__(self, err: RagError):
-        super().__init__(_printable(str(err)))
+        super().__init__(printable(str(err)))
         self.exit_code = err.exit_code
 
 
@@ -54,23 +54,25 @@ class FiniteFloat(click.FloatRange):
         return number
 
 
-def _pipeline(ctx: click.Context, **overrides: Any):
+def open_pipeline(ctx: click.Context, **overrides: Any):
+    """The pipeline a command calls: ``--config`` (or ``RAG_CONFIG``), the environment, then the command's
+    ``overrides`` (dotted keys; None values are left out); warnings and progress notes go to stderr."""
     from ..api import Pipeline
 
     config_path = ctx.find_root().params.get("config_path")
-    return Pipeline.from_config(config_path, overrides=overrides, log=lambda m: click.echo(_printable(m), err=True))
+    return Pipeline.from_config(config_path, overrides=overrides, log=lambda m: click.echo(printable(m), err=True))
 
 
 def handles_errors(fn: Callable) -> Callable:
     """A :class:`RagError` becomes its message on stderr and its exit status; with ``--json``, also
-    ``{"schema": 1, "error": {...}, "exit_code": N}`` on stdout (see :mod:`.schemas`)."""
+    ``{"schema": 1, "error": {...}, "exit_code": N}`` on stdout (see :mod:`pipeline.schemas`)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except RagError as err:
             if kwargs.get("as_json"):
-                _echo_json({"error": {"message": str(err), "type": type(err).__name__}, "exit_code": err.exit_code})
+                echo_json({"error": {"message": str(err), "type": type(err).__name__}, "exit_code": err.exit_code})
             raise UserError(err) from None
     return wrapper
 
@@ -87,11 +89,12 @@ def json_option(fn: Callable) -> Callable:
     return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
 
 
-def _store_overrides(collection: str | None, store_path: Path | None) -> dict[str, Any]:
+def store_overrides(collection: str | None, store_path: Path | None) -> dict[str, Any]:
+    """The settings ``--collection`` and ``--store`` override."""
     return {"store.collection": collection, "store.path": str(store_path) if store_path else None}
 
 
-def _echo_json(data: Any) -> None:
+def echo_json(data: Any) -> None:
     """One JSON output; objects carry the schema version (see docs/app.md, JSON outputs)."""
     from ..schemas import versioned
 
@@ -100,7 +103,7 @@ def _echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
-def _display_path(source: str) -> str:
+def display_path(source: str) -> str:
     """A document's path for people: relative to the working directory where it lies below it, and
     quoted as a Python string literal when it holds characters that could forge output lines."""
     try:
@@ -110,7 +113,7 @@ def _display_path(source: str) -> str:
     return shown if shown.isprintable() else repr(shown)
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """``text`` on one line: newlines, escape sequences and other non-printing characters escaped."""
     if text.isprintable():
         return text

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from .common import (QueryCommand, UserError, _display_path, _echo_json, _pipeline, _printable, _store_overrides,
-                     cli, handles_errors, json_option, store_options)
+from .common import (QueryCommand, UserError, cli, display_path, echo_json, handles_errors, json_option, open_pipeline,
+                     printable, store_options, store_overrides)
 
 
 @cli.command(cls=QueryCommand)
@@ -28,22 +28,22 @@ def search(ctx, query, top_k, dense, lexical, rerank, show_stats, collection, st
 
     A QUERY that starts with a dash goes after --: rag search -- --n-cpu-moe
     """
-    overrides = _store_overrides(collection, store_path)
+    overrides = store_overrides(collection, store_path)
     overrides.update({"retrieval.dense": dense, "retrieval.lexical": lexical,
                       "retrieval.rerank": None if rerank is None else ("scores" if rerank else "none")})
     timings: dict[str, float] = {}
-    with _pipeline(ctx, **overrides) as rag:
+    with open_pipeline(ctx, **overrides) as rag:
         hits = rag.search(query, top_k=top_k, timings=timings)
     if show_stats and not as_json:
         click.echo(_retrieval_line(timings), err=True)
     if as_json:
-        _echo_json({"query": query, "hits": [h.to_dict() for h in hits]})
+        echo_json({"query": query, "hits": [h.to_dict() for h in hits]})
         return
     if not hits:
         click.echo("no matches", err=True)
         return
     for i, h in enumerate(hits, start=1):
-        where = _display_path(h.source) + (f", page {h.page}" if h.page else "")
+        where = display_path(h.source) + (f", page {h.page}" if h.page else "")
         click.secho(f"[{i}] {where}  score {h.score:.4f}  ({' + '.join(h.found_by)})", bold=True)
         click.echo(_indent(h.text))
         click.echo()
@@ -58,14 +58,14 @@ def _retrieval_line(seconds: dict[str, float]) -> str:
 
 
 def _indent(text: str, width: int = 600) -> str:
-    text = _printable(" ".join(text.split()))
+    text = printable(" ".join(text.split()))
     if len(text) > width:
         text = text[:width].rsplit(" ", 1)[0] + " …"
     return "    " + text
 
 
 @cli.command(cls=QueryCommand)
-@click.argument("question")
+@click.argument("question", nargs=-1, required=True)
 @click.option("--doc", "docs", multiple=True, type=click.Path(path_type=Path),
               help="Answer from this ingested document (repeatable).")
 @click.option("--source", "sources", multiple=True, type=click.Path(path_type=Path),
@@ -94,37 +94,65 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
     else the fixed sections that best match the question, always in document order, so
     the next question reuses the prompt's prefix and prefills only itself. Pages are
     marked in the prompt; sources list the pages that matched best.
-    A QUESTION that starts with a dash goes after --.
+    Several questions are answered one after another with the model loaded once, then
+    compared: time to first token, tokens prefilled and reused (with --json, one JSON
+    object per line). A QUESTION that starts with a dash goes after --.
     """
+    from ..ask.request import AskRequest
+
+    overrides = store_overrides(collection, store_path)
+    overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
+    progress = _PrefillLine if not as_json and sys.stderr.isatty() else None
+    requests = [AskRequest(q, doc=docs, source=sources, mode=mode, top_k=top_k, temperature=temperature,
+                           system_prompt=system_prompt, stop=stop, chat_id=chat_id,
+                           progress=progress() if progress else None) for q in question]
+    several = len(requests) > 1
+    answers = []
+    with open_pipeline(ctx, **overrides) as rag:
+        for i, request in enumerate(requests, start=1):
+            if several and not as_json:
+                click.secho(("\n" if i > 1 else "") + f"Q{i}: {printable(request.question)}", bold=True)
+            answer = _answer(rag, request, live=not as_json)
+            answers.append(answer)
+            if as_json:
+                if several:
+                    from ..schemas import versioned
+
+                    click.echo(json.dumps(versioned(answer.to_dict()), ensure_ascii=False))
+                else:
+                    echo_json(answer.to_dict())
+                continue
+            _echo_answer(answer, show_stats=show_stats)
+    if several and not as_json:
+        click.echo()
+        for line in _comparison(answers):
+            click.echo(line)
+
+
+def _answer(rag, request, *, live: bool):
+    """One answer, streamed to stdout when ``live``."""
     from ..concurrency import iterate_interruptibly
     from ..errors import Cancelled
 
-    overrides = _store_overrides(collection, store_path)
-    overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
-    with _pipeline(ctx, **overrides) as rag:
-        options = dict(doc=list(docs) or None, source=list(sources) or None, mode=mode, top_k=top_k,
-                       temperature=temperature, system_prompt=system_prompt, stop=list(stop) or None,
-                       progress=_PrefillLine() if not as_json and sys.stderr.isatty() else None)
-        stream = rag.chat_stream(question, chat_id=chat_id, **options) if chat_id else \
-            rag.ask_stream(question, **options)
-        try:  # generated in a worker thread: Ctrl-C stops a prefill within one micro-batch
-            for piece in iterate_interruptibly(stream):
-                if not as_json:
-                    click.echo(piece, nl=False)
-        except KeyboardInterrupt:
-            raise UserError(Cancelled("interrupted")) from None
-        answer = stream.answer
-        if as_json:
-            _echo_json(answer.to_dict())
-            return
+    stream = rag.chat_stream(request) if request.chat_id else rag.ask_stream(request)
+    try:  # generated in a worker thread: Ctrl-C stops a prefill within one micro-batch
+        for piece in iterate_interruptibly(stream):
+            if live:
+                click.echo(piece, nl=False)
+    except KeyboardInterrupt:
+        raise UserError(Cancelled("interrupted")) from None
+    return stream.answer
+
+
+def _echo_answer(answer, *, show_stats: bool) -> None:
     click.echo()
     if answer.sources:
         click.echo("\nSources:")
         for src in answer.sources:
             pages = _pages(src["pages"])
-            click.echo(f"  [{src['n']}] {_display_path(src['source'])}{', ' + pages if pages else ''}")
+            click.echo(f"  [{src['n']}] {display_path(src['source'])}{', ' + pages if pages else ''}")
     for note in answer.notes or []:
-        click.echo(f"note: {_printable(note)}", err=True)
+        click.echo(f"note: {printable(note)}", err=True)
     if show_stats:
         st = answer.stats
         reuse = f"{st.cached_tokens:,} reused, cache: {st.cache}"
@@ -138,6 +166,20 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
             click.echo(_retrieval_line(answer.retrieval), err=True)
         if st.reuse_lost:
             click.echo(f"reuse: {st.reuse_lost}", err=True)
+
+
+def _comparison(answers) -> list[str]:
+    """One line per answer: time to first token, tokens prefilled and reused, against the first."""
+    first = answers[0].stats
+    lines = []
+    for i, a in enumerate(answers, start=1):
+        st = a.stats
+        line = (f"question {i}: {st.ttft_seconds:.1f} s to the first token ({st.prefill_tokens:,} tokens prefilled, "
+                f"{st.cached_tokens:,} of {st.prompt_tokens:,} reused)")
+        if i > 1 and st.ttft_seconds > 0 and first.ttft_seconds > 0:
+            line += f", {first.ttft_seconds / st.ttft_seconds:.1f}x faster than question 1"
+        lines.append(line)
+    return lines
 
 
 class _PrefillLine:
@@ -197,9 +239,9 @@ def eval_(ctx, questions, settings, compare, answers, packed, misses, write_temp
     """
     from ..api import Pipeline
 
-    overrides = _store_overrides(collection, store_path)
+    overrides = store_overrides(collection, store_path)
     if write_template:
-        with _pipeline(ctx, **overrides) as rag:
+        with open_pipeline(ctx, **overrides) as rag:
             lines = rag.eval_template(per_document=per_document)
         text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines)
         if questions is None:
@@ -227,7 +269,7 @@ def eval_(ctx, questions, settings, compare, answers, packed, misses, write_temp
             click.echo(err=True)
     if as_json:
         data = [r.to_dict() for r in reports]
-        _echo_json(data[0] if len(data) == 1 else data)
+        echo_json(data[0] if len(data) == 1 else data)
         return
     from ..retrieval.evaluate import table
 
@@ -263,26 +305,40 @@ def eval_(ctx, questions, settings, compare, answers, packed, misses, write_temp
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (keep 127.0.0.1 unless a token is set and the network is trusted).")
+              help="Address to listen on. Off loopback it needs RAG_SERVE_TOKEN (or --insecure).")
 @click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True, help="TCP port.")
 @click.option("--max-body", type=click.IntRange(min=1024), default=1 << 20, show_default=True,
               help="Largest request body in bytes.")
+@click.option("--allow", "allow", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="A folder POST /ingest may read (repeatable). [default: serve.allow; none: /ingest is off]")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME[:PORT]",
+              help="Another Host name to answer for, e.g. a reverse proxy's (repeatable). "
+                   "[default: serve.allow_hosts]")
+@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="A site whose browser pages may call the server, e.g. https://app.example (repeatable). "
+                   "[default: serve.cors_origins]")
+@click.option("--insecure", is_flag=True, help="Listen off loopback without RAG_SERVE_TOKEN.")
 @store_options
 @click.pass_context
 @handles_errors
-def serve(ctx, host, port, max_body, collection, store_path):
+def serve(ctx, host, port, max_body, allow, allow_hosts, cors_origins, insecure, collection, store_path):
     """Serve the collection over HTTP: OpenAI-compatible /v1/chat/completions with sources,
     /search, /ingest, /status, /health. Set RAG_SERVE_TOKEN to require a bearer token.
 
-    This process owns the store and the models; ingests posted to it run in its own
-    writer while searches and answers go on.
+    It answers only requests for the address it listens on (or --allow-host names),
+    from its own origin (or --cors-origin ones), with JSON bodies; /ingest reads only
+    inside the --allow folders. This process owns the store and the models; ingests
+    posted to it run in its own writer while searches and answers go on.
     """
     import os
 
     from ..serve import TOKEN_ENV, run
 
     token = os.environ.get(TOKEN_ENV) or None
-    if host not in ("127.0.0.1", "localhost", "::1") and not token:
-        click.echo(f"warning: listening on {host} without {TOKEN_ENV}: anyone who can reach it can use it", err=True)
-    with _pipeline(ctx, **_store_overrides(collection, store_path)) as rag:
-        run(rag, host=host, port=port, token=token, max_body=max_body, log=lambda m: click.echo(m, err=True))
+    overrides = store_overrides(collection, store_path)
+    overrides.update({"serve.allow": tuple(str(p) for p in allow) or None,
+                      "serve.allow_hosts": tuple(allow_hosts) or None,
+                      "serve.cors_origins": tuple(cors_origins) or None})
+    with open_pipeline(ctx, **overrides) as rag:
+        run(rag, host=host, port=port, token=token, max_body=max_body, insecure=insecure,
+            log=lambda m: click.echo(m, err=True))

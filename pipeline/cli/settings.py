@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import _echo_json, _pipeline, _printable, cli, handles_errors, json_option
+from .common import cli, echo_json, handles_errors, json_option, open_pipeline, printable
 
 
 @cli.command("config")
@@ -25,7 +25,7 @@ def show_config(ctx, reference):
     from ..config import to_toml
     from ..errors import redact
 
-    text = to_toml(_pipeline(ctx).config.resolved())
+    text = to_toml(open_pipeline(ctx).config.resolved())
     shown = redact(text)
     if shown != text:
         shown = "# credentials in URLs are shown as ***\n" + shown
@@ -45,22 +45,22 @@ def models_list(ctx, as_json):
     """Show where each configured model is and whether it is ready, then every model in $RAG_HOME/models."""
     from ..models import available_builtins, describe, models_dir, present
 
-    rag = _pipeline(ctx)
+    rag = open_pipeline(ctx)
     home = rag.config.home_path
     rows = {role: describe(getattr(rag.config.models, role), home=home) for role in ("embedder", "generator")}
     found = [{**m, "configured": [role for role, info in rows.items() if info["path"] == m["path"]]}
              for m in present(home)]
     if as_json:
-        _echo_json({**rows, "present": found, "available": available_builtins(home)})
+        echo_json({**rows, "present": found, "available": available_builtins(home)})
         return
     for role, info in rows.items():
         state = (info["path"] or "an OpenAI-compatible server") if info["ready"] else f"not ready: {info['reason']}"
-        click.echo(f"{role:9}  {info['ref']}\n           {_printable(state)}")
-    click.echo(f"\nin {_printable(str(models_dir(home)))}:" if found else f"\nno models in {models_dir(home)}")
+        click.echo(f"{role:9}  {info['ref']}\n           {printable(state)}")
+    click.echo(f"\nin {printable(str(models_dir(home)))}:" if found else f"\nno models in {models_dir(home)}")
     width = max((len(m["ref"]) for m in found), default=0)
     for m in found:
         mark = f"  ({', '.join(m['configured'])})" if m["configured"] else ""
-        click.echo(f"  {'*' if mark else ' '} {_printable(m['ref']):{width}}  {m['bytes'] / 2**20:8,.1f} MiB{mark}")
+        click.echo(f"  {'*' if mark else ' '} {printable(m['ref']):{width}}  {m['bytes'] / 2**20:8,.1f} MiB{mark}")
     for ref in available_builtins(home):
         click.echo(f"    {ref}  (not provisioned: rag models pull {ref.removeprefix('builtin:')})")
 
@@ -73,7 +73,7 @@ def models_pull(ctx, refs):
     """Download (and convert) the configured models, or REFS, into $RAG_HOME/models."""
     from ..models import BUILTINS, resolve
 
-    rag = _pipeline(ctx)
+    rag = open_pipeline(ctx)
     if not refs:
         for role, path in rag.pull_models().items():
             click.echo(f"{role:9}  {path}")

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import click
 
-from .common import (_display_path, _echo_json, _pipeline, _store_overrides, cli, handles_errors, json_option,
-                     store_options)
+from .common import (cli, display_path, echo_json, handles_errors, json_option, open_pipeline, store_options,
+                     store_overrides)
+
+#: The largest --prompt-file read (instructions are lines of text).
+MAX_PROMPT_FILE = 1 << 20
 
 
 @cli.command()
@@ -44,19 +47,24 @@ def summarize(ctx, paths, collection, store_path, prompts, prompt_file, out_dir,
     prompts = list(prompts)
     if prompt_file is not None:
         try:
-            lines = prompt_file.read_text(encoding="utf-8").splitlines()
+            with open(prompt_file, "rb") as fh:
+                raw = fh.read(MAX_PROMPT_FILE + 1)  # bounded: /dev/zero never ends
+            if len(raw) > MAX_PROMPT_FILE:
+                raise click.BadParameter(f"{prompt_file} is larger than {MAX_PROMPT_FILE // 1024} KiB",
+                                         param_hint="--prompt-file")
+            lines = raw.decode("utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise click.BadParameter(str(exc), param_hint="--prompt-file") from None
         from_file = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
         if not from_file:
             raise click.BadParameter(f"{prompt_file} holds no instruction", param_hint="--prompt-file")
         prompts += from_file
-    overrides = _store_overrides(collection, store_path)
+    overrides = store_overrides(collection, store_path)
     overrides["engine.n_ctx"] = n_ctx
-    with _pipeline(ctx, **overrides) as rag:
+    with open_pipeline(ctx, **overrides) as rag:
         if show_status:
             st = rag.summary_status(list(paths) or None, prompts=prompts or None, max_tokens=max_tokens)
-            _echo_json(st) if as_json else _print_summary_status(st)
+            echo_json(st) if as_json else _print_summary_status(st)
             return
         bar = _SummaryBar(enabled=not as_json and sys.stderr.isatty())
         run = rag.summarize(list(paths) or None, prompts=prompts or None, max_tokens=max_tokens, restart=restart,
@@ -67,17 +75,17 @@ def summarize(ctx, paths, collection, store_path, prompts, prompt_file, out_dir,
                 summaries.append(s)
                 if not s.ok and not as_json:
                     bar.clear()
-                    click.echo(f"failed: {_display_path(s.source)}: {s.error}", err=True)
+                    click.echo(f"failed: {display_path(s.source)}: {s.error}", err=True)
                 elif not as_json and out_dir is None and jsonl is None:
                     bar.clear()
                     several = run.report is not None and run.report.prompts > 1
-                    title = f"## {_display_path(s.source)}" + (f" — prompt {s.prompt_index}" if several else "")
+                    title = f"## {display_path(s.source)}" + (f" — prompt {s.prompt_index}" if several else "")
                     click.echo(f"{title} ({s.method_label})\n\n{s.text}\n")
         finally:
             bar.close()
     report = run.report
     if as_json:
-        _echo_json({**report.to_dict(), "summaries": [s.to_dict() for s in summaries]})
+        echo_json({**report.to_dict(), "summaries": [s.to_dict() for s in summaries]})
     else:
         click.echo(report.describe(), err=True)
     if report.failed:
@@ -90,9 +98,9 @@ def _print_summary_status(st: dict) -> None:
     for item in st["items"]:
         how = f" ({item['method']}" + (f", {item['sections']} sections)" if item["method"] == "map-reduce" else ")") \
             if item["method"] else (f" ({item['units_done']} units done)" if item["units_done"] else "")
-        click.echo(f"  {_display_path(item['source'])}  prompt {item['prompt_index']}: {item['state']}{how}")
+        click.echo(f"  {display_path(item['source'])}  prompt {item['prompt_index']}: {item['state']}{how}")
     for source in st.get("not_ingested", []):
-        click.echo(f"  {_display_path(source)}: not ingested")
+        click.echo(f"  {display_path(source)}: not ingested")
 
 
 class _SummaryBar:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .common import FiniteFloat, _echo_json, _pipeline, cli, handles_errors, json_option
+from .common import FiniteFloat, cli, echo_json, handles_errors, json_option, open_pipeline
 
 
 @cli.command()
@@ -34,7 +34,7 @@ def plan(ctx, model, builtin_spec, quant, hardware, vram_gb, ram_gb, n_ctx, kv, 
     generator) without loading weights, and prints the plan, its memory per device, the
     estimated prefill speed and what limits it, llama.cpp flags and a config snippet.
     """
-    with _pipeline(ctx) as rag:
+    with open_pipeline(ctx) as rag:
         out = rag.plan(model, builtin_spec=builtin_spec, quant=quant, hardware=hardware, vram_gb=vram_gb,
                        ram_gb=ram_gb, n_ctx=n_ctx, kv=kv, n_batch=n_batch, n_ubatch=n_ubatch, compare=compare)
     best, fit = out["plan"], out["fit"]
@@ -43,7 +43,7 @@ def plan(ctx, model, builtin_spec, quant, hardware, vram_gb, ram_gb, n_ctx, kv, 
                 "hardware": out["hardware"].to_dict()}
         if compare:
             data["compare"] = [r.to_dict() for r in out["compare"]]
-        _echo_json(data)
+        echo_json(data)
         return
     click.echo(best.describe())
     if fit is not None:
@@ -86,7 +86,7 @@ def tune(ctx, max_seconds, n_tokens, measure_hardware, as_json):
         if bar is not None and ev.kind in ("result", "skip"):
             bar.update(1)
 
-    with _pipeline(ctx) as rag:
+    with open_pipeline(ctx) as rag:
         try:
             result, path = rag.tune(max_seconds=max_seconds, n_tokens=n_tokens,
                                     measure_hardware=measure_hardware, progress=progress)
@@ -94,7 +94,7 @@ def tune(ctx, max_seconds, n_tokens, measure_hardware, as_json):
             if bar is not None:
                 bar.__exit__(None, None, None)
     if as_json:
-        _echo_json({**result.to_dict(), "profile": str(path)})
+        echo_json({**result.to_dict(), "profile": str(path)})
         return
     click.echo(result.describe())
     click.echo(f"\nsaved: {path}")

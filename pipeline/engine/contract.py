@@ -39,7 +39,7 @@ class EngineStats:
     decode_seconds: float = 0.0
     decode_tokens_per_second: float = 0.0
     load_seconds: float = 0.0
-    cache: str = "none"  # none | memory (kept in the KV cache) | disk (restored) | miss | server
+    cache: str = "none"  # none | memory (kept in the KV cache) | ram | disk (restored) | miss | server
     cache_load_seconds: float = 0.0
     states_saved: int = 0  # prefix states written by this prompt (whole prefix and boundaries)
     cache_save_seconds: float = 0.0

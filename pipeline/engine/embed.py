@@ -42,7 +42,7 @@ class Embedder(EmbedderBase):
     def __init__(self, model_path: Path, *, threads: int = 0, flash_attn: bool = True,
                  gpu_layers: int = 0, batch_tokens: int = 0):
         self.model_path = Path(model_path)
-        self.threads = threads or default_threads()
+        self.threads = min(threads, usable_cpus()) if threads else default_threads()  # see default_threads
         self.flash_attn = flash_attn
         self.gpu_layers = gpu_layers
         self._batch_tokens = batch_tokens

@@ -44,10 +44,12 @@ def load_params(settings: EngineConfig, *, n_ctx: int, overrides: Sequence[offlo
     them for fast copies).
     """
     s = settings
-    threads = s.threads or usable_cpus()
+    cpus = usable_cpus()  # more threads than cores only wait at ggml's barriers (10-50x slower decodes)
+    threads = min(s.threads, cpus) if s.threads else cpus
     return dict(
         n_ctx=n_ctx, n_batch=min(s.n_batch, n_ctx), n_ubatch=min(s.n_ubatch, s.n_batch, n_ctx),
-        threads=threads, threads_batch=s.threads_batch or threads, flash_attn=s.flash_attn,
+        threads=threads, threads_batch=min(s.threads_batch, cpus) if s.threads_batch else threads,
+        flash_attn=s.flash_attn,
         type_k=s.type_k, type_v=s.type_v, gpu_layers=s.gpu_layers, seed=s.seed,
         mmap=s.mmap and not overrides, rope_scaling=s.rope_scaling, rope_freq_scale=s.rope_freq_scale,
         overrides=list(overrides), n_seq_max=max(1, s.n_seq_max),
@@ -95,14 +97,16 @@ def load_generator(model_path: Path, settings: EngineConfig, *, info: ModelInfo,
     return llm, time.perf_counter() - t0
 
 
-def dry_run_log(model_path: Path, settings: EngineConfig, *, n_ctx: int) -> str:
+def dry_run_log(model_path: Path, settings: EngineConfig, *, n_ctx: int, swa_full: bool = True) -> str:
     """llama.cpp's log of a dry run of ``settings`` (model param ``no_alloc``: the real KV cache and
     compute buffer sizes are logged, nothing is allocated). Expert placement is left out: it moves
-    no buffer's size."""
+    no buffer's size. ``swa_full`` False: sliding-window layers with only their window (not the
+    engine's way; for comparing with llama-server's default)."""
     from ._llama import LlamaLog, load
 
     with LlamaLog(chain=False) as log:
-        load(model_path, model_params={"no_alloc": True}, **load_params(settings, n_ctx=n_ctx)).close()
+        load(model_path, model_params={"no_alloc": True}, swa_full=swa_full,
+             **load_params(settings, n_ctx=n_ctx)).close()
     return log.text
 
 

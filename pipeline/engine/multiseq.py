@@ -22,7 +22,7 @@ more) and sums the partial results, but gives each thread whole rows of a k-toke
 batch, so the float sums are taken in another order and a near tie can go the other
 way after some tokens (seen: one of two answers diverged at 2 threads). A job that
 needs byte-identical output therefore commits a group's answers together
-(:meth:`pipeline.jobs.JobStore.commit_units`), so that a resumed run decodes the same
+(:meth:`pipeline.summarize.jobstore.JobStore.commit_units`), so that a resumed run decodes the same
 group again.
 
 Sequences that do not fit together (the prefix, every suffix and every answer must

@@ -11,32 +11,14 @@ the chunk (:attr:`Chunk.indexed_text`), never part of the text shown as a passag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from ..errors import ConfigError
+from ..records import Chunk
 from .headings import HeadingTrail, context_header
-from .loaders import TextUnit
+from .text import TextUnit
 
 Tokenize = Callable[[str], Sequence[int]]
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One piece of a document as it is embedded and stored."""
-
-    text: str
-    index: int  # position in the document, from 0
-    page: int | None
-    start: int  # character offsets in the page's (or document's) text
-    end: int
-    tokens: int  # of ``text``: what passages cost in a prompt
-    context: str = ""  # title and heading path; indexed, never shown
-
-    @property
-    def indexed_text(self) -> str:
-        """What the embedder and the lexical index see: the header, then the text."""
-        return f"{self.context}\n\n{self.text}" if self.context else self.text
 
 
 class Chunker:

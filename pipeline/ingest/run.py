@@ -28,9 +28,9 @@ import numpy as np
 
 from ..engine.contract import TextEmbedder
 from ..errors import LoadError, StoreError
-from ..store.catalog_sqlite import DocumentRecord
 from ..store.store import Store
-from .chunking import Chunk, Chunker, for_embedder
+from ..records import Chunk, DocumentRecord
+from .chunking import Chunker, for_embedder
 from .loaders import NotADocument, detect_format, load, may_be_text, sniff_text
 from .scan import Scan, file_hash
 from .sections import cut as cut_sections
@@ -170,12 +170,37 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
                            embedder_id=embedder.identity, chunk_size=chunk_size,
                            chunk_overlap=chunk_overlap)
     known = store.documents()
-    todo: list[_Todo] = []
-    present: set[str] = set()
     report.files.extend(FileOutcome(p.path, p.status, p.reason) for p in scanned.problems)
+    todo = _changed(scanned, store, known, report, max_bytes=max_bytes)
+    present = {str(found.path) for found in scanned.files}
+    for source in sorted(set(known) - present):
+        if not scanned.covers(source) or scanned.is_protected(source):
+            continue
+        if prune:
+            store.remove_document(source)
+            report.files.append(FileOutcome(source, "removed"))
+        else:
+            report.files.append(FileOutcome(source, "missing"))
+    if todo:
+        chunker = for_embedder(embedder, size=chunk_size, overlap=chunk_overlap, contextual=contextual)
+        if expand_chunker is not None:  # e.g. doc2query (pipeline.ingest.doc2query)
+            chunker = expand_chunker(chunker)
+        store.ensure_collection(embedder=embedder_ref or str(embedder.model_path),
+                                embedder_id=embedder.identity, dim=embedder.dim,
+                                chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+        _embed(todo, chunker, store=store, embedder=embedder, report=report, emit=emit, max_bytes=max_bytes,
+               section_tokens=section_tokens)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _changed(scanned: Scan, store: Store, known: dict[str, DocumentRecord], report: IngestReport, *,
+             max_bytes: int) -> list[_Todo]:
+    """The scanned files that are new or changed (by size and mtime, then content hash); the others are
+    reported (unchanged, skipped, failed) as they are found."""
+    todo: list[_Todo] = []
     for found in scanned.files:
         path, source = found.path, str(found.path)
-        present.add(source)
         guessed = detect_format(path) is None
         if guessed and not may_be_text(path):
             report.files.append(FileOutcome(source, "skipped", "unsupported file type"))
@@ -204,57 +229,44 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
             report.files.append(FileOutcome(source, "unchanged"))
             continue
         todo.append(_Todo(path, source, "changed" if record else "new", digest, found.size, found.mtime_ns))
+    return todo
 
-    for source in sorted(set(known) - present):
-        if not scanned.covers(source) or scanned.is_protected(source):
-            continue
-        if prune:
-            store.remove_document(source)
-            report.files.append(FileOutcome(source, "removed"))
-        else:
-            report.files.append(FileOutcome(source, "missing"))
 
-    if todo:
-        chunker = for_embedder(embedder, size=chunk_size, overlap=chunk_overlap, contextual=contextual)
-        if expand_chunker is not None:  # e.g. doc2query (pipeline.retrieval.expansion)
-            chunker = expand_chunker(chunker)
-        store.ensure_collection(embedder=embedder_ref or str(embedder.model_path),
-                                embedder_id=embedder.identity, dim=embedder.dim,
-                                chunk_size=chunk_size, chunk_overlap=chunk_overlap)
-        tally = _Tally(total_bytes=sum(t.size for t in todo))
-        emit(IngestEvent("plan", total=len(todo), total_bytes=tally.total_bytes))
-        committed = 0
-        # A shared store's other writers may be embedding some of these files right now: a file whose
-        # document lock is taken waits for a second pass, by which time it is usually committed.
-        deferred: list[_Todo] = []
-        if store.catalog.shared and len(todo) > 1:  # start where the others probably are not
-            start = random.randrange(len(todo))
-            todo = todo[start:] + todo[:start]
-        for items, wait in ((todo, False), (deferred, True)):
-            if wait:  # those the others have finished meanwhile need no loading
-                items = _still_to_do(store, deferred, report, tally, emit)
-            with _Claims(store, items, wait=wait, deferred=deferred) as claims:
-                for item, loaded in _prepared(claims.feed(), chunker, embedder, max_bytes=max_bytes,
-                                              on_stop=claims.stop):
-                    if not wait:
-                        claims.more()
-                    try:
-                        outcome = _done_elsewhere(store, item) or _commit(
-                            item, loaded, store=store, embedder=embedder, report=report, emit=emit,
-                            tally=tally, section_tokens=section_tokens)
-                    except StoreError as exc:
-                        raise StoreError(f"{exc} ({committed} of {len(todo)} files to embed were committed "
-                                         "before this)") from None
-                    finally:
-                        claims.release(item)
-                    if wait:  # waiting for a lock while holding another could deadlock with a peer
-                        claims.more()
-                    committed += outcome.status in ("new", "changed")
-                    report.files.append(outcome)
-                    tally.finish(item.size)
-                    emit(tally.event("file", path=str(item.path), outcome=outcome))
-    report.seconds = time.perf_counter() - started
-    return report
+def _embed(todo: list[_Todo], chunker, *, store: Store, embedder: TextEmbedder, report: IngestReport,
+           emit: Progress, max_bytes: int, section_tokens: int) -> None:
+    """Load, chunk, embed and commit each file of ``todo`` (loading one document ahead of the embedding)."""
+    tally = _Tally(total_bytes=sum(t.size for t in todo))
+    emit(IngestEvent("plan", total=len(todo), total_bytes=tally.total_bytes))
+    committed = 0
+    # A shared store's other writers may be embedding some of these files right now: a file whose
+    # document lock is taken waits for a second pass, by which time it is usually committed.
+    deferred: list[_Todo] = []
+    if store.catalog.shared and len(todo) > 1:  # start where the others probably are not
+        start = random.randrange(len(todo))
+        todo = todo[start:] + todo[:start]
+    for items, wait in ((todo, False), (deferred, True)):
+        if wait:  # those the others have finished meanwhile need no loading
+            items = _still_to_do(store, deferred, report, tally, emit)
+        with _Claims(store, items, wait=wait, deferred=deferred) as claims:
+            for item, loaded in _prepared(claims.feed(), chunker, embedder, max_bytes=max_bytes,
+                                          on_stop=claims.stop):
+                if not wait:
+                    claims.more()
+                try:
+                    outcome = _done_elsewhere(store, item) or _commit(
+                        item, loaded, store=store, embedder=embedder, report=report, emit=emit,
+                        tally=tally, section_tokens=section_tokens)
+                except StoreError as exc:
+                    raise StoreError(f"{exc} ({committed} of {len(todo)} files to embed were committed "
+                                     "before this)") from None
+                finally:
+                    claims.release(item)
+                if wait:  # waiting for a lock while holding another could deadlock with a peer
+                    claims.more()
+                committed += outcome.status in ("new", "changed")
+                report.files.append(outcome)
+                tally.finish(item.size)
+                emit(tally.event("file", path=str(item.path), outcome=outcome))
 
 
 @dataclass

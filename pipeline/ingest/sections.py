@@ -24,7 +24,7 @@ import bisect
 import math
 from typing import Protocol, Sequence
 
-from ..store.sections import Section
+from ..records import Section
 
 MAX_TOKENS = 4096
 """The largest section target: bigger sections would make retrieval too coarse at 64K contexts."""

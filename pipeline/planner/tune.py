@@ -29,10 +29,8 @@ measurements as comments); :mod:`pipeline.profiles` writes it where ``rag ask`` 
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
-import random
 import statistics
 import time
 from dataclasses import dataclass, field, replace
@@ -47,11 +45,12 @@ from ..engine.host import detect_ram
 from ..engine.gguf.info import effective_n_ctx
 from .hardware import GiB, HardwareProfile
 from .hardware import measure_hardware as _measure_hardware
+from .measure import CURVE_UBATCHES, gpu_offload_available, measure, measure_cpu_curve
 from .plan import UBATCHES
 from .plan import plan as make_plan
 from .result import Budget, PlanResult, evaluate
 from .spec import ModelSpec, kv_type_supported
-from .speed import prefill_speed
+
 DEFAULT_MAX_SECONDS = 120.0
 DEFAULT_MAX_CANDIDATES = 10
 
@@ -240,13 +239,6 @@ class TuneResult:
 # --------------------------------------------------------------------------- settings <-> plans
 
 
-def gpu_offload_available() -> bool:
-    """Whether this llama.cpp build can offload to a GPU."""
-    from ..engine.loading import supports_gpu_offload
-
-    return supports_gpu_offload()
-
-
 def _key(settings: EngineConfig) -> tuple:
     s = settings
     n_batch = min(s.n_batch, s.n_ctx)
@@ -289,43 +281,6 @@ def candidate_plans(spec: ModelSpec, hw: HardwareProfile, best: PlanResult, *, b
     return out
 
 
-# --------------------------------------------------------------------------- measuring
-
-
-def _prompt(rng: random.Random, n_vocab: int, n: int, first: int) -> list[int]:
-    # a distinct first token: the engine cannot reuse the previous prompt's KV cache
-    return [first % n_vocab] + [rng.randrange(n_vocab) for _ in range(n - 1)]
-
-
-def measure(model_path: Path, settings: EngineConfig, *, n_tokens: int, n_vocab: int, repeats: int = 1,
-            seed: int = 0) -> tuple[list[float], float]:
-    """(prefill tokens/s of each of ``repeats`` prefills of ``n_tokens`` tokens, load seconds), after a warm-up."""
-    from ..engine.local import Engine
-    from ..engine.contract import EngineStats
-
-    rng = random.Random(seed)
-    warm = max(8, min(settings.n_ubatch, n_tokens // 4))
-    prompts = [_prompt(rng, n_vocab, warm, 1)] + [_prompt(rng, n_vocab, n_tokens, 2 + r) for r in range(repeats)]
-    engine = Engine(model_path, settings)
-    try:
-        engine.llm  # load
-        runs = []
-        for r, tokens in enumerate(prompts):
-            stats = EngineStats()
-            engine.generate(tokens, max_tokens=1, stats=stats).read()
-            # generate() leaves its last decode (the sampled token) unsynchronised; llama.cpp would book the
-            # time until the next synchronisation to the next prefill's counter
-            engine.llm.synchronize()
-            if r == 0:
-                continue  # the warm-up
-            if stats.prefill_tokens != n_tokens or stats.prefill_tokens_per_second <= 0:
-                raise RagError(f"the prefill measured {stats.prefill_tokens} tokens, not {n_tokens}")
-            runs.append(stats.prefill_tokens_per_second)
-        return runs, engine.load_seconds
-    finally:
-        engine.close()
-
-
 def _predicted_seconds(c: Candidate, done: list[Candidate], *, n_tokens: int, repeats: int) -> float:
     """What measuring ``c`` should take, from the candidates measured so far."""
     measured = [d for d in done if d.status == "measured" and d.measured_tokens_per_s]
@@ -342,55 +297,6 @@ def _predicted_seconds(c: Candidate, done: list[Candidate], *, n_tokens: int, re
     else:
         speed = min(d.measured_tokens_per_s for d in measured)  # type: ignore[type-var]
     return overhead + n_tokens * repeats / speed
-
-
-# --------------------------------------------------------------------------- the CPU's micro-batch curve
-
-#: Micro-batch sizes ``rag tune --measure-hardware`` measures on a CPU.
-CURVE_UBATCHES = (128, 512, 2048)
-
-
-def fit_cpu_curve(spec: ModelSpec, hw: HardwareProfile, points: Sequence[tuple[EngineConfig, int, float]]
-                  ) -> HardwareProfile:
-    """``hw`` with the CPU FLOP/s and micro-batch curve (``cpu_ubatch_half``, ``cpu_ubatch_cache``) that best
-    reproduce measured CPU prefills: ``points`` of (settings as run, prompt tokens, measured tokens/s).
-
-    A least-squares fit in log space over a grid of the three shape parameters; for each, the FLOP/s that scales the estimates onto the measurements is exact,
-    because every CPU term of the speed model is proportional to ``1 / cpu_flops``.
-    """
-    if not points:
-        return hw
-    halves = [0.0] + [8.0 * 2 ** (i / 4) for i in range(33)]  # 8 .. 2048 tokens
-    caches = [0.0] + [256.0 * 2 ** (i / 2) for i in range(17)]  # 256 .. 65536 tokens
-    base = replace(hw, vram=0, cpu_flops=1e12, cpu_layer_overhead=0.0)
-    best: tuple[float, HardwareProfile] | None = None
-    for half, cache, exp in itertools.product(halves, caches, (0.75, 1.0, 1.25, 1.5, 2.0)):
-        trial = replace(base, cpu_ubatch_half=half, cpu_ubatch_cache=cache, cpu_ubatch_exp=exp)
-        logs = [math.log(tps) - math.log(prefill_speed(spec, s, trial, n).tokens_per_s) for s, n, tps in points]
-        mean = statistics.fmean(logs)
-        err = sum((x - mean) ** 2 for x in logs)
-        if best is None or err < best[0] - 1e-12:
-            best = (err, replace(trial, cpu_flops=1e12 * math.exp(mean)))
-    assert best is not None
-    return replace(best[1], vram=hw.vram)
-
-
-def measure_cpu_curve(model_path: Path, base: EngineConfig, spec: ModelSpec, hw: HardwareProfile, *,
-                      n_tokens: int, seed: int = 0) -> tuple[HardwareProfile, list[dict[str, Any]]]:
-    """Prefill the model on the CPU at :data:`CURVE_UBATCHES` (those within ``n_tokens``), fit the curve to it.
-
-    Returns the fitted profile and the measurements (``n_ubatch``, tokens/s, estimate after the fit).
-    """
-    points: list[tuple[EngineConfig, int, float]] = []
-    for i, u in enumerate(u for u in CURVE_UBATCHES if u <= n_tokens):
-        s = replace(base, n_batch=u, n_ubatch=u, gpu_layers=0).as_run(spec.n_layers, gpu=False)
-        runs, _ = measure(model_path, s, n_tokens=n_tokens, n_vocab=spec.n_vocab, repeats=1, seed=seed + 100 + i)
-        points.append((s, n_tokens, statistics.median(runs)))
-    fitted = fit_cpu_curve(spec, hw, points)
-    cpu_only = replace(fitted, vram=0)
-    rows = [dict(n_ubatch=s.n_ubatch, measured_tokens_per_s=tps,
-                 estimated_tokens_per_s=prefill_speed(spec, s, cpu_only, n).tokens_per_s) for s, n, tps in points]
-    return fitted, rows
 
 
 # --------------------------------------------------------------------------- tune
@@ -421,53 +327,88 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
     model_path = Path(model_path)
     notes: list[str] = []
     spec = ModelSpec.from_gguf(model_path)
-    requested, n_ctx = n_ctx, effective_n_ctx(n_ctx, spec.n_ctx_train, engine_settings.rope_scaling)
-    if requested > n_ctx:
-        notes.append(f"n_ctx {requested} is above the model's trained context: tuned for {n_ctx}")
-    if n_ctx < 16:
-        raise ConfigError(f"n_ctx {n_ctx} is too small to tune for.")
-    n_tokens = int(n_tokens or min(n_ctx // 2, 8192))
-    n_tokens = max(8, min(n_tokens, n_ctx - 2))  # room for the sampled token
-
+    n_ctx, n_tokens = _lengths(spec, engine_settings, n_ctx, n_tokens, notes)
     hw = _measure_hardware(hardware) if measure_hardware else hardware
     hw_seconds = time.perf_counter() - t0
     gpu = hw.has_gpu and engine_settings.gpu_layers != 0 and gpu_offload_available()
     if hw.has_gpu and not gpu:
         notes.append("no GPU offload (CPU-only llama.cpp build or gpu_layers = 0): every plan is on the CPU")
-    hw_plan = hw if gpu else replace(hw, vram=0)
     if budget is None:
-        ram = hw_plan.ram
-        try:
-            ram = min(ram, detect_ram())
-        except ConfigError:
-            pass
-        budget = Budget.from_hardware(replace(hw_plan, ram=ram))
+        budget = _default_budget(hw if gpu else replace(hw, vram=0))
     if engine_settings.override_tensors.strip():
         notes.append("engine.override_tensors is kept in every candidate; the estimates do not account for it")
-
     base = replace(engine_settings, n_ctx=n_ctx)
     curve: list[dict[str, Any]] = []
     if measure_hardware and not gpu:
         hw, curve = measure_cpu_curve(model_path, base, spec, hw, n_tokens=min(n_tokens, max(CURVE_UBATCHES)),
                                       seed=seed)
-        hw_plan = replace(hw, vram=0)
         hw_seconds = time.perf_counter() - t0
         notes.append("CPU micro-batch curve: " + ", ".join(
             f"-ub {r['n_ubatch']} {r['measured_tokens_per_s']:.0f} tok/s (model {r['estimated_tokens_per_s']:.0f})"
             for r in curve))
     elif measure_hardware:
         notes.append("the GPU's micro-batch curve is not measured here: the profile's is kept")
+    hw_plan = hw if gpu else replace(hw, vram=0)
     mmap = base.mmap if not gpu else False  # pinned host memory copies faster to a GPU
     best = make_plan(spec, hw_plan, n_ctx=n_ctx, budget=budget, kv_types=base.type_k, flash_attn=base.flash_attn,
                      mmap=mmap, n_tokens=n_tokens, base=base)
     kvs = tuple(kv_types) if kv_types is not None else (base.type_k, "q8_0")
+    candidates = _candidates(spec, hw_plan, best, base, budget=budget, n_tokens=n_tokens, kv_types=kvs, gpu=gpu,
+                             max_candidates=max_candidates)
 
+    def emit(kind: str, i: int = 0, c: Candidate | None = None, **kw: Any) -> None:
+        if progress is not None:
+            progress(TuneEvent(kind, index=i, total=len(candidates),  # type: ignore[arg-type]
+                               label=c.label if c else "", elapsed=time.perf_counter() - t0,
+                               max_seconds=max_seconds, **kw))
+
+    if measure_hardware:
+        notes.append(f"measuring the hardware took {hw_seconds:.0f} s of the budget; it always runs whole, as "
+                     "the baseline does: the budget only keeps later candidates from starting")
+    emit("plan", message=best.describe())
+    _measure_all(candidates, model_path, spec, n_tokens=n_tokens, repeats=repeats, seed=seed,
+                 deadline=t0 + max_seconds, emit=emit)
+    if candidates[0].estimate is not None and not candidates[0].fits:
+        notes.append("the configured settings are over the memory budget by the memory model: not chosen")
+    result = TuneResult(
+        model=str(model_path), model_identity=file_identity(model_path), n_ctx=n_ctx, n_tokens=n_tokens,
+        hardware=hw, gpu=gpu, plan=best, candidates=candidates, seconds=time.perf_counter() - t0,
+        max_seconds=max_seconds, hardware_measured=measure_hardware, notes=notes, cpu_curve=curve)
+    emit("done", message=result.summary())
+    return result
+
+
+def _lengths(spec: ModelSpec, settings: EngineConfig, n_ctx: int, n_tokens: int | None, notes: list[str]
+             ) -> tuple[int, int]:
+    """The context tuned for (clamped to what the model runs) and the prompt length measured."""
+    requested, n_ctx = n_ctx, effective_n_ctx(n_ctx, spec.n_ctx_train, settings.rope_scaling)
+    if requested > n_ctx:
+        notes.append(f"n_ctx {requested} is above the model's trained context: tuned for {n_ctx}")
+    if n_ctx < 16:
+        raise ConfigError(f"n_ctx {n_ctx} is too small to tune for.")
+    n_tokens = int(n_tokens or min(n_ctx // 2, 8192))
+    return n_ctx, max(8, min(n_tokens, n_ctx - 2))  # room for the sampled token
+
+
+def _default_budget(hw: HardwareProfile) -> Budget:
+    """The profile's VRAM and RAM (RAM capped at this machine's), default margins."""
+    ram = hw.ram
+    try:
+        ram = min(ram, detect_ram())
+    except ConfigError:
+        pass
+    return Budget.from_hardware(replace(hw, ram=ram))
+
+
+def _candidates(spec: ModelSpec, hw: HardwareProfile, best: PlanResult, base: EngineConfig, *, budget: Budget,
+                n_tokens: int, kv_types: Sequence[str], gpu: bool, max_candidates: int) -> list[Candidate]:
+    """The baseline, the plan, then the other candidate plans by estimated speed, each with its estimate."""
     def estimate(s: EngineConfig, label: str) -> PlanResult | None:
         try:
             run = s.as_run(spec.n_layers, gpu=gpu)
         except ConfigError:
             return None
-        return evaluate(spec, run, hw_plan, budget, label=label, n_tokens=n_tokens)
+        return evaluate(spec, run, hw, budget, label=label, n_tokens=n_tokens)
 
     def settings_of(p: EngineConfig) -> EngineConfig:
         s = base.with_planned(p)
@@ -475,7 +416,7 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
 
     candidates = [Candidate("baseline (configured)", base, estimate(base, "baseline"))]
     seen = {_key(base)}
-    for label, p in candidate_plans(spec, hw_plan, best, budget=budget, n_tokens=n_tokens, kv_types=kvs, gpu=gpu):
+    for label, p in candidate_plans(spec, hw, best, budget=budget, n_tokens=n_tokens, kv_types=kv_types, gpu=gpu):
         s = settings_of(p)
         if _key(s) in seen:
             continue
@@ -484,27 +425,21 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
     # the plan first, then the others by estimated speed (stable: equal estimates keep their order)
     head, rest = candidates[:2], candidates[2:]
     rest.sort(key=lambda c: -round(math.log(c.estimated_tokens_per_s), 2) if c.estimated_tokens_per_s else math.inf)
-    candidates = (head + rest)[:max(1, max_candidates)]
+    return (head + rest)[:max(1, max_candidates)]
 
-    total = len(candidates)
 
-    def emit(kind: str, i: int = 0, c: Candidate | None = None, **kw: Any) -> None:
-        if progress is not None:
-            progress(TuneEvent(kind, index=i, total=total, label=c.label if c else "",  # type: ignore[arg-type]
-                               elapsed=time.perf_counter() - t0, max_seconds=max_seconds, **kw))
-
-    if measure_hardware:
-        notes.append(f"measuring the hardware took {hw_seconds:.0f} s of the budget; it always runs whole, as "
-                     "the baseline does: the budget only keeps later candidates from starting")
-    emit("plan", message=best.describe())
+def _measure_all(candidates: list[Candidate], model_path: Path, spec: ModelSpec, *, n_tokens: int, repeats: int,
+                 seed: int, deadline: float, emit: Callable[..., None]) -> None:
+    """Measure the candidates in order (the baseline always), skipping those over the memory budget and,
+    once the next would overrun ``deadline``, the rest."""
     out_of_time = False
     for i, c in enumerate(candidates):
         if i and not c.fits:
             c.status = "over budget"
             emit("skip", i, c, message="over the memory budget")
             continue
-        if i and (out_of_time or time.perf_counter() - t0 + _predicted_seconds(
-                c, candidates[:i], n_tokens=n_tokens, repeats=repeats) > max_seconds):
+        if i and (out_of_time or time.perf_counter() + _predicted_seconds(
+                c, candidates[:i], n_tokens=n_tokens, repeats=repeats) > deadline):
             out_of_time = True  # candidates come fastest first: the later ones would not fit either
             c.status = "out of time"
             emit("skip", i, c, message="out of time")
@@ -523,17 +458,5 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
         else:
             emit("skip", i, c, message=f"failed: {c.error}")
 
-    if candidates[0].estimate is not None and not candidates[0].fits:
-        notes.append("the configured settings are over the memory budget by the memory model: not chosen")
-    result = TuneResult(
-        model=str(model_path), model_identity=file_identity(model_path), n_ctx=n_ctx, n_tokens=n_tokens,
-        hardware=hw, gpu=gpu, plan=best, candidates=candidates, seconds=time.perf_counter() - t0,
-        max_seconds=max_seconds, hardware_measured=measure_hardware, notes=notes, cpu_curve=curve)
-    emit("done", message=result.summary())
-    return result
 
-
-__all__ = [
-    "CURVE_UBATCHES", "Candidate", "TuneEvent", "TuneResult", "candidate_plans", "fit_cpu_curve",
-    "gpu_offload_available", "measure", "measure_cpu_curve", "tune",
-]
+__all__ = ["Candidate", "TuneEvent", "TuneResult", "candidate_plans", "tune"]

@@ -31,13 +31,14 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..errors import InputError
 
 if TYPE_CHECKING:
-    from .search import Hit
+    from ..runtime import Runtime
     from ..store.store import Store
+    from ..records import Hit
 
 KS = (1, 5, 10)
 DEPTH = max(KS)  # chunks retrieved per question
@@ -391,3 +392,49 @@ def _phrase(text: str, words: int = 8) -> str:
     tokens = max(sentences, key=len, default=text.split())
     mid = max(0, len(tokens) // 2 - words // 2)
     return " ".join(tokens[mid:mid + words])
+
+
+def evaluate(rt: "Runtime", questions: "str | Path | Sequence[Question]", *, settings: Sequence[str] | None = None,
+             answer: Callable[[str], Any] | None = None, prompt: Callable[[str], Any] | None = None,
+             label: str = "", progress: Callable[[str, int], None] | None = None) -> EvalReport:
+    """:meth:`Pipeline.evaluate <pipeline.api.Pipeline.evaluate>`: ``questions`` (a JSONL path or loaded
+    questions) through each retrieval setting, over the runtime's collection; with ``answer``, each
+    question is also answered by it (an :class:`~pipeline.ask.answer.Answer`: its text and sources) and
+    the answer checked; with ``prompt``, whether the answer's page is inside the prompt it builds
+    for each question (a packed :class:`~pipeline.records.Prompt`, see :func:`in_prompt`)."""
+    from .search import retrieve
+
+    qs = load_questions(questions) if isinstance(questions, (str, Path)) else list(questions)
+    names = tuple(settings or DEFAULT_SETTINGS)
+    with rt.store(create=False) as store:
+        store.require()
+        rt.check_embedder(store)
+        missing = unreachable(qs, store)
+        if any(SETTINGS.get(n, {}).get("dense") for n in names):
+            rt.embedder.embed(["warm-up"])  # the model load is not query latency
+
+        def one(question: str, name: str):
+            changes = dict(SETTINGS[name])
+            mmr = changes.pop("mmr", False)
+            seconds: dict[str, float] = {}
+            hits = retrieve(rt, store, question, top_k=DEPTH, use_mmr=mmr, timings=seconds, **changes)
+            return hits, seconds
+
+        report = run(qs, one, settings=names, label=label, progress=progress)
+    report.unreachable = missing
+    if prompt is not None:
+        report.packed = [in_prompt(q, prompt(q.question)) for q in qs]
+    if answer is not None:
+        report.answers = []
+        for q in qs:
+            a = answer(q.question)
+            report.answers.append(check_answer(q, a.text, a.sources))
+    return report
+
+
+def collection_template(rt: "Runtime", *, per_document: int = 5) -> list[dict]:
+    """:meth:`Pipeline.eval_template <pipeline.api.Pipeline.eval_template>`: starter lines over the
+    runtime's collection (:func:`template`)."""
+    with rt.store(create=False) as store:
+        store.require()
+        return template(store, per_document=per_document)

@@ -1,36 +1,19 @@
-"""Expansion with the generator, both off by default: HyDE at query time, doc2query at ingest.
-
-A small embedder bridges a paraphrase only so far. With a capable generator two published
-remedies apply:
-
-- **HyDE** (``retrieval.hyde``): the generator writes a short passage that would answer the
-  question, and the dense side embeds the question together with it, so the query vector sits
-  among passages rather than questions. The lexical side still searches the question alone.
-  One short generation per query.
-- **doc2query** (``chunking.doc2query``): at ingest the generator writes the questions each
-  chunk answers; they join the chunk's header (embedded and BM25-indexed with it, never shown),
-  so a user's wording meets the questions' wording. One generation per chunk: slow, and it
-  needs a re-ingest into a fresh collection to reach chunks already stored.
-
-Both run on the same engine as answers; a small default generator writes poor passages and
-questions, which is why they are off (see docs/retrieval.md for what they measured).
+"""HyDE, off by default (``retrieval.hyde``): the generator writes a short passage that would answer
+the question, and the dense side embeds the question together with it, so the query vector sits
+among passages rather than questions. The lexical side still searches the question alone. One
+short generation per query; a small default generator writes poor passages, which is why it is
+off (see docs/retrieval.md for what it measured). Its ingest-time counterpart, doc2query, is
+:mod:`pipeline.ingest.doc2query`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
-from typing import Any, Sequence
+from typing import Any
+
+from ..engine.oneshot import generate_text
 
 HYDE_SYSTEM = ("You write documentation. Answer with one short paragraph, as the product's manual would "
                "word it. Do not mention the question.")
-DOC2QUERY_SYSTEM = "You read a passage of a manual and write the questions a user would ask that it answers."
-
-
-def generate_text(engine: Any, system: str, user: str, *, max_tokens: int) -> str:
-    """One greedy answer of ``engine`` (a :class:`~pipeline.engine.contract.TextGenerator`)."""
-    tokens = engine.tokenize(engine.chat(system, user), special=True)
-    return engine.generate(tokens, max_tokens=max_tokens, temperature=0.0).read().strip()
 
 
 def hypothetical_passage(engine: Any, question: str, *, max_tokens: int) -> str:
@@ -41,45 +24,3 @@ def hypothetical_passage(engine: Any, question: str, *, max_tokens: int) -> str:
 def hyde_query(question: str, passage: str) -> str:
     """What the dense side embeds with HyDE: the question, then the hypothetical passage."""
     return f"{question}\n\n{passage}" if passage else question
-
-
-_NUMBERING = re.compile(r"^\s*(?:[-*•]|\d+[.)]|q\d*[:.)])\s*", re.I)
-
-
-def questions_for(engine: Any, text: str, *, n: int, max_tokens: int) -> list[str]:
-    """Up to ``n`` questions the passage ``text`` answers (doc2query), one per line of the answer."""
-    answer = generate_text(engine, DOC2QUERY_SYSTEM,
-                           f"Passage:\n{text}\n\nWrite {n} different questions it answers, one per line.",
-                           max_tokens=max_tokens)
-    out: list[str] = []
-    for line in answer.splitlines():
-        line = _NUMBERING.sub("", line).strip()
-        if len(line) > 8 and line not in out:
-            out.append(line)
-    return out[:n]
-
-
-class Doc2QueryChunker:
-    """A chunker whose chunks carry, in their header, the questions the generator wrote for them."""
-
-    def __init__(self, inner: Any, engine: Any, *, n: int, max_tokens: int = 96):
-        self.inner = inner
-        self.engine = engine
-        self.n = n
-        self.max_tokens = max_tokens
-
-    def split(self, units: Sequence[Any], **kwargs: Any) -> list:
-        chunks = self.inner.split(units, **kwargs)
-        out = []
-        for chunk in chunks:
-            asked = questions_for(self.engine, chunk.text, n=self.n, max_tokens=self.max_tokens)
-            if asked:
-                head = f"{chunk.context}\n" if chunk.context else ""
-                chunk = dataclasses.replace(chunk, context=head + "\n".join(asked))
-            out.append(chunk)
-        return out
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)

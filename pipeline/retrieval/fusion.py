@@ -24,7 +24,7 @@ from ..store.terms import TermStats, words
 __all__ = ["FUSIONS", "AdaptiveFusion", "TermStats", "idf", "lexical_strength", "lexical_weight", "words"]
 
 if TYPE_CHECKING:
-    from ..store.catalog_sqlite import StoredChunk
+    from ..records import StoredChunk
     from ..store.store import Store
 
 FUSIONS = ("adaptive", "rrf")

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..store.catalog_sqlite import StoredChunk
+    from ..records import StoredChunk
     from ..store.store import Store
 
 # One fused candidate, as :func:`pipeline.retrieval.search.rrf` returns it: (chunk, score, {side: (rank, score)}).

@@ -9,60 +9,17 @@ misses; reciprocal-rank fusion needs no score calibration between the two.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from ..store.catalog_sqlite import StoredChunk
-from ..engine.embed_prompts import embed_query
 from ..engine.contract import TextEmbedder
+from ..engine.embed_prompts import embed_query
 from ..store.store import Store
+from ..records import Hit, Passage, StoredChunk
 
 if TYPE_CHECKING:
+    from ..runtime import Runtime
     from .fusion import AdaptiveFusion
     from .rerank import Reranker
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One retrieved chunk. ``found_by`` names the sides that returned it."""
-
-    source: str
-    page: int | None
-    score: float
-    text: str
-    found_by: tuple[str, ...]
-    chunk_id: str
-    index: int
-    content_hash: str
-    dense_rank: int | None = None
-    dense_similarity: float | None = None
-    lexical_rank: int | None = None
-    bm25: float | None = None
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["found_by"] = list(self.found_by)
-        return d
-
-
-@dataclass(frozen=True)
-class Passage:
-    """Consecutive chunks of one document, merged without repeating their overlaps."""
-
-    source: str
-    content_hash: str
-    first: int  # chunk indexes, inclusive
-    last: int
-    pages: tuple[int, ...]
-    text: str
-    rank: int  # best (lowest) rank of the hits inside it, from 0
-
-    @property
-    def page_label(self) -> str:
-        if not self.pages:
-            return ""
-        lo, hi = min(self.pages), max(self.pages)
-        return f"page {lo}" if lo == hi else f"pages {lo}-{hi}"
 
 
 def rrf(rankings: dict[str, list[tuple[StoredChunk, float]]], *, k: int,
@@ -147,6 +104,53 @@ def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: in
                         dense_rank=d_rank, dense_similarity=None if d_score is None else round(d_score, 4),
                         lexical_rank=l_rank, bm25=None if l_score is None else round(l_score, 4)))
     return hits
+
+
+def retrieve(rt: "Runtime", store: Store, query: str, *, top_k: int, source: str | Sequence[str] | None = None,
+             use_mmr: bool = False, timings: dict[str, float] | None = None, **changes) -> list[Hit]:
+    """:func:`search` as configured (``[retrieval]``, ``ask.mmr_lambda``), with the runtime's embedder;
+    ``changes`` override retrieval settings for this call (dense, lexical, rerank, fusion)."""
+    import dataclasses
+    import time
+
+    from .fusion import AdaptiveFusion
+    from .rerank import make_reranker
+
+    r = dataclasses.replace(rt.config.retrieval, **changes) if changes else rt.config.retrieval
+    if r.dense:
+        rt.embedder.dim  # loads the model outside the timed stages
+    reranker = make_reranker(r.rerank, candidates=max(r.rerank_candidates, top_k),
+                             dense_weight=r.rerank_dense_weight, normalise=r.rerank_normalise)
+    fusion = AdaptiveFusion(r.lexical_floor, r.lexical_full) if r.fusion == "adaptive" else None
+    dense_query = None
+    if r.hyde and r.dense:
+        from .expansion import hyde_query, hypothetical_passage
+
+        started = time.perf_counter()
+        passage = hypothetical_passage(rt.pool.pick(), query, max_tokens=r.hyde_tokens)
+        dense_query = hyde_query(query, passage)
+        if timings is not None:
+            timings["hyde"] = timings.get("hyde", 0.0) + time.perf_counter() - started
+    return search(query, store=store, embedder=rt.embedder if r.dense else None, top_k=top_k,
+                  dense=r.dense, lexical=r.lexical, candidates=max(r.candidates, top_k), rrf_k=r.rrf_k,
+                  source=source, use_mmr=use_mmr, mmr_lambda=rt.config.ask.mmr_lambda,
+                  rerank=reranker, fusion=fusion, dense_query=dense_query, timings=timings)
+
+
+def search_collection(rt: "Runtime", query: str, *, top_k: int | None = None,
+                      timings: dict[str, float] | None = None) -> list[Hit]:
+    """:meth:`Pipeline.search <pipeline.api.Pipeline.search>`: the collection's best chunks for ``query``."""
+    from ..errors import InputError
+    from ..inputs import check_text, check_top_k
+
+    if not isinstance(query, str) or not query.strip():
+        raise InputError("the query is empty")
+    check_text(query, "the query")
+    check_top_k(top_k)
+    with rt.store(create=False) as store:
+        store.require()
+        rt.check_embedder(store)
+        return retrieve(rt, store, query, top_k=top_k or rt.config.retrieval.top_k, timings=timings)
 
 
 class _Stopwatch:

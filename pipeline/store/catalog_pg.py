@@ -21,34 +21,19 @@ threads, like the SQLite catalog.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
-from ..errors import StoreError
-from .catalog_sqlite import _WORD, CollectionInfo, DocumentRecord, StoredChunk
-from .pg_pool import pool
+from ..errors import StoreError, redact
+from ..records import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
+from .catalog import query_words
+from .pg_pool import advisory_key, pool
 from .pg_schema import LEXEMES, upgrade
-from .sections import Section
-from .vectors import redact
-
-if TYPE_CHECKING:
-    from ..ingest.chunking import Chunk
 
 _DOC = ("source, content_hash, size, mtime_ns, format, title, pages, n_chunks, n_tokens, ingested_at")
 _CHUNK = 'chunk_id, source, content_hash, idx, page, start, "end", tokens, text'
-
-
-def _key(*parts: str) -> int:
-    """A signed 64-bit advisory-lock key for ``parts`` (the same in every process)."""
-    return int.from_bytes(hashlib.sha1("\0".join(parts).encode()).digest()[:8], "big", signed=True)
-
-
-def ts_words(text: str) -> list[str]:
-    """The words of a query, as a cheap test for "no word at all" before asking the server."""
-    return list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
 
 
 def _quoted(lexeme: str) -> str:
@@ -62,7 +47,7 @@ def _clean(text: str | None) -> str | None:
 
 
 class PostgresCatalog:
-    """The catalog of one store in a PostgreSQL database. See :class:`~.catalog.Catalog` for each method."""
+    """The :class:`~.catalog.Catalog` of one store in a PostgreSQL database, shared by many processes."""
 
     shared = True
 
@@ -114,10 +99,10 @@ class PostgresCatalog:
                 self._run("SELECT pg_advisory_unlock(%s)", (key,))
 
     def collection_lock(self, name: str):
-        return self._advisory(_key("collection", name), wait=True)
+        return self._advisory(advisory_key("collection", name), wait=True)
 
     def document_lock(self, collection: str, source: str, *, wait: bool = True):
-        return self._advisory(_key("document", collection, source), wait=wait)
+        return self._advisory(advisory_key("document", collection, source), wait=wait)
 
     # -- collections ------------------------------------------------------------------------
 
@@ -244,7 +229,7 @@ class PostgresCatalog:
 
     def _lexeme_counts(self, collection: str, query: str) -> tuple[int, dict[str, int]]:
         """The collection's chunk count and, for each of the query's lexemes, the chunks holding it."""
-        if not ts_words(query):
+        if not query_words(query):  # no word at all: nothing to ask the server
             return 0, {}
         lexemes = [r[0] for r in self._rows("SELECT lexeme FROM unnest(" + LEXEMES.format("%s") + ")", (query,))
                    if "'" not in r[0] and "\\" not in r[0]]

@@ -1,90 +1,38 @@
-"""The catalog: which documents are committed, their chunks, and the BM25 index over them.
+"""The catalog in SQLite: one file per store, ``catalog.sqlite`` beside the vectors (see :mod:`.catalog`).
 
-One SQLite file per store. A document becomes visible to queries in exactly one
-transaction that writes its row, its chunks and their full-text entries
-together, so the lexical side can never hold half a document, and the dense
-side (Chroma) is filtered against this record: the catalog is the single source
-of truth about which documents exist. SQLite FTS5 ships with Python; Chroma's
-own sparse index is refused in embedded mode.
+A document becomes visible to queries in exactly one transaction that writes its
+row, its chunks, their full-text entries and its sections. The lexical index is
+SQLite FTS5 with BM25 ranking (it ships with Python; Chroma's own sparse index is
+refused in embedded mode).
 """
 
 from __future__ import annotations
 
-import re
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from .._sqlite import transaction
 from ..errors import StoreError
+from ..records import Chunk, CollectionInfo, DocumentRecord, StoredChunk
 from . import sections as _sections
+from .catalog import query_words
 from .failures import storage_error
 from .schema import upgrade
 
-if TYPE_CHECKING:
-    from ..ingest.chunking import Chunk
-
-@dataclass(frozen=True)
-class DocumentRecord:
-    """A committed document as the catalog knows it."""
-
-    source: str
-    content_hash: str
-    size: int
-    mtime_ns: int
-    format: str
-    title: str | None = None
-    pages: int | None = None
-    n_chunks: int = 0
-    n_tokens: int = 0
-    ingested_at: float = 0.0
-
-
-@dataclass(frozen=True)
-class StoredChunk:
-    """A chunk of a committed document, as stored on either side."""
-
-    chunk_id: str
-    source: str
-    content_hash: str
-    index: int
-    page: int | None
-    start: int
-    end: int
-    tokens: int
-    text: str
-
-
-@dataclass(frozen=True)
-class CollectionInfo:
-    name: str
-    embedder: str
-    embedder_id: str
-    dim: int
-    chunk_size: int
-    chunk_overlap: int
-    created_at: float
-
-
-_WORD = re.compile(r"\w+", re.UNICODE)
-
-
 def fts_query(text: str) -> str | None:
     """An FTS5 query matching any word of ``text``: quoted so that no user input is FTS syntax."""
-    words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
+    words = query_words(text)
     if not words:
         return None
     return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
 
 
-class Catalog:
-    """SQLite catalog of one store. Not shared between threads; the store lock serialises processes.
-
-    :class:`pipeline.store.catalog_pg.PostgresCatalog` is the same interface on a PostgreSQL
-    server, shared by many processes (``shared`` is True there: no store lock is taken).
+class SQLiteCatalog:
+    """The :class:`~.catalog.Catalog` of one store in SQLite. Not shared between threads; the store lock
+    serialises processes.
 
     Opening it creates the schema in a new file and migrates an older one (see :mod:`.schema`);
     ``migrated_from`` is the version found.

@@ -25,10 +25,16 @@ import os
 import threading
 import time
 
-from ..errors import StoreBusyError, StoreError
-from .vectors import redact
+from ..errors import StoreBusyError, StoreError, redact
 
 DEFAULT_SIZE = 8
+
+
+def advisory_key(*parts: str) -> int:
+    """A signed 64-bit advisory-lock key for ``parts`` (the same in every process)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha1("\0".join(parts).encode()).digest()[:8], "big", signed=True)
 
 
 def connect(url: str):

@@ -26,8 +26,9 @@ Only rows whose ``content_hash`` is the document's committed one are ever read.
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass
 from typing import Iterable, Sequence
+
+from ..records import Section
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sections (
@@ -36,33 +37,6 @@ CREATE TABLE IF NOT EXISTS sections (
     first_page INTEGER, last_page INTEGER, tokens INTEGER NOT NULL, target INTEGER NOT NULL,
     PRIMARY KEY (collection, source, content_hash, idx));
 """
-
-
-@dataclass(frozen=True)
-class Section:
-    """A fixed run of one document's chunks (``first``..``last``, inclusive)."""
-
-    source: str
-    content_hash: str
-    index: int
-    first: int
-    last: int
-    first_page: int | None
-    last_page: int | None
-    tokens: int  # embedder tokens of its chunks (overlaps counted in both neighbours)
-    target: int  # the section size it was cut to
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        """What identifies the section's text: the document, its version, the position."""
-        return (self.source, self.content_hash, self.index)
-
-    @property
-    def pages(self) -> tuple[int, ...]:
-        if self.first_page is None:
-            return ()
-        return (self.first_page,) if self.last_page in (None, self.first_page) else (self.first_page,
-                                                                                      self.last_page)
 
 
 def replace(db: sqlite3.Connection, collection: str, source: str, sections: Sequence[Section]) -> None:

@@ -29,7 +29,7 @@ class SharedStore:
     """The store directory ``path``, held open while any thread uses it."""
 
     def __init__(self, path: Path, *, wait: float = 10.0, url: str = "", catalog_url: str = "",
-                 catalog_pool: int | None = None):
+                 catalog_pool: int | None = None, timeout: float = 30.0):
         """``url`` and ``catalog_url`` as for :class:`~.store.Store`; with both, every view is a
         store on servers of its own (no process lock to share). Views on a PostgreSQL catalog
         borrow connections from the process's pool for it (at most ``catalog_pool``; None: the
@@ -37,6 +37,7 @@ class SharedStore:
         self.path = Path(path)
         self.wait = wait
         self.url = url
+        self.timeout = timeout
         self.catalog_url = catalog_url
         self._mu = threading.Lock()
         self._users = 0
@@ -65,7 +66,7 @@ class SharedStore:
                     self._pg = pool(self.catalog_url, size=self.catalog_pool, wait=self.wait)
                     self._pg.enter()
         store = Store(self.path, collection, wait=self.wait, create=create, url=self.url,
-                      catalog_url=self.catalog_url, shared=self)
+                      catalog_url=self.catalog_url, shared=self, timeout=self.timeout)
         with store:
             yield store
 
@@ -104,5 +105,5 @@ class SharedStore:
     def client(self):
         with self._mu:
             if self._client is None:
-                self._client = vector_client(path=self.path, url=self.url)
+                self._client = vector_client(path=self.path, url=self.url, timeout=self.timeout)
             return self._client

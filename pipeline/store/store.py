@@ -11,9 +11,9 @@ moment leaves nothing half-visible and nothing duplicated:
 4. Chroma's chunks of any other version of that source are deleted, and the
    journal entry is cleared.
 
-Test hook: with ``RAG_TEST_KILL_BEFORE_COMMIT=N`` set, the process SIGKILLs itself after
-writing the vectors of its Nth document, before the commit point (step 3): the crash tests
-use it to stop an ingest exactly mid-document; it has no other use.
+Crash point ``BEFORE_COMMIT`` (:mod:`pipeline._testhooks`): with ``RAG_TEST_KILL_BEFORE_COMMIT=N``
+set, the process SIGKILLs itself after writing the vectors of its Nth document, before the
+commit point (step 3), so the crash tests stop an ingest exactly mid-document.
 
 Dense hits are filtered against the catalog, so chunks written before a crash
 are never returned, and every open of the store finishes the journal's pending
@@ -31,40 +31,27 @@ cleanups of a crashed process are finished by the next process that opens the st
 from __future__ import annotations
 
 import hashlib
-import os
-import signal
 import sqlite3
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
-from .catalog_sqlite import Catalog, CollectionInfo, DocumentRecord, StoredChunk
+from .._testhooks import crash_point
+from ..errors import StoreError, redact
+from ..records import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
+from .catalog import Catalog
 from .failures import storage_error
-from ..errors import StoreError
 from .lock import StoreLock
 from .names import check_collection_name
 from .vectors import client as vector_client
-from .vectors import redact
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..ingest.chunking import Chunk
-    from .sections import Section
-
 __all__ = ["Store", "check_collection_name", "chunk_id"]
 
-KILL_HOOK = "RAG_TEST_KILL_BEFORE_COMMIT"
 DENSE_OVERFETCH = 100  # nearest neighbours asked of Chroma at least, of which the best are kept (see Store.dense)
-_written = 0  # documents whose vectors this process wrote (for the test hook)
-
-
-def _test_kill_hook() -> None:
-    global _written
-    _written += 1
-    if os.environ.get(KILL_HOOK, "").isdigit() and _written >= int(os.environ[KILL_HOOK]):
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _where_source(source: str | Sequence[str] | None) -> dict | None:
@@ -87,7 +74,7 @@ class Store:
     """
 
     def __init__(self, path: Path, collection: str, *, wait: float = 10.0, create: bool = True,
-                 url: str = "", catalog_url: str = "", shared=None):
+                 url: str = "", catalog_url: str = "", shared=None, timeout: float = 30.0):
         """``create=False`` opens an existing store only: reads never create one. ``shared`` (a
         :class:`~.shared.SharedStore`) supplies the process lock and Chroma client of this process's
         threads (embedded stores only)."""
@@ -95,6 +82,7 @@ class Store:
         self.create = create
         self.name = check_collection_name(collection)
         self.url = url
+        self.timeout = timeout  # seconds a Chroma server may take per request
         self.catalog_url = catalog_url
         self.on_servers = bool(url and catalog_url)
         self._lock = None if self.on_servers else StoreLock(self.path, wait=wait)
@@ -123,7 +111,9 @@ class Store:
 
                 self.catalog = PostgresCatalog(self.catalog_url)
             else:
-                self.catalog = Catalog(self.path / "catalog.sqlite")
+                from .catalog_sqlite import SQLiteCatalog
+
+                self.catalog = SQLiteCatalog(self.path / "catalog.sqlite")
             if self.catalog.collection(self.name) is not None and (
                     self._shared is None or self._shared.first_view(self.name)):
                 with self._writing():
@@ -180,27 +170,32 @@ class Store:
         self.close()
 
     @contextmanager
-    def _writing(self) -> Iterator[None]:
-        """Turn a failed write (full disk, read-only files, a Chroma error) into a :class:`StoreError`."""
+    def _writing(self, doing: str = "writing to") -> Iterator[None]:
+        """Turn a failed write or read (full disk, read-only files, a Chroma error, a Chroma server
+        that does not answer) into a :class:`StoreError`."""
         try:
             yield
         except (OSError, sqlite3.Error) as exc:
-            raise storage_error(exc, self.path) from None
+            raise storage_error(exc, self.path, doing=doing) from None
         except Exception as exc:
             # Chroma (embedded or its HTTP client), PostgreSQL: the store's state; anything else is a bug.
             if not type(exc).__module__.startswith(("chromadb", "psycopg", "httpx")):
                 raise
+            if self.url and "timeout" in type(exc).__name__.lower():
+                raise StoreError(f"the Chroma server at {redact(self.url)} did not answer within store.timeout "
+                                 f"({self.timeout:g} s): is it stopped or overloaded? (raise store.timeout "
+                                 "for a slow server)") from None
             if self.on_servers:
-                raise StoreError(f"writing to the store {self.where} failed: "
+                raise StoreError(f"{doing} the store {self.where} failed: "
                                  f"{' '.join(str(exc).split())[:300] or type(exc).__name__}") from None
-            raise storage_error(exc, self.path) from None
+            raise storage_error(exc, self.path, doing=doing) from None
 
     @property
     def _chroma(self):
         if self._client is None and self._shared is not None:
             self._client = self._shared.client()
         if self._client is None:
-            self._client = vector_client(path=self.path, url=self.url)
+            self._client = vector_client(path=self.path, url=self.url, timeout=self.timeout)
         return self._client
 
     def _batch_size(self) -> int:
@@ -212,8 +207,9 @@ class Store:
     def _col(self):
         """The Chroma collection (cosine space). The catalog decides whether the collection exists."""
         if self._collection is None:
-            self._collection = self._chroma.get_or_create_collection(
-                self.name, configuration={"hnsw": {"space": "cosine"}}, embedding_function=None)
+            with self._writing(doing="opening"):
+                self._collection = self._chroma.get_or_create_collection(
+                    self.name, configuration={"hnsw": {"space": "cosine"}}, embedding_function=None)
         return self._collection
 
     # -- collections ------------------------------------------------------------------------
@@ -322,7 +318,7 @@ class Store:
                                 "page": c.page if c.page is not None else -1, "start": c.start,
                                 "end": c.end, "tokens": c.tokens} for c in part],
                 )
-            _test_kill_hook()
+            crash_point("BEFORE_COMMIT")
             self.catalog.commit_document(self.name, doc, chunks, ids, sections)
             self._reconcile(doc.source, keep=doc.content_hash)
 
@@ -358,36 +354,37 @@ class Store:
         import numpy as np
 
         col = self._col()
-        count = col.count()
-        n = min(limit, count)
-        if n == 0:
-            return []
-        # HNSW is approximate, and its misses differed from process to process: with Chroma's
-        # defaults, 8 of 20 queries over 1,841 chunks got the exact 40 nearest. Asking for ten
-        # times as many (ids and distances only: as fast) and keeping the nearest gave 19 of 20;
-        # the kept ones' texts and metadata are then read by id.
-        res = col.query(query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
-                        n_results=min(count, max(10 * n, DENSE_OVERFETCH)), include=["distances"],
-                        where=_where_source(source))
-        ranked = sorted(zip(res["distances"][0], res["ids"][0]))
         committed = self.catalog.committed_hashes(self.name)
         hits: list[tuple[StoredChunk, float]] = []
-        start = 0
-        while len(hits) < n and start < len(ranked):
-            batch = ranked[start:start + 2 * n]
-            start += len(batch)
-            got = col.get(ids=[cid for _, cid in batch], include=["metadatas", "documents"])
-            found = {cid: (meta, text) for cid, meta, text in zip(got["ids"], got["metadatas"], got["documents"])}
-            for dist, cid in batch:
-                if cid not in found:
-                    continue
-                meta, text = found[cid]
-                if committed.get(meta["source"]) != meta["content_hash"]:
-                    continue  # written before a crash or being replaced: not committed
-                page = int(meta["page"])
-                hits.append((StoredChunk(cid, meta["source"], meta["content_hash"], int(meta["idx"]),
-                                         page if page >= 0 else None, int(meta["start"]), int(meta["end"]),
-                                         int(meta["tokens"]), text), 1.0 - float(dist)))
+        with self._writing(doing="reading"):
+            count = col.count()
+            n = min(limit, count)
+            if n == 0:
+                return []
+            # HNSW is approximate, and its misses differed from process to process: with Chroma's
+            # defaults, 8 of 20 queries over 1,841 chunks got the exact 40 nearest. Asking for ten
+            # times as many (ids and distances only: as fast) and keeping the nearest gave 19 of 20;
+            # the kept ones' texts and metadata are then read by id.
+            res = col.query(query_embeddings=np.asarray(vector, dtype=np.float32).reshape(1, -1),
+                            n_results=min(count, max(10 * n, DENSE_OVERFETCH)), include=["distances"],
+                            where=_where_source(source))
+            ranked = sorted(zip(res["distances"][0], res["ids"][0]))
+            start = 0
+            while len(hits) < n and start < len(ranked):
+                batch = ranked[start:start + 2 * n]
+                start += len(batch)
+                got = col.get(ids=[cid for _, cid in batch], include=["metadatas", "documents"])
+                found = {cid: (meta, text) for cid, meta, text in zip(got["ids"], got["metadatas"], got["documents"])}
+                for dist, cid in batch:
+                    if cid not in found:
+                        continue
+                    meta, text = found[cid]
+                    if committed.get(meta["source"]) != meta["content_hash"]:
+                        continue  # written before a crash or being replaced: not committed
+                    page = int(meta["page"])
+                    hits.append((StoredChunk(cid, meta["source"], meta["content_hash"], int(meta["idx"]),
+                                             page if page >= 0 else None, int(meta["start"]), int(meta["end"]),
+                                             int(meta["tokens"]), text), 1.0 - float(dist)))
         return hits[:n]
 
     def lexical(self, query: str, *, limit: int, source: str | Sequence[str] | None = None
@@ -400,9 +397,13 @@ class Store:
 
         if not chunk_ids:
             return {}
-        got = self._col().get(ids=chunk_ids, include=["embeddings"])
+        col = self._col()
+        with self._writing(doing="reading"):
+            got = col.get(ids=chunk_ids, include=["embeddings"])
         return {cid: np.asarray(v, dtype=np.float32) for cid, v in zip(got["ids"], got["embeddings"])}
 
     def chunk_count(self) -> int:
         """Chunks on the dense side, committed or not (for status and consistency checks)."""
-        return self._col().count()
+        col = self._col()
+        with self._writing(doing="reading"):
+            return col.count()

@@ -1,7 +1,7 @@
 """Batch summaries: whole documents where they fit, map-reduce over fixed sections where they do not.
 
-Prompts are laid out exactly as ``rag ask`` lays them out (:mod:`.packing`,
-:func:`.context.section_prompt`): system prompt, the document as its page-marked
+Prompts are laid out exactly as ``rag ask`` lays them out (:mod:`pipeline.ask.packing`,
+:func:`pipeline.ask.prompt.section_prompt`): system prompt, the document as its page-marked
 fixed sections (the catalog's, cut at ingest), the instruction last, with a boundary
 after every section. A document that fits is summarised whole with the very prefix
 of ``rag ask --doc`` and ``rag warm``, so a warmed or already-asked document costs
@@ -15,7 +15,7 @@ sections that fit (:func:`map_groups`; the first run is the prefix ``rag warm``
 saves for it): each run gets every prompt (the *map* step), then each prompt's
 partial results are combined in order (the *reduce* step), in several levels when
 the partials do not fit one prompt together. Every unit is committed to the job
-database as it finishes (:mod:`.jobs`), so a job stopped at any moment resumes where
+database as it finishes (:mod:`.jobstore`), so a job stopped at any moment resumes where
 it was, with the same output as an uninterrupted run.
 """
 
@@ -33,17 +33,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..ask import packing
-from ..ask.prompt import Layout, Prompt, pack, section_prompt
+from ..ask.prompt import Layout, SectionTokens, pack, section_prompt
+from ..digest import digest
 from ..errors import EngineError, InputError, RagError
-from .jobstore import JobStore, StoredResult, Unit, digest
-from ..retrieval.search import Passage
+from ..records import DocumentRecord, Passage, Prompt, Section
+from .jobstore import JobStore, StoredResult, Unit
 from .outputs import JobReport, Outputs, Summary, SummaryEvent
 
 if TYPE_CHECKING:
-    from ..engine.local import Engine
     from ..engine.contract import EngineStats
-    from ..store.catalog_sqlite import DocumentRecord
-    from ..store.sections import Section
+    from ..engine.local import Engine
     from ..store.store import Store
 
 # Bumped when prompts or the method change in a way that changes outputs: old units are then not reused.
@@ -67,7 +66,7 @@ def sections_of(store: "Store", source: str, *, target: int) -> "packing.Shelf":
     return packing.gather(store, sources=[source], target=target, fetch_tokens=2**62)
 
 
-def map_groups(shelf: "packing.Shelf", budget: int, memo: "packing.SectionTokens") -> list[list["Section"]]:
+def map_groups(shelf: "packing.Shelf", budget: int, memo: SectionTokens) -> list[list["Section"]]:
     """The document's sections in order, in runs of consecutive sections that fit ``budget`` together.
 
     The first run is the prefix ``rag warm`` saves for a document that does not fit
@@ -103,7 +102,7 @@ class Settings:
     system: str
     reserve: int = 0
     """The answer room the layout decision holds back (whole or map-reduce, where runs end): the one
-    ``ask`` and ``warm`` use (:func:`.packing.layout_reserve`); 0 = ``max_tokens``."""
+    ``ask`` and ``warm`` use (:func:`pipeline.ask.prompt.layout_reserve`); 0 = ``max_tokens``."""
 
     @property
     def layout_reserve(self) -> int:
@@ -125,7 +124,7 @@ class Job:
 
     def __init__(self, *, engine: "Engine", jobs: JobStore, open_store: Callable[[], AbstractContextManager],
                  collection: str, documents: Sequence["DocumentRecord"], prompts: Sequence[str],
-                 settings: Settings, section_target: int, memo: "packing.SectionTokens | None" = None,
+                 settings: Settings, section_target: int, memo: SectionTokens | None = None,
                  progress: Callable[[SummaryEvent], None] | None = None,
                  record: "Callable[[Sequence[packing.Key]], None] | None" = None):
         if not prompts:
@@ -139,7 +138,7 @@ class Job:
         self.prompts = list(dict.fromkeys(p.strip() for p in prompts))
         self.settings = settings
         self.section_target = section_target  # for documents whose sections are not in the catalog yet
-        self.memo = memo or packing.SectionTokens(engine.tokenize)
+        self.memo = memo or SectionTokens(engine.tokenize)
         self.progress = progress or (lambda ev: None)
         # Each prefix a summary prompt prefilled (its sections' keys), told to ask's pack history, so
         # that a later question prefers a pack whose state a summary saved (see packing.plan).
@@ -239,15 +238,23 @@ class Job:
                 self.report.outputs = list(outputs.written)
 
     def _in_order(self, total: int) -> Iterator[tuple["DocumentRecord", list[Summary]]]:
-        """Each document's summaries, one document after the other, with progress per unit."""
-        done_tokens = 0
-        for n, doc in enumerate(self.documents, start=1):
-            def tick(fraction: float, detail: str, _base=done_tokens, _doc=doc, _n=n) -> None:
-                self.progress(SummaryEvent("unit", _doc.source, _n - 1, len(self.documents),
-                                           _base + int(_doc.n_tokens * min(fraction, 1.0)), total, detail))
+        """Each document's summaries, one document after the other, with progress per unit; other
+        processes running the same job take other documents (claims in the job store)."""
+        from .spread import in_turn
 
-            yield doc, self._document(doc, tick)
-            done_tokens += doc.n_tokens
+        done = {"documents": 0, "tokens": 0}
+
+        def compute(doc: "DocumentRecord") -> list[Summary]:
+            def tick(fraction: float, detail: str) -> None:
+                self.progress(SummaryEvent("unit", doc.source, done["documents"], len(self.documents),
+                                           done["tokens"] + int(doc.n_tokens * min(fraction, 1.0)), total, detail))
+
+            summaries = self._document(doc, tick)
+            done["documents"] += 1
+            done["tokens"] += doc.n_tokens
+            return summaries
+
+        yield from in_turn(self, compute)
 
     def _account(self, s: Summary) -> None:
         self.report.summaries += 1
@@ -446,7 +453,7 @@ class Job:
     def _generate(self, prompts: Sequence[Prompt]) -> tuple[list[tuple[str, "EngineStats"]], bool]:
         """Each prompt's text and figures, and whether they were decoded together. Prompts with one
         prefix are decoded together where the engine runs several sequences (``engine.n_seq_max`` > 1),
-        else one after the other (see :mod:`.engine.multiseq` for when greedy texts match)."""
+        else one after the other (see :mod:`pipeline.engine.multiseq` for when greedy texts match)."""
         g = self.settings
         kw = dict(max_tokens=g.max_tokens, temperature=g.temperature, repeat_penalty=g.repeat_penalty, seed=g.seed)
         first = prompts[0]
@@ -468,48 +475,3 @@ class Job:
             StoredResult(doc.source, doc.content_hash, s.prompt, s.method, s.sections, s.reduce_steps, s.levels,
                          s.text),
             doc_key=self.doc_key(doc), prompt_key=self.prompt_key(s.prompt))
-
-
-class SummaryRun:
-    """A summarisation run: iterate for :class:`Summary` objects as they finish; ``report`` once it ends.
-
-    ``prepare`` returns the job (documents resolved, paths ingested), its open job
-    database, and the inputs that could not be taken (failed to load, unsupported),
-    each as a dict with "source" and "error".
-    """
-
-    def __init__(self, prepare: Callable[[], tuple[Job, JobStore, list[dict], list[dict]]], *, restart: bool = False,
-                 out_dir: Path | None = None, jsonl: Path | None = None,
-                 progress: Callable[[SummaryEvent], None] | None = None):
-        self._prepare = prepare
-        self.restart = restart
-        self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.jsonl = Path(jsonl) if jsonl is not None else None
-        self.progress = progress
-        self.report: JobReport | None = None
-
-    def __iter__(self) -> Iterator[Summary]:
-        job, jobs, failed, skipped = self._prepare()
-        with jobs:
-            if self.progress is not None:
-                job.progress = self.progress
-            self.report = job.report
-            self.report.skipped = list(skipped)
-            if self.restart:
-                job.forget()
-            outputs = Outputs(out_dir=self.out_dir, jsonl=self.jsonl, sources=[d.source for d in job.documents],
-                               n_prompts=len(job.prompts))
-            try:
-                for f in failed:  # inputs that never reached the collection: reported, the rest go on
-                    for i, prompt in enumerate(job.prompts, start=1):
-                        s = Summary(f["source"], "", prompt, i, error=f["error"])
-                        self.report.failed.append({"source": s.source, "prompt_index": i, "error": s.error})
-                        outputs.write(s)
-                        yield s
-                yield from job.run(outputs=outputs)
-            finally:
-                outputs.close()
-
-    def result(self) -> list[Summary]:
-        """Run to the end; every summary, in order."""
-        return list(self)

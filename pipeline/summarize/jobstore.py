@@ -1,7 +1,10 @@
 """Resumable job state for ``rag summarize``: every finished unit of work, committed as it completes.
 
-One SQLite file per store, ``jobs.sqlite`` beside the catalog, with its own schema
-version (so it migrates independently of the catalog). Work is content-addressed:
+:class:`JobStore` is what a job asks of its state, whichever database keeps it:
+:class:`SQLiteJobStore` (``jobs.sqlite`` beside an embedded store's catalog, with its own
+schema version, so it migrates independently of the catalog) or
+:class:`~.jobstore_pg.PostgresJobStore` (in the shared PostgreSQL catalog). Work is
+content-addressed:
 
 - a *unit* (a whole-document prompt, one section's map prompt, one reduce step) is
   keyed by a hash of everything its output depends on: the model and the settings
@@ -13,30 +16,28 @@ version (so it migrates independently of the catalog). Work is content-addressed
 So the same command run again finds what was finished and does only the rest, a
 changed document (a new content hash) gets new keys and redoes only its own units,
 and several jobs over overlapping documents share their work. Each commit is one
-SQLite transaction, so ``kill -9`` at any moment loses at most the unit in flight.
+transaction, so ``kill -9`` at any moment loses at most the unit in flight; the crash
+tests stop a real ``rag summarize`` right after its Nth commit through the crash point
+``AFTER_COMMITS`` (:mod:`pipeline._testhooks`).
 
-Test hook: when ``RAG_TEST_KILL_AFTER_COMMITS=N`` is set, the process SIGKILLs
-itself right after its Nth commit (a unit or a result) in this process. The crash
-tests use it to stop a real ``rag summarize`` at exact points (mid-map, mid-reduce,
-between documents); it has no other use.
+Several workers (threads, processes, machines) split one job through leases on its
+documents: :meth:`JobStore.claim`, :meth:`~JobStore.renew`, :meth:`~JobStore.release`
+(see :mod:`.spread`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import signal
 import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
+from .._testhooks import crash_point
 from ..errors import StoreError
 
 SCHEMA_VERSION = 1
-KILL_HOOK = "RAG_TEST_KILL_AFTER_COMMITS"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -54,12 +55,6 @@ CREATE TABLE IF NOT EXISTS claims (
     job_id TEXT, item TEXT, worker TEXT, lease_until REAL, done INTEGER, attempts INTEGER,
     PRIMARY KEY (job_id, item));
 """
-
-
-def digest(*parts) -> str:
-    """A short stable hash of JSON-serialisable ``parts``."""
-    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -89,14 +84,77 @@ class StoredResult:
     text: str
 
 
-class JobStore:
-    """The job database of one store directory. One connection per instance; not shared between threads."""
+class JobStore(Protocol):
+    """The job state of one store. One connection per instance; an instance is not shared between threads
+    (:meth:`reopen` gives another thread or worker its own)."""
+
+    #: What messages name the job state by (a file, or a URL without its password).
+    path: object
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "SQLiteJobStore": ...
+
+    def __exit__(self, *exc) -> None: ...
+
+    def reopen(self) -> "JobStore":
+        """Another connection to the same job state (for another thread or worker)."""
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    def begin(self, job_id: str, *, collection: str, spec: dict) -> None: ...
+
+    def finish(self, job_id: str, state: str) -> None: ...
+
+    def job(self, job_id: str) -> dict | None:
+        """``{"state", "created_at", "updated_at"}`` of a job, or None if it never began."""
+
+    # -- units and results ----------------------------------------------------------------------
+
+    def unit(self, key: str) -> Unit | None: ...
+
+    def commit_unit(self, unit: Unit, *, doc_key: str, prompt_key: str, idx: str) -> None: ...
+
+    def commit_units(self, units: Sequence[tuple[Unit, str, str, str]]) -> None:
+        """Commit ``(unit, doc_key, prompt_key, idx)`` rows in one transaction (one commit): units decoded
+        together are finished together, so a resumed job decodes the same group again, never part of it."""
+
+    def result(self, key: str) -> StoredResult | None: ...
+
+    def commit_result(self, key: str, result: StoredResult, *, doc_key: str, prompt_key: str) -> None: ...
+
+    def units_done(self, doc_key: str, prompt_key: str) -> int: ...
+
+    def forget(self, job_id: str, pairs: Iterable[tuple[str, str]]) -> int:
+        """Delete a job's record and the units and results of its (document key, prompt key) pairs; the
+        number of units and results deleted."""
+
+    # -- claims: several workers on one job -----------------------------------------------------
+
+    def claim(self, job_id: str, items: Sequence[str], *, worker: str, lease: float) -> str | None:
+        """Take the first of ``items`` that is neither done nor held under a live lease, for ``lease``
+        seconds, in one transaction (so two workers never take the same item); None if there is none.
+        An item whose holder stopped renewing (a crashed worker) is free again once its lease ends."""
+
+    def renew(self, job_id: str, item: str, *, worker: str, lease: float) -> bool:
+        """Extend ``worker``'s lease on ``item``; False if the item is no longer its own."""
+
+    def release(self, job_id: str, item: str, *, worker: str, done: bool) -> None:
+        """Mark ``item`` done, or give it back (lease ended now) for another worker to take."""
+
+    def claims(self, job_id: str) -> dict[str, dict]:
+        """Per item: who took it last, whether it is done, how many times it was taken."""
+
+    def clear_finished_claims(self, job_id: str) -> None:
+        """Forget the claims a finished run left done (a new run: stored results decide what is left,
+        and documents that failed are tried again); live leases of other workers stay."""
+
+
+class SQLiteJobStore:
+    """The :class:`JobStore` of an embedded store: ``jobs.sqlite`` in its directory."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self._commits = 0
-        kill = os.environ.get(KILL_HOOK, "")
-        self._kill_after = int(kill) if kill.isdigit() else 0
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
@@ -115,14 +173,13 @@ class JobStore:
     def close(self) -> None:
         self.db.close()
 
-    def __enter__(self) -> "JobStore":
+    def __enter__(self) -> "SQLiteJobStore":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def reopen(self) -> "JobStore":
-        """Another connection to the same job state (for another thread or worker)."""
+    def reopen(self) -> "SQLiteJobStore":
         return type(self)(self.path)
 
     # -- jobs ---------------------------------------------------------------------------------
@@ -259,6 +316,4 @@ class JobStore:
         self.db.execute("DELETE FROM claims WHERE job_id = ? AND done = 1", (job_id,))
 
     def _committed(self) -> None:
-        self._commits += 1
-        if self._kill_after and self._commits >= self._kill_after:
-            os.kill(os.getpid(), signal.SIGKILL)
+        crash_point("AFTER_COMMITS")

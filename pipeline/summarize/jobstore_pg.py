@@ -1,38 +1,35 @@
 """Summarisation job state in the PostgreSQL catalog (``store.catalog_url``), shared by every worker.
 
-The same content-addressed units and results as :class:`pipeline.summarize.jobstore.JobStore` (which
-keeps them in ``jobs.sqlite`` beside an embedded store), in the tables of catalog schema
-version 2 (:mod:`.pg_schema`). Every commit is one statement, so ``kill -9`` loses at
-most the unit in flight, as with SQLite. Workers on several machines split one job through
-the same leases as :class:`~pipeline.summarize.jobstore.JobStore` (:meth:`claim`, :meth:`renew`,
-:meth:`release`): a claim runs in one transaction under an advisory lock on the job, so two
+The :class:`~.jobstore.JobStore` of a store whose catalog is in PostgreSQL: the same
+content-addressed units and results as :class:`~.jobstore.SQLiteJobStore` (which keeps them
+in ``jobs.sqlite`` beside an embedded store), in the tables of catalog schema version 2
+(:mod:`pipeline.store.pg_schema`). Every commit is one statement (or one transaction), so
+``kill -9`` loses at most the unit in flight, as with SQLite. Workers on several machines
+split one job through the same leases (:meth:`~.jobstore.JobStore.claim`, ``renew``,
+``release``): a claim runs in one transaction under an advisory lock on the job, so two
 workers never take the same item, and a crashed worker's items are free once its lease ends.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Iterable, Sequence
 
-from .jobstore import KILL_HOOK, JobStore, StoredResult, Unit
+from .._testhooks import crash_point
+from ..errors import redact
+from ..store.pg_pool import advisory_key, pool
 from ..store.pg_schema import upgrade
-from ..store.pg_pool import pool
-from ..store.catalog_pg import _key
-from ..store.vectors import redact
+from .jobstore import StoredResult, Unit
 
 
-class PostgresJobStore(JobStore):
-    """:class:`~pipeline.summarize.jobstore.JobStore` on PostgreSQL. One connection per instance, lent by the
-    process's pool (:mod:`.pg_pool`) until :meth:`close`; not shared between threads."""
+class PostgresJobStore:
+    """The job state in the PostgreSQL catalog at ``url``. One connection per instance, lent by the
+    process's pool (:mod:`pipeline.store.pg_pool`) until :meth:`close`; not shared between threads."""
 
     def __init__(self, url: str):
         self._url = url
         self.path = redact(url)  # what messages name
-        self._commits = 0
-        kill = os.environ.get(KILL_HOOK, "")
-        self._kill_after = int(kill) if kill.isdigit() else 0
         self._pool = pool(url)
         self.conn = self._pool.acquire()
         try:
@@ -46,6 +43,12 @@ class PostgresJobStore(JobStore):
         pool_, self._pool = self._pool, None
         if pool_ is not None:
             pool_.release(self.conn)
+
+    def __enter__(self) -> "PostgresJobStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def reopen(self) -> "PostgresJobStore":
         return PostgresJobStore(self._url)
@@ -86,6 +89,18 @@ class PostgresJobStore(JobStore):
                    unit.prefill_tokens, unit.decode_tokens, unit.seconds, time.time()))
         self._committed()
 
+    def commit_units(self, units: Sequence[tuple[Unit, str, str, str]]) -> None:
+        now = time.time()
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO units VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (key) DO UPDATE"
+                " SET text = excluded.text, prompt_tokens = excluded.prompt_tokens,"
+                " prefill_tokens = excluded.prefill_tokens, decode_tokens = excluded.decode_tokens,"
+                " seconds = excluded.seconds, finished_at = excluded.finished_at",
+                [(u.key, dk, pk, u.kind, idx, u.text.replace("\x00", " "), u.prompt_tokens, u.prefill_tokens,
+                  u.decode_tokens, u.seconds, now) for u, dk, pk, idx in units])
+        self._committed()
+
     def result(self, key: str) -> StoredResult | None:
         row = self._one("SELECT source, content_hash, prompt, method, sections, reduce_steps, levels, text"
                         " FROM results WHERE key = %s", (key,))
@@ -121,7 +136,7 @@ class PostgresJobStore(JobStore):
     def claim(self, job_id: str, items: Sequence[str], *, worker: str, lease: float) -> str | None:
         now = time.time()
         with self.conn.transaction(), self.conn.cursor() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_key("job", job_id),))  # one claimer per job at a time
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (advisory_key("job", job_id),))  # one claimer per job at a time
             cur.execute("SELECT item, done, lease_until, attempts FROM claims WHERE job_id = %s", (job_id,))
             held = {row[0]: row[1:] for row in cur.fetchall()}
             for item in items:
@@ -156,3 +171,6 @@ class PostgresJobStore(JobStore):
 
     def clear_finished_claims(self, job_id: str) -> None:
         self._one("DELETE FROM claims WHERE job_id = %s AND done = 1", (job_id,))
+
+    def _committed(self) -> None:
+        crash_point("AFTER_COMMITS")

@@ -1,14 +1,16 @@
 """One summary and where it goes: the record of a document × prompt, a run's totals, progress
 events, and the output files (Markdown per summary, JSON Lines) written as summaries finish.
 
-The job that computes them is :mod:`.summarize`; this module holds what it produces, so
+The job that computes them is :mod:`.job`; this module holds what it produces, so
 that an app can consume results without the job's machinery.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -149,28 +151,39 @@ class SummaryEvent:
 
 
 def output_names(sources: Sequence[str]) -> dict[str, str]:
-    """A file-name stem per source: its file name, or its path below the common folder where names repeat."""
+    """A file-name stem per source: its file name, or its path below the common folder where names repeat
+    (``p/q/r.md`` → ``p__q__r.md``); stems that still collide (``p__q/r.md``) get a digest of their path."""
     names = {s: Path(s).name for s in sources}
     if len(set(names.values())) == len(names):
         return names
     common = Path(os.path.commonpath([str(Path(s).parent) for s in sources]))
-    return {s: "__".join(Path(s).relative_to(common).parts) for s in sources}
+    names = {s: "__".join(Path(s).relative_to(common).parts) for s in sources}
+    taken = Counter(names.values())
+    return {s: f"{n}.{hashlib.sha256(s.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}" if taken[n] > 1 else n
+            for s, n in names.items()}
 
 
 class Outputs:
-    """Markdown files (one per document and prompt) and a JSON Lines file, written as summaries finish."""
+    """Markdown files (one per document and prompt) and a JSON Lines file, written as summaries finish.
+
+    Each file replaces its previous version whole: a Markdown file when its summary is written, the
+    JSON Lines file when the run ends (:meth:`finish`; until then it grows beside it as
+    ``.NAME.partial``), so a run that is killed or fails leaves the previous outputs complete.
+    """
 
     def __init__(self, *, out_dir: Path | None, jsonl: Path | None, sources: Sequence[str], n_prompts: int):
         self.out_dir, self.n_prompts = out_dir, n_prompts
         self.names = output_names(sources)
         self.written: list[str] = []
         self._jsonl = None
+        self._jsonl_path = jsonl
+        self._partial = jsonl.with_name(f".{jsonl.name}.partial") if jsonl is not None else None
         try:
             if out_dir is not None:
                 out_dir.mkdir(parents=True, exist_ok=True)
             if jsonl is not None:
                 jsonl.parent.mkdir(parents=True, exist_ok=True)
-                self._jsonl = open(jsonl, "w", encoding="utf-8")  # rewritten whole on every run
+                self._jsonl = open(self._partial, "w", encoding="utf-8")
                 self.written.append(str(jsonl))
         except OSError as exc:
             self.close()
@@ -195,9 +208,28 @@ class Outputs:
                 self._jsonl.write(json.dumps(summary.record(), ensure_ascii=False) + "\n")
                 self._jsonl.flush()
         except OSError as exc:
+            self.close()
+            raise InputError(f"cannot write the output: {exc}") from None
+
+    def finish(self) -> None:
+        """The run is complete: the JSON Lines file replaces the previous one."""
+        fh, self._jsonl = self._jsonl, None
+        if fh is None:
+            return
+        try:
+            fh.close()
+            os.replace(self._partial, self._jsonl_path)
+        except OSError as exc:
+            self._partial.unlink(missing_ok=True)
             raise InputError(f"cannot write the output: {exc}") from None
 
     def close(self) -> None:
-        if self._jsonl is not None:
-            self._jsonl.close()
-            self._jsonl = None
+        """Give up what :meth:`finish` did not make final (the previous JSON Lines file stays)."""
+        fh, self._jsonl = self._jsonl, None
+        if fh is None:
+            return
+        try:
+            fh.close()
+        except OSError:  # a full disk fails the flush again: the error was reported already
+            pass
+        self._partial.unlink(missing_ok=True)

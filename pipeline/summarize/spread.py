@@ -19,10 +19,11 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
+from ..ask.prompt import SectionTokens
+from ..records import DocumentRecord
 from .jobstore import JobStore
-from ..store.catalog_sqlite import DocumentRecord
 
 LEASE_SECONDS = 60.0
 POLL_SECONDS = 0.5
@@ -32,7 +33,7 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
            ) -> Iterator[tuple[DocumentRecord, list]]:
     """Each document's summaries as a worker finishes them, one worker (thread) per engine.
 
-    ``job`` is a :class:`pipeline.summarize.Job` (not imported: it calls this); each worker
+    ``job`` is a :class:`pipeline.summarize.job.Job` (not imported: it calls this); each worker
     runs a copy of it on its engine, with a job-store connection of its own.
     """
     items = {job.doc_key(d): d for d in job.documents}
@@ -56,10 +57,7 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
         # Tokens from the worker's own server: llama_cpp.server cuts a running stream short when another
         # request (a tokenize call from another worker) arrives. The tokens are the same on every server.
         mine.__dict__.pop("layout", None)
-        if hasattr(job, "memo"):
-            from ..ask.packing import SectionTokens
-
-            mine.memo = SectionTokens(engine.tokenize)
+        mine.memo = SectionTokens(engine.tokenize)
         key = None
         try:
             while not stop.is_set():
@@ -106,6 +104,74 @@ def spread(job: Any, engines: Sequence, *, lease: float = LEASE_SECONDS, poll: f
         raise errors[0]
 
 
+def in_turn(job: Any, compute: Callable[[DocumentRecord], list], *, lease: float = LEASE_SECONDS,
+            poll: float = POLL_SECONDS) -> Iterator[tuple[DocumentRecord, list]]:
+    """Each document's summaries, in the job's order, computed by this process's one engine while
+    other processes on the same job take other documents: a document another live worker holds is
+    left to it and read from the job store once it is done (or taken over when the holder's lease
+    ends, or at once when the holder was a process of this machine that has ended), so no unit is
+    computed twice. Documents finished ahead of their turn wait, so outputs keep the job's order.
+
+    ``compute(doc)`` is :meth:`pipeline.summarize.Job._document` (stored results are reused, the rest
+    computed).
+    """
+    jobs, job_id = job.jobs, job.job_id
+    order = [job.doc_key(d) for d in job.documents]
+    items = dict(zip(order, job.documents))
+    jobs.clear_finished_claims(job_id)
+    worker = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    left, ready = list(order), {}
+    while order:
+        while order and order[0] in ready:
+            key = order.pop(0)
+            yield items[key], ready.pop(key)
+        if not left:
+            continue
+        _free_the_dead(jobs, job_id, left)
+        key = jobs.claim(job_id, left, worker=worker, lease=lease)
+        if key is not None:
+            try:
+                with _heartbeat(jobs, job_id, key, worker, lease):
+                    ready[key] = compute(items[key])
+            except BaseException:
+                jobs.release(job_id, key, worker=worker, done=False)
+                raise
+            jobs.release(job_id, key, worker=worker, done=True)
+            left.remove(key)
+            continue
+        held = jobs.claims(job_id)  # the rest is held by others, or done by them
+        done = [k for k in left if held.get(k, {}).get("done")]
+        if not done:
+            time.sleep(poll)
+            continue
+        left.remove(done[0])
+        ready[done[0]] = compute(items[done[0]])  # their results, from the job store
+
+
+def _free_the_dead(jobs: JobStore, job_id: str, items: Sequence[str]) -> None:
+    """Give back the items of holders on this machine whose process has ended (no need to wait for
+    their leases: a rerun after a crash starts at once)."""
+    for item, claim in jobs.claims(job_id).items():
+        if item in items and not claim["done"] and claim["lease_until"] > time.time() and \
+                not _alive(claim["worker"]):
+            jobs.release(job_id, item, worker=claim["worker"], done=False)
+
+
+def _alive(worker: str) -> bool:
+    """False for a worker of this machine whose process has ended (its lease need not run out)."""
+    host, _, rest = worker.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return True  # another machine's: its lease decides
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
 @contextmanager
 def _heartbeat(store: JobStore, job_id: str, item: str, worker: str, lease: float):
     """Renew ``worker``'s lease on ``item`` every third of the lease while the block runs."""
@@ -128,4 +194,4 @@ def _heartbeat(store: JobStore, job_id: str, item: str, worker: str, lease: floa
         thread.join()
 
 
-__all__ = ["LEASE_SECONDS", "spread"]
+__all__ = ["LEASE_SECONDS", "in_turn", "spread"]

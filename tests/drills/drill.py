@@ -11,14 +11,22 @@ expected outcome. The areas:
           bad encodings, UTF-16 without BOM, gzip, injected chat control tokens);
 - cache:  prefix-cache faults (a corrupted index, a read-only directory, RAG_CACHE_PATH
           naming a file, truncated state files, states orphaned by a lost index);
-- config: bad RAG_* values and command options: each must end in a one-line message and
+- config: bad RAG_* values, settings files and command options (text that is not UTF-8,
+          files that never end, ids and thread counts): each must end in a one-line message and
           a documented exit status (0 ok, 1, 2 bad input, 3 model, 4 store, 5 busy, 6 engine),
-          never a traceback.
+          never a traceback;
+- http:   `rag serve` as an attacker and a careless client use it (:mod:`http_area`): paths
+          outside the allowed folders, foreign Host and Origin headers, text/plain posts, bad
+          JSON, a client that leaves, SIGTERM mid-ingest, a busy port;
+- summarize: `rag summarize` outputs and jobs (:mod:`summarize_area`): full disks, killed
+          reruns, colliding names, two processes on one job;
+- servers, disk: a Chroma server or PostgreSQL that is stopped, refused or misnamed, and a
+          store on a full disk (:mod:`servers_area`).
 
 It prints `area | tried | handled | defects`, then each defect with what was expected and
 what happened; --json writes the same. The exit status is 1 when a defect was found.
 
-    .venv/bin/python tests/drills/drill.py                      # everything (a few minutes)
+    .venv/bin/python tests/drills/drill.py                      # everything (half an hour on 2 cores)
     .venv/bin/python tests/drills/drill.py --areas config,files --json drill.json
     .venv/bin/python tests/drills/drill.py --only files.fifo,config.env.cache.max_gb=nan
     .venv/bin/python tests/drills/drill.py --list               # probe names
@@ -44,6 +52,10 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the test helpers (a real `rag serve`, a small disk)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the areas' modules
+# The areas' modules import this one as `drill`: run as a script it is `__main__`, and must not load twice.
+sys.modules.setdefault("drill", sys.modules[__name__])
 
 DOCUMENTED_EXITS = {0, 1, 2, 3, 4, 5, 6}
 FAST = {"RAG_ASK_MAX_TOKENS": "4", "RAG_ENGINE_N_CTX": "2048", "RAG_CACHE_MIN_TOKENS": "16",
@@ -71,7 +83,8 @@ class Ran:
     def brief(self) -> str:
         tail = (self.err.strip().splitlines() or [""])[-1][:200]
         status = "timed out" if self.code is None else f"exit {self.code}"
-        return f"`rag {' '.join(self.args)}` {status} after {self.seconds:.1f} s: {tail!r}"
+        shown = " ".join(a if isinstance(a, str) and a.isprintable() else repr(a) for a in self.args)
+        return f"`rag {shown}` {status} after {self.seconds:.1f} s: {tail!r}"
 
 
 @dataclass
@@ -108,6 +121,7 @@ class Drill:
         self.env.update(FAST, RAG_HOME=str(self.home), HF_ENDPOINT="http://127.0.0.1:9")
         self._n = 0
         self._cache: dict[str, object] = {}
+        self.cleanups: list[Callable[[], None]] = []  # run when the drill ends (servers it started)
 
     def fresh(self, name: str) -> Path:
         self._n += 1
@@ -115,11 +129,19 @@ class Drill:
         path.mkdir()
         return path
 
-    def rag(self, *args: str, env: dict | None = None, timeout: float = 120, cwd: Path | None = None) -> Ran:
+    def rag(self, *args: str | bytes, env: dict | None = None, timeout: float = 120, cwd: Path | None = None,
+            max_memory: int | None = None) -> Ran:
+        """``rag ARGS`` in its own process (``max_memory`` bounds its address space, in bytes)."""
+        def limit() -> None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (max_memory, max_memory))
+
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "pipeline", *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                env={**self.env, **(env or {})}, cwd=cwd or self.work, start_new_session=True)
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, errors="replace",
+                                env={**self.env, **(env or {})}, cwd=cwd or self.work, start_new_session=True,
+                                preexec_fn=limit if max_memory else None)
         try:
             out, err = proc.communicate(timeout=timeout)
             code = proc.returncode
@@ -394,7 +416,7 @@ def probe_control_tokens(d: Drill) -> None:
     overrides = {"store.path": str(base / "store"), "cache.enabled": False, "engine.n_ctx": 2048,
                  "engine.tuned": False, "home": str(d.home)}
     with Pipeline.from_config(overrides=overrides, environ={}) as rag:
-        prompt = rag._prompt("What does the warranty say?", doc=None, source=None, mode=None, top_k=2)[0]
+        prompt = rag.prompt("What does the warranty say?", top_k=2)
         tokens = list(prompt.tokens)
         path = rag.engine.model_path if hasattr(rag.engine, "model_path") else None
     from pipeline import models
@@ -579,6 +601,24 @@ def _config_cases() -> list[tuple[str, dict, list[str], set[int]]]:
         ("args.plan-spec-unknown", {}, ["plan", "--spec", "llama-9000b"], {2}),
         ("args.tune-seconds-nan", {}, ["tune", "--max-seconds", "nan"], {2}),
         ("args.bench-unknown", {}, ["bench", "nonexistent"], {1, 2}),
+        # text that is not Unicode, ids and settings that are almost right
+        ("args.ask-invalid-utf8", {}, [b"ask", b"what \xff\xfe is it"], {2}),
+        ("args.ask-json-invalid-utf8", {}, [b"ask", b"--json", b"what \xff\xfe is it"], {2}),
+        ("args.search-invalid-utf8", {}, [b"search", b"code \xff"], {2}),
+        ("args.search-json-invalid-utf8", {}, [b"search", b"--json", b"code \xff"], {2}),
+        ("args.chat-id-newline", {}, ["ask", "--chat", "c1\n", "what is it"], {2}),
+        ("args.chat-id-slash", {}, ["ask", "--chat", "../c1", "what is it"], {2}),
+        ("args.config-not-utf8", {}, ["--config", "@latin1.toml", "status"], {2}),
+        ("args.config-dev-zero", {}, ["--config", "/dev/zero", "status"], {2}),
+        ("args.prompt-file-dev-zero", {}, ["summarize", "--prompt-file", "/dev/zero"], {2}),
+        ("env.engine-threads-10000", {"RAG_ENGINE_THREADS": "10000"}, ["ask", "x"], {2}),
+        ("env.embed-threads-10000", {"RAG_EMBED_THREADS": "10000"}, ["search", "x"], {2}),
+        ("env.store-timeout-0", {"RAG_STORE_TIMEOUT": "0"}, ["status"], {2}),
+        ("env.serve-allow-missing", {"RAG_SERVE_ALLOW": "/nonexistent/docs"}, ["serve", "--port", "1"], {2}),
+        ("args.serve-allow-missing", {}, ["serve", "--allow", "/nonexistent/docs"], {2}),
+        ("args.serve-allow-a-file", {}, ["serve", "--allow", "/etc/hostname"], {2}),
+        ("args.serve-port-0", {}, ["serve", "--port", "0"], {2}),
+        ("args.serve-off-loopback", {}, ["serve", "--host", "0.0.0.0", "--port", "1"], {2}),
     ]
     return cases
 
@@ -586,7 +626,15 @@ def _config_cases() -> list[tuple[str, dict, list[str], set[int]]]:
 def _config_probe(env: dict, args: list[str], codes: set[int]) -> Callable[[Drill], None]:
     def check(d: Drill) -> None:
         base = d.fresh("config")
-        ran = clean(d.rag(*args, env={**store_env(base), **env}, timeout=120), codes=codes)
+        (base / "latin1.toml").write_bytes('[store]\ncollection = "caf\xe9"\n'.encode("latin-1"))
+        args_here = [str(base / a[1:]) if isinstance(a, str) and a.startswith("@") else a for a in args]
+        ran = clean(d.rag(*args_here, env={**store_env(base), **env}, timeout=120, max_memory=4 << 30),
+                    codes=codes)
+        if b"--json" in args and ran.code:
+            try:
+                json.loads(ran.out)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                raise Defect(f"--json printed no JSON error: {ran.brief()}") from None
         secrets = [v for v in env.values() if "s3cret" in v]
         if secrets and "s3cret" in ran.out + ran.err:
             raise Defect(f"a password from the environment was printed: {ran.brief()}")
@@ -627,6 +675,12 @@ def probes(*, kills: int) -> list[Probe]:
     for name, env, args, codes in _config_cases():
         expect = f"exit {'/'.join(map(str, sorted(codes)))}, one-line message, no traceback"
         out.append(Probe("config", f"config.{name}", expect, _config_probe(env, args, codes)))
+    import http_area
+    import servers_area
+    import summarize_area
+
+    for area in (http_area, summarize_area, servers_area):
+        out += [Probe(a, name, expect, check) for a, name, expect, check in area.PROBES]
     return out
 
 
@@ -653,6 +707,11 @@ def run(selected: list[Probe], *, seed: int, budget: float | None, progress=prin
             results.append(r)
             if progress:
                 progress(f"  {r.outcome:8} {r.name} ({r.seconds:.1f} s){': ' + r.detail[:160] if r.detail else ''}")
+        for cleanup in reversed(d.cleanups):  # servers the probes started
+            try:
+                cleanup()
+            except Exception as exc:  # noqa: BLE001 - a cleanup that fails must not hide the results
+                progress and progress(f"  cleanup failed: {type(exc).__name__}: {exc}")
         for p in Path(tmp).rglob("*"):  # undo permission faults so the directory can go
             if p.is_dir() and not p.is_symlink():
                 p.chmod(0o755)
@@ -671,7 +730,8 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--areas", default="kill,files,cache,config", help="comma-separated areas to run")
+    ap.add_argument("--areas", default="kill,files,cache,config,http,summarize,servers,disk",
+                    help="comma-separated areas to run")
     ap.add_argument("--only", help="comma-separated probe names (overrides --areas)")
     ap.add_argument("--kills", type=int, default=5, help="kill -9 trials of each kind")
     ap.add_argument("--seed", type=int, default=0)

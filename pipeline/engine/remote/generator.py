@@ -178,7 +178,7 @@ class RemoteGenerator(GeneratorBase):
 
     def workers(self) -> list["RemoteGenerator"]:
         """One generator per server, each sending its prompts to its own server first (failing over to
-        the others): the engines of a job spread over the servers (:mod:`pipeline.summarize_spread`).
+        the others): the engines of a job spread over the servers (:mod:`pipeline.summarize.spread`).
         They share this one's connections, token texts and server state."""
         self._facts  # noqa: B018 - probed once, shared by the copies
         self.namespace  # noqa: B018

@@ -1,0 +1,273 @@
+"""What a :class:`~pipeline.api.Pipeline` owns, built lazily: the models, the engine pool, the caches,
+the store, the pack history.
+
+A :class:`Runtime` is settings plus resources. Nothing is built until first used
+(``rag --help`` and most tests start instantly), each resource is built once however
+many threads ask for it at the same time (:class:`~.concurrency.once`), and
+:meth:`Runtime.close` closes what it built (never an embedder or generator that was
+given to it). The operations (:mod:`.ask`, :mod:`.retrieval`, :mod:`.summarize`,
+:mod:`.collection`) take a runtime and use these resources; the runtime itself answers
+no question.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from . import models
+from .concurrency import EnginePool, once
+from .config import Config
+from .store.shared import SharedStore
+from .store.store import Store
+
+if TYPE_CHECKING:
+    from .ask.history import PackHistory
+    from .ask.prompt import Layout, SectionTokens
+    from .ask.stops import Stops
+    from .config import EngineConfig
+    from .engine.cache.ram import RamStates
+    from .engine.cache.store import PrefixCache
+    from .engine.contract import TextEmbedder, TextGenerator
+
+#: The lazily built resources :meth:`Runtime.close` closes (those it made).
+RESOURCES = ("embedder", "engine", "prefix_cache", "ram_states", "pack_history")
+
+
+class Runtime:
+    """The settings and the resources of one pipeline.
+
+    ``embedder`` and ``generator``, when given, are used instead of the configured models
+    (any :class:`~pipeline.engine.contract.TextEmbedder` / ``TextGenerator``: the tests'
+    fakes, a backend of the application's own); the runtime never closes them.
+    """
+
+    def __init__(self, config: Config, *, log: Callable[[str], None] | None = None,
+                 embedder: "TextEmbedder | None" = None, generator: "TextGenerator | None" = None):
+        self.config = config.validate()
+        self.log = log
+        self._given: set[str] = set()
+        self._layouts: dict[str, "Layout"] = {}
+        self._layouts_mu = threading.Lock()
+        c = self.config.store
+        self._stores = SharedStore(self.config.store_path, wait=c.wait, url=c.url, catalog_url=c.catalog_url,
+                                   catalog_pool=c.catalog_pool, timeout=c.timeout)
+        if embedder is not None:
+            self.__dict__["embedder"] = embedder  # fills the lazily built resource
+            self._given.add("embedder")
+        if generator is not None:
+            self.__dict__["engine"] = generator
+            self._given.add("engine")
+
+    def has(self, name: str) -> bool:
+        """Whether the resource ``name`` (``"engine"``, ``"embedder"``, ...) is built or given already."""
+        return name in self.__dict__
+
+    def given(self, name: str) -> bool:
+        """Whether the resource ``name`` was given to the runtime rather than built from the settings."""
+        return name in self._given
+
+    # -- models -------------------------------------------------------------------------------
+
+    @once
+    def embedder(self) -> "TextEmbedder":
+        """The configured embedder: a server's (``openai:``) or the local GGUF, loaded on first use."""
+        from .engine.embed_prompts import PrefixedEmbedder, gguf_names, resolve
+
+        m = self.config.models
+        if models.is_server(m.embedder):
+            from .engine.remote.embedder import remote_embedder
+
+            inner = remote_embedder(m.embedder, self.config.remote)
+            names: tuple[str, ...] = (getattr(getattr(inner, "ref", None), "model", "") or "",)
+        else:
+            from .engine.embed import Embedder
+
+            e, path = self.config.embed, self.model_path("embedder")
+            inner = Embedder(path, threads=e.threads, flash_attn=e.flash_attn, gpu_layers=e.gpu_layers,
+                             batch_tokens=e.batch_tokens)
+            names = gguf_names(path)
+        # Instruction-tuned embedders want "query: " / "passage: " style prefixes (models.embedder_*_prefix).
+        return PrefixedEmbedder(inner, resolve(m.embedder_query_prefix, m.embedder_document_prefix, names=names))
+
+    @once
+    def engine(self) -> "TextGenerator":
+        """The configured generator: a server's (``openai:``) or a local llama.cpp engine."""
+        ref = self.config.models.generator
+        if models.is_server(ref):
+            from .engine.remote.generator import remote_generator
+
+            return remote_generator(ref, self.config.engine, self.config.remote, log=self.log)
+        return self.new_engine(self.model_path("generator"))
+
+    def model_path(self, role: str) -> Path:
+        """The local GGUF of the configured ``role`` ("embedder" or "generator"), provisioned on first use."""
+        return models.resolve(getattr(self.config.models, role), home=self.config.home_path, what=role,
+                              log=self.log)
+
+    def new_engine(self, path: Path | None = None):
+        """Another local engine on the generator's file (or ``path``), with the tuned settings and the
+        prefix cache; with ``engine.parallel`` > 1 and automatic threads, the engines share the cores."""
+        from .engine.local import Engine
+        from .engine.host import usable_cpus
+
+        path = path or self.engine.model_path
+        settings = self.engine_settings(path)
+        if self.config.engine.parallel > 1 and settings.threads == 0:
+            settings = dataclasses.replace(settings, threads=max(1, usable_cpus() // self.config.engine.parallel))
+        return Engine(path, settings, log=self.log, cache=self.prefix_cache,
+                      cache_min_tokens=self.config.cache.min_tokens,
+                      boundary_states=self.config.cache.boundary_states, ram_states=self.ram_states)
+
+    def engine_settings(self, model_path: Path) -> "EngineConfig":
+        """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""
+        from .profiles import tuned_engine
+
+        settings = self.config.engine
+        if not settings.tuned:
+            return settings
+        from .engine.gguf.info import ModelInfo
+
+        n_ctx = ModelInfo.read(model_path).context_length(settings.n_ctx, settings.rope_scaling)
+        settings, changes, note = tuned_engine(settings, self.config.home_path, model_path, n_ctx)
+        if self.log and (changes or note):
+            self.log("warning: " + note if note else
+                     "using tuned settings: " + ", ".join(f"{k}={v}" for k, v in sorted(changes.items())))
+        return settings
+
+    @once
+    def pool(self) -> EnginePool:
+        """The engines answering questions: ``engine`` and, with ``engine.parallel`` > 1, more as
+        concurrent questions need them (never for a given or a remote generator: servers run
+        their own slots)."""
+        local = not self.given("engine") and not models.is_server(self.config.models.generator)
+        size = self.config.engine.parallel if local else 1
+        return EnginePool(lambda: self.engine, self.new_engine, size)
+
+    # -- what prompts are made of -------------------------------------------------------------
+
+    @once
+    def stops(self) -> "Stops":
+        """The default stops: the chat template's turn markers and the new-turn guard."""
+        from .ask.stops import template_stops
+
+        return template_stops(self.engine)
+
+    def layout(self, system: str | None = None) -> "Layout":
+        """The prompt layout with ``system`` (default ``ask.system_prompt``) as its system prompt, made
+        once per system prompt."""
+        from .ask.prompt import Layout
+
+        system = self.config.ask.system_prompt if system is None else system
+        with self._layouts_mu:
+            layout = self._layouts.get(system)
+        if layout is None:
+            engine = self.engine
+            layout = Layout.make(chat=engine.chat, tokenize=engine.tokenize, bos=engine.bos, system=system)
+            with self._layouts_mu:
+                layout = self._layouts.setdefault(system, layout)
+        return layout
+
+    @once
+    def section_memo(self) -> "SectionTokens":
+        """The generator tokens of rendered sections, remembered across questions and summaries."""
+        from .ask.prompt import SectionTokens
+
+        return SectionTokens(self.engine.tokenize)
+
+    @property
+    def section_tokens(self) -> int:
+        """The size new documents' sections are cut to, in embedder tokens (``chunking.section_tokens``,
+        else a quarter of the generator's context; see :mod:`.ingest.sections`)."""
+        from .engine.local import Engine
+        from .errors import RagError
+        from .ingest.sections import target_tokens
+
+        c = self.config
+        if c.chunking.section_tokens:
+            return c.chunking.section_tokens
+        if self.has("engine"):
+            n_ctx = self.engine.n_ctx
+        else:  # the context the generator will run with, read from its header if it is here already
+            n_ctx = c.engine.n_ctx or 8192
+            try:
+                path = models.resolve(c.models.generator, home=c.home_path, fetch=False, what="generator")
+                n_ctx = Engine(path, c.engine).n_ctx
+            except RagError:
+                pass
+        return target_tokens(n_ctx, chunk_size=c.chunking.size)
+
+    def reserve(self, max_tokens: int | None = None) -> int:
+        """The answer room every layout decision holds back (:func:`.ask.prompt.layout_reserve`)."""
+        from .ask.prompt import layout_reserve
+
+        c = self.config
+        return layout_reserve(self.engine.n_ctx, c.ask.max_tokens, c.summarize.max_tokens, max_tokens)
+
+    # -- caches and the store -----------------------------------------------------------------
+
+    @once
+    def prefix_cache(self) -> "PrefixCache | None":
+        """The on-disk prefix KV cache, or None when ``cache.enabled`` is off."""
+        if not self.config.cache.enabled:
+            return None
+        from .engine.cache.store import PrefixCache
+
+        return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
+
+    @once
+    def ram_states(self) -> "RamStates":
+        """Boundary states kept in host memory for this pipeline's engines (models that cannot cut their
+        memory: a later question restores without the disk)."""
+        from .engine.cache.ram import RamStates
+
+        c = self.config.cache
+        return RamStates(max_states=c.ram_states, max_bytes=int(c.ram_gb * 2**30))
+
+    @once
+    def pack_history(self) -> "PackHistory":
+        """The packs recent questions used (beside the prefix cache; in memory when it is off)."""
+        from .ask.history import PackHistory
+
+        return PackHistory(self.config.cache_path / "packs.sqlite" if self.config.cache.enabled else None)
+
+    @contextmanager
+    def store(self, *, create: bool = True) -> Iterator[Store]:
+        """The collection's store, open and locked for the duration of the ``with`` block.
+
+        ``create=False`` (every read) refuses to open a store that does not exist yet. The
+        threads of this runtime share one open store and one process lock, so searches go
+        on while it ingests; another process waits ``store.wait`` seconds.
+        """
+        with self._stores.open(self.config.store.collection, create=create) as s:
+            yield s
+
+    def check_embedder(self, store: Store) -> None:
+        """Refuse dense search with another embedder than the collection's (it would compare unrelated
+        vectors)."""
+        if self.config.retrieval.dense:
+            store.check_embedder(embedder=self.config.models.embedder, embedder_id=self.embedder.identity)
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close what the runtime built (engines, embedder, caches, the store's connections)."""
+        pool = self.__dict__.pop("pool", None)
+        if pool is not None:
+            pool.close_extra()
+        for name in RESOURCES:
+            resource = self.__dict__.pop(name, None)
+            if resource is not None and name not in self._given:
+                resource.close()
+        self._given.clear()
+        with self._layouts_mu:
+            self._layouts.clear()
+        for name in ("stops", "section_memo"):
+            self.__dict__.pop(name, None)
+        self._stores.close()  # the PostgreSQL connections, when this was the last pipeline using them
+
+
+__all__ = ["RESOURCES", "Runtime"]

@@ -1,0 +1,25 @@
+"""The bounds ``rag serve`` holds every request to, in one place.
+
+Sizes bound memory (a body, a path list, the jobs kept), ranges bound work (hits, tokens),
+and each is answered with a 4xx that names the bound, never a 500.
+"""
+
+from __future__ import annotations
+
+from ..inputs import MAX_TOP_K
+
+DEFAULT_PORT = 8765
+DEFAULT_MAX_BODY = 1 << 20
+"""Largest request body in bytes (``--max-body``)."""
+MAX_PATHS = 1000
+"""Most paths one ``POST /ingest`` may name."""
+MAX_TOKENS = 1_000_000
+"""Largest ``max_tokens`` a chat request may ask for (the context bounds it further)."""
+MAX_TEMPERATURE = 5.0
+FINISHED_JOBS_KEPT = 100
+"""Finished ingest jobs ``GET /ingest/{id}`` still knows; older ones are forgotten."""
+GRACEFUL_SHUTDOWN_SECONDS = 10
+"""How long a stop (Ctrl-C, SIGTERM) waits for requests in flight before closing them."""
+
+__all__ = ["DEFAULT_PORT", "DEFAULT_MAX_BODY", "MAX_PATHS", "MAX_TOKENS", "MAX_TEMPERATURE", "MAX_TOP_K",
+           "FINISHED_JOBS_KEPT", "GRACEFUL_SHUTDOWN_SECONDS"]

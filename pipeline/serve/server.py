@@ -1,0 +1,118 @@
+"""The ``rag serve`` process: check the exposure, bind the port, serve, and stop without losing work.
+
+The port is bound before anything is announced, so an address in use or one that is not
+this machine's is one error line (exit 2), not uvicorn's log after "serving on". Ctrl-C
+and SIGTERM (what container runtimes send) both stop the server gracefully and then wait
+for a running ingest to commit; a second signal stops at once (the store is crash-safe).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import threading
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from ..errors import ConfigError, InputError
+from .folders import ReadableFolders
+from .guards import is_loopback
+from .limits import DEFAULT_MAX_BODY, DEFAULT_PORT, GRACEFUL_SHUTDOWN_SECONDS
+
+if TYPE_CHECKING:
+    from ..api import Pipeline
+    from .writer import IngestWriter
+
+TOKEN_ENV = "RAG_SERVE_TOKEN"
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def check_exposure(host: str, token: str | None, *, insecure: bool) -> None:
+    """Refuse to listen off loopback without a token, unless ``insecure`` says to."""
+    if not token and not insecure and not is_loopback(host):
+        raise ConfigError(f"refusing to listen on {host} without {TOKEN_ENV}: anyone who can reach the port could "
+                          f"read and ingest with it. Set {TOKEN_ENV}, or pass --insecure to serve it anyway")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, or an :class:`InputError` that says why not."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except (socket.gaierror, UnicodeError, OSError) as exc:
+        raise InputError(f"cannot listen on {where}: {host!r} is not an address of this machine "
+                         f"({getattr(exc, 'strerror', None) or exc})") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        why = {errno.EADDRINUSE: "the port is in use (another server?): choose another with --port",
+               errno.EADDRNOTAVAIL: "that is not an address of this machine",
+               errno.EACCES: "permission denied (ports below 1024 need privileges)"}.get(exc.errno, exc.strerror)
+        raise InputError(f"cannot listen on {where}: {why}") from None
+    return sock
+
+
+def run(rag: "Pipeline", *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str | None = None,
+        max_body: int = DEFAULT_MAX_BODY, insecure: bool = False, allow: Sequence[str] | None = None,
+        allow_hosts: Sequence[str] | None = None, cors_origins: Sequence[str] | None = None,
+        log: Callable[[str], None] = print) -> None:
+    """Serve ``rag`` until interrupted (uvicorn; one process, one event loop). Settings left at None
+    come from ``rag.config.serve``."""
+    import uvicorn
+
+    from .app import create_app
+
+    check_exposure(host, token, insecure=insecure)
+    folders = ReadableFolders(rag.config.serve.allow if allow is None else allow)  # checked before binding
+    sock = bind(host, port)
+    port = sock.getsockname()[1]
+    try:
+        app = create_app(rag, token=token, max_body=max_body, host=host, port=port, allow=folders.roots,
+                         allow_hosts=allow_hosts, cors_origins=cors_origins)
+    except BaseException:
+        sock.close()
+        raise
+    url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    access = "bearer token required" if token else "no token: local use only"
+    reads = (f"/ingest reads {', '.join(map(str, folders.roots))}" if folders.enabled
+             else "/ingest is off: --allow DIR turns it on")
+    log(f"serving {rag.config.store.collection!r} on {url} ({access}; {reads})")
+    if not token and not is_loopback(host):
+        log(f"warning: listening on {host} without {TOKEN_ENV} (--insecure): anyone who can reach it can use it")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
+    with _signals_stop_the_server():
+        uvicorn.Server(config).run(sockets=[sock])
+    _drain(app.state.writer, log)
+
+
+class _signals_stop_the_server:
+    """Ctrl-C and SIGTERM both end the server gracefully: uvicorn handles them while it serves and
+    raises them again once it has stopped, where Python's defaults would end the process (SIGTERM)
+    before a running ingest commits. Here they are noted instead, and the ingest is waited for."""
+
+    def __enter__(self):
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {s: signal.signal(s, lambda sig, frame: None) for s in _SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+def _drain(writer: "IngestWriter", log: Callable[[str], None]) -> None:
+    if not writer.busy:
+        return
+    log("waiting for the running ingest to finish (Ctrl-C or SIGTERM again stops now: the store is crash-safe, "
+        "the next ingest finishes the job)")
+    if threading.current_thread() is threading.main_thread():
+        for s in _SIGNALS:  # the writer thread is mid-document; freeing the models under it would crash
+            signal.signal(s, lambda sig, frame: os._exit(128 + sig))
+    writer.wait_idle()

@@ -1,0 +1,108 @@
+"""The server's one writer: ingest jobs run in one thread, one after another, while reads go on.
+
+Finished jobs are kept for ``GET /ingest/{id}`` up to :data:`~.limits.FINISHED_JOBS_KEPT`,
+the oldest forgotten first, so a long-running server's memory does not grow with every post.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import RagError
+from .limits import FINISHED_JOBS_KEPT
+
+if TYPE_CHECKING:
+    from ..api import Pipeline
+
+SCHEMA = 1
+
+
+@dataclass
+class IngestJob:
+    id: str
+    paths: list[str]
+    prune: bool
+    state: str = "queued"  # queued | running | done | failed
+    created: float = field(default_factory=time.time)
+    report: dict | None = None
+    error: dict | None = None
+    files_done: int = 0
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "id": self.id, "state": self.state, "paths": self.paths, "prune": self.prune,
+                "files_done": self.files_done, "report": self.report, "error": self.error}
+
+
+class IngestWriter:
+    """Runs :meth:`Pipeline.ingest` for each submitted job, in order, in its own thread."""
+
+    def __init__(self, rag: "Pipeline", *, keep: int = FINISHED_JOBS_KEPT):
+        self.rag = rag
+        self.keep = keep
+        self.jobs: dict[str, IngestJob] = {}
+        self._queue: deque[IngestJob] = deque()
+        self._finished: deque[str] = deque()
+        self._active = 0  # queued or running
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="rag-ingest-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, paths: list[Path], prune: bool) -> IngestJob:
+        job = IngestJob(uuid.uuid4().hex[:12], [str(p) for p in paths], prune)
+        with self._cv:
+            self.jobs[job.id] = job
+            self._queue.append(job)
+            self._active += 1
+            self._cv.notify_all()
+        return job
+
+    def job(self, job_id: str) -> IngestJob | None:
+        with self._cv:
+            return self.jobs.get(job_id)
+
+    @property
+    def busy(self) -> bool:
+        with self._cv:
+            return self._active > 0
+
+    def wait_idle(self) -> None:
+        with self._cv:
+            while self._active:
+                self._cv.wait()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                job = self._queue.popleft()
+                job.state = "running"
+            state = self._ingest(job)
+            with self._cv:
+                job.state = state
+                self._active -= 1
+                self._finished.append(job.id)
+                while len(self._finished) > self.keep:
+                    self.jobs.pop(self._finished.popleft(), None)
+                self._cv.notify_all()
+
+    def _ingest(self, job: IngestJob) -> str:
+        def progress(event) -> None:
+            if event.kind == "file":
+                job.files_done += 1
+
+        try:  # the scanner's own rule keeps links that leave a folder out, whatever ingest.follow_symlinks says
+            report = self.rag.ingest(job.paths, prune=job.prune, follow_symlinks=False, progress=progress)
+            job.report = report.to_dict() if hasattr(report, "to_dict") else {"files": len(report.files)}
+            return "done"
+        except RagError as err:
+            job.error = {"message": str(err), "type": type(err).__name__, "exit_code": err.exit_code}
+        except Exception as exc:  # noqa: BLE001 - a job must never kill the writer
+            job.error = {"message": f"internal error: {exc}", "type": type(exc).__name__}
+        return "failed"

@@ -1,0 +1,109 @@
+"""The catalog: which documents are committed, their chunks and sections, and the lexical index over them.
+
+:class:`Catalog` is what the store asks of one, whichever database keeps it:
+:class:`~.catalog_sqlite.SQLiteCatalog` (a file beside the vectors, one process at a
+time behind the store lock) and :class:`~.catalog_pg.PostgresCatalog` (a server many
+processes share; ``shared`` is True there, so no store lock is taken). Both make a
+document visible to queries in exactly one transaction that writes its row, its chunks,
+their full-text entries and its sections, so the lexical side never holds half a
+document, and the dense side (Chroma) is filtered against this record: the catalog is
+the single source of truth about which documents exist.
+
+:func:`query_words` is the one word splitter both lexical sides use on a query.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import AbstractContextManager
+from typing import Iterable, Protocol, Sequence
+
+from ..records import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def query_words(text: str) -> list[str]:
+    """The distinct words of a query, lowercased, in order of first appearance."""
+    return list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
+
+
+class Catalog(Protocol):
+    """One store's catalog. An instance is not shared between threads (each thread's store view opens its own)."""
+
+    #: Whether several processes may write through catalogs like this one at once (no store lock needed).
+    shared: bool
+    #: The catalog schema version found when it was opened (before any migration).
+    migrated_from: int | None
+
+    def close(self) -> None: ...
+
+    # -- coordination ---------------------------------------------------------------------------
+
+    def collection_lock(self, name: str) -> AbstractContextManager:
+        """Held while a collection is created or dropped."""
+
+    def document_lock(self, collection: str, source: str, *, wait: bool = True) -> AbstractContextManager[bool]:
+        """Held while one document is written (yields False when ``wait`` is off and another holds it)."""
+
+    # -- collections ------------------------------------------------------------------------------
+
+    def collection(self, name: str) -> CollectionInfo | None: ...
+
+    def collections(self) -> list[str]: ...
+
+    def create_collection(self, info: CollectionInfo) -> None: ...
+
+    def drop_collection(self, name: str) -> None: ...
+
+    # -- documents --------------------------------------------------------------------------------
+
+    def documents(self, collection: str) -> dict[str, DocumentRecord]: ...
+
+    def document(self, collection: str, source: str) -> DocumentRecord | None: ...
+
+    def committed_hashes(self, collection: str) -> dict[str, str]: ...
+
+    def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence[Chunk],
+                        chunk_ids: Sequence[str], sections: Sequence[Section] = ()) -> None:
+        """Replace ``doc.source``'s record, chunks and sections in one transaction: the commit point."""
+
+    def touch_document(self, collection: str, source: str, *, size: int, mtime_ns: int) -> None:
+        """Record a new size/mtime for a document whose content did not change."""
+
+    def remove_document(self, collection: str, source: str) -> None: ...
+
+    # -- the reconcile journal (documents whose vectors may be written but not committed) -----------
+
+    def mark_pending(self, collection: str, source: str) -> None: ...
+
+    def clear_pending(self, collection: str, source: str) -> None: ...
+
+    def pending(self, collection: str) -> list[str]: ...
+
+    # -- sections ---------------------------------------------------------------------------------
+
+    def sections(self, collection: str, documents: Iterable[tuple[str, str]]) -> dict[str, list[Section]]:
+        """The sections of each committed ``(source, content_hash)``, in order (see :mod:`.sections`)."""
+
+    def backfill_sections(self, collection: str, sections: Sequence[Section]) -> bool:
+        """Record sections cut for a document committed without them; False if nothing could be written."""
+
+    # -- reading chunks ---------------------------------------------------------------------------
+
+    def search(self, collection: str, query: str, *, limit: int, source: str | Sequence[str] | None = None
+               ) -> list[tuple[StoredChunk, float]]:
+        """Lexical hits (of ``source``: one document or several), best first, with a positive score."""
+
+    def bm25(self, collection: str, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
+        """Lexical scores of these chunks for ``query``; chunks that share no term with it are absent."""
+
+    def chunks(self, collection: str, source: str, *, first: int = 0, last: int | None = None
+               ) -> list[StoredChunk]:
+        """A committed document's chunks with index in [first, last], in order."""
+
+    def totals(self, collection: str) -> tuple[int, int, int]:
+        """(documents, chunks, tokens) committed in ``collection``."""
+
+
+__all__ = ["Catalog", "query_words"]

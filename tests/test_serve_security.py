@@ -1,0 +1,305 @@
+"""`rag serve` reads only what the operator allowed and answers only its own Host and origin.
+
+Real `rag serve` processes on 127.0.0.1, sent what an attacker's page or curl would send
+(any Host, Origin, Content-Type, path), and the real `openai` client.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline.dev.servers import free_port
+from serving import RagServer, serve_env
+
+openai = pytest.importorskip("openai", reason="the test extra (pip install -e .[test]) brings the openai client")
+
+SECRET = "The vault code is 7431 and the walrus guards it."
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, model_home):
+    """A server allowed to read ``allowed/`` (which holds links to ``outside/``), no token (the default)."""
+    from conftest import CORPUS
+
+    root = tmp_path_factory.mktemp("site")
+    allowed, outside = root / "allowed", root / "outside"
+    (allowed / "sub").mkdir(parents=True)
+    outside.mkdir()
+    (allowed / "guide.md").write_text(CORPUS["guide.md"])
+    (allowed / "sub" / "notes.txt").write_text(CORPUS["notes.txt"])
+    (outside / "secret.txt").write_text(SECRET + "\n")
+    (allowed / "link.txt").symlink_to(outside / "secret.txt")
+    (allowed / "outdir").symlink_to(outside, target_is_directory=True)
+    server = RagServer(serve_env(root, model_home), "--allow", str(allowed), log=root / "serve.log").start()
+    status, job, _ = server.request("POST", "/ingest", json_body={"paths": ["."]})  # relative: the allowed folder
+    assert status == 202, job
+    done = server.wait_job(job["id"])
+    yield {"server": server, "root": root, "allowed": allowed, "outside": outside, "first_job": done}
+    server.stop()
+
+
+def _documents(server) -> int:
+    return server.request("GET", "/status")[1]["documents"]
+
+
+def test_an_allowed_folder_is_ingested_and_its_links_out_are_not(site):
+    job = site["first_job"]
+    assert job["state"] == "done", job
+    assert job["paths"] == [str(site["allowed"].resolve())]  # "." was taken against the allowed folder
+    files = {f["path"].rsplit("/", 1)[-1]: f for f in job["report"]["files"]}
+    assert files["guide.md"]["status"] == files["notes.txt"]["status"] == "new"
+    assert files["link.txt"]["status"] == files["outdir"]["status"] == "skipped"
+    status, found, _ = site["server"].request("POST", "/search", json_body={"query": "vault code 7431 walrus"})
+    assert status == 200 and found["hits"]
+    assert not any("7431" in h["text"] for h in found["hits"])
+    assert _documents(site["server"]) == 2
+
+
+def test_every_path_outside_the_allowed_folders_gets_the_same_403(site):
+    server, allowed, outside = site["server"], site["allowed"], site["outside"]
+    before = _documents(server)
+    cases = {
+        "outside file": str(outside / "secret.txt"),
+        "outside folder": str(outside),
+        "system file": "/etc/passwd",
+        "root": "/",
+        "missing outside": "/etc/nonexistent-zz",
+        "missing inside": str(allowed / "nope.md"),
+        "missing relative": "nope.md",
+        "symlink out (file)": str(allowed / "link.txt"),
+        "symlink out (folder)": "outdir",
+        "dot-dot absolute": f"{allowed}/../outside/secret.txt",
+        "dot-dot relative": "../outside/secret.txt",
+        "dot-dot through a subfolder": "sub/../../outside",
+        "one bad among good ones": ["guide.md", "/etc/passwd"],
+    }
+    answers = {}
+    for name, path in cases.items():
+        status, body, _ = server.request("POST", "/ingest", json_body={"paths": path if isinstance(path, list)
+                                                                                else [path]})
+        answers[name] = (status, json.dumps(body, sort_keys=True))
+    assert {status for status, _ in answers.values()} == {403}, answers
+    assert len({body for _, body in answers.values()}) == 1, answers  # no existence oracle
+    assert "--allow" in json.loads(next(iter(answers.values()))[1])["error"]["message"]
+    assert _documents(server) == before
+
+
+def test_a_foreign_host_origin_or_non_json_post_gets_4xx_and_changes_nothing(site):
+    server, allowed = site["server"], site["allowed"]
+    (allowed / "fresh.md").write_text("# Fresh\n\nOkapis are related to giraffes.\n")
+    before = _documents(server)
+    ingest = json.dumps({"paths": [str(allowed / "fresh.md")]}).encode()
+    attempts = {
+        "rebound host": dict(headers={"Host": f"evil.example:{server.port}", "Content-Type": "application/json"}),
+        "host without port": dict(headers={"Host": "attacker.example", "Content-Type": "application/json"}),
+        "other port": dict(headers={"Host": f"127.0.0.1:{server.port + 1}", "Content-Type": "application/json"}),
+        "cross-site page": dict(headers={"Origin": "http://evil.example", "Content-Type": "application/json"}),
+        "null origin": dict(headers={"Origin": "null", "Content-Type": "application/json"}),
+        "text/plain": dict(headers={"Origin": "http://evil.example", "Content-Type": "text/plain"}),
+        "text/plain, same origin": dict(headers={"Content-Type": "text/plain"}),
+        "form": dict(headers={"Content-Type": "application/x-www-form-urlencoded"}),
+        "no content type": dict(headers={"Content-Type": ""}),
+    }
+    got = {name: server.request("POST", "/ingest", body=ingest, **kw)[0] for name, kw in attempts.items()}
+    assert got == {**{k: 403 for k in list(attempts)[:5]}, "text/plain": 403, "text/plain, same origin": 415,
+                   "form": 415, "no content type": 415}
+    reads = [server.request("POST", "/search", json_body={"query": "okapi"},
+                            headers={"Host": "attacker.example"})[0],
+             server.request("GET", "/status", headers={"Host": f"attacker.example:{server.port}"})[0],
+             server.request("GET", "/health", headers={"Host": "evil.example"})[0],
+             server.request("OPTIONS", "/ingest", headers={"Origin": "http://evil.example",
+                                                           "Access-Control-Request-Method": "POST"})[0]]
+    assert reads == [403, 403, 403, 403]
+    time.sleep(1)
+    assert _documents(server) == before  # no job ran
+    same_origin = {"Origin": server.base, "Content-Type": "application/json"}
+    status, job, headers = server.request("POST", "/ingest", body=ingest, headers=same_origin)
+    assert status == 202 and "access-control-allow-origin" not in headers
+    assert server.wait_job(job["id"])["state"] == "done"
+    assert _documents(server) == before + 1  # the same request, from the server's own page, works
+
+
+@pytest.mark.parametrize("case", ["deep-json", "top-k-huge", "top-k-negative", "top-k-zero", "top-k-billion",
+                                  "top-k-float", "surrogate-query", "nan", "infinity"])
+def test_bad_search_input_is_a_4xx_never_a_500(site, case):
+    server = site["server"]
+    body = {
+        "deep-json": b"[" * 60000 + b"]" * 60000,
+        "top-k-huge": b'{"query": "x", "top_k": 1000000000000000000000000000000}',
+        "top-k-negative": b'{"query": "x", "top_k": -1}',
+        "top-k-zero": b'{"query": "x", "top_k": 0}',
+        "top-k-billion": b'{"query": "x", "top_k": 1000000000}',
+        "top-k-float": b'{"query": "x", "top_k": 1e30}',
+        "surrogate-query": b'{"query": "code \\ud800 here"}',
+        "nan": b'{"query": "x", "top_k": NaN}',
+        "infinity": b'{"query": "x", "top_k": Infinity}',
+    }[case]
+    status, answer, _ = server.request("POST", "/search", body=body, headers={"Content-Type": "application/json"})
+    assert status == 400, answer
+    assert answer["error"]["message"]
+    assert "Traceback" not in server.output()
+
+
+def _client(server, **kw):
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, **kw)
+
+
+def test_a_text_part_that_is_not_a_string_is_a_400_through_the_openai_client(site):
+    with pytest.raises(openai.BadRequestError) as caught:
+        _client(site["server"], timeout=60).chat.completions.create(
+            model="rag", messages=[{"role": "user", "content": [{"type": "text", "text": 5}]}])
+    assert caught.value.status_code == 400 and "string" in caught.value.message
+    assert "Traceback" not in site["server"].output()
+
+
+@pytest.mark.parametrize("body", [
+    b'{"messages": [{"role": "user", "content": "what \\ud800 is it"}]}',
+    b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "a \\udfff"}]}]}',
+    b'{"messages": [{"role": "user", "content": "first"}, {"role": "assistant", "content": "a \\udfff b"},'
+    b' {"role": "user", "content": "second"}]}',
+], ids=["question", "text-part", "history"])
+def test_a_lone_surrogate_in_a_message_is_a_400(site, body):
+    """(The openai client cannot even send one: it encodes its JSON as UTF-8; any other client can.)"""
+    status, answer, _ = site["server"].request("POST", "/v1/chat/completions", body=body,
+                                               headers={"Content-Type": "application/json"})
+    assert status == 400 and "not valid text" in answer["error"]["message"], answer
+    assert "Traceback" not in site["server"].output()
+
+
+def test_finished_ingest_jobs_are_forgotten_past_the_limit(site):
+    from pipeline.serve.limits import FINISHED_JOBS_KEPT
+
+    server = site["server"]
+    ids = []
+    for _ in range(FINISHED_JOBS_KEPT + 5):
+        status, job, _ = server.request("POST", "/ingest", json_body={"paths": ["guide.md"]})
+        assert status == 202
+        ids.append(job["id"])
+    assert server.wait_job(ids[-1])["state"] == "done"
+    assert [server.request("GET", f"/ingest/{i}")[0] for i in ids[:5]] == [404] * 5
+    assert {server.request("GET", f"/ingest/{i}")[0] for i in ids[5:]} == {200}
+
+
+# -- servers of their own -------------------------------------------------------------------------
+
+
+def test_ingest_is_off_without_allow_and_cors_and_host_names_are_the_operators(tmp_path, model_home):
+    server = RagServer(serve_env(tmp_path, model_home), "--cors-origin", "https://app.example",
+                       "--allow-host", "rag.example", log=tmp_path / "serve.log").start()
+    try:
+        status, body, _ = server.request("POST", "/ingest", json_body={"paths": ["/tmp"]})
+        assert status == 403 and "--allow" in body["error"]["message"] and "off" in body["error"]["message"]
+        pre = server.request("OPTIONS", "/search", headers={"Origin": "https://app.example",
+                                                            "Access-Control-Request-Method": "POST",
+                                                            "Access-Control-Request-Headers": "content-type"})
+        assert pre[0] == 204 and pre[2]["access-control-allow-origin"] == "https://app.example"
+        assert "content-type" in pre[2]["access-control-allow-headers"].lower()
+        listed = server.request("GET", "/v1/models", headers={"Origin": "https://app.example"})
+        assert listed[0] == 200 and listed[2]["access-control-allow-origin"] == "https://app.example"
+        assert server.request("GET", "/v1/models", headers={"Origin": "https://other.example"})[0] == 403
+        assert server.request("GET", "/health", headers={"Host": "rag.example"})[0] == 200  # a proxy's name
+        assert server.request("GET", "/health", headers={"Host": "rag.example.evil"})[0] == 403
+    finally:
+        server.stop()
+
+
+def _serve(*args, env, timeout=60):
+    return subprocess.run([sys.executable, "-m", "pipeline", "serve", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _one_error_line(ran) -> str:
+    lines = ran.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), ran.stderr
+    return lines[0]
+
+
+def test_off_loopback_without_a_token_refuses_to_start_unless_insecure(tmp_path, model_home):
+    env = serve_env(tmp_path, model_home)
+    ran = _serve("--host", "0.0.0.0", "--port", str(free_port()), env=env)
+    assert ran.returncode == 2
+    assert "RAG_SERVE_TOKEN" in _one_error_line(ran) and "--insecure" in ran.stderr
+    server = RagServer(env, "--host", "0.0.0.0", "--insecure", log=tmp_path / "serve.log").start()
+    try:
+        assert "warning" in server.output()
+        assert server.request("GET", "/health")[0] == 200  # an IP literal cannot be rebound
+        assert server.request("GET", "/health", headers={"Host": f"evil.example:{server.port}"})[0] == 403
+    finally:
+        server.stop()
+
+
+def test_a_busy_port_or_an_impossible_host_is_one_error_line_exit_2(tmp_path, model_home):
+    env = serve_env(tmp_path, model_home)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        ran = _serve("--port", str(port), env=env)
+    assert ran.returncode == 2 and "in use" in _one_error_line(ran)
+    ran = _serve("--host", "256.1.1.1", env=env)
+    assert ran.returncode == 2 and "256.1.1.1" in _one_error_line(ran)
+
+
+def test_models_names_the_generator_without_its_credentials(tmp_path, model_home):
+    env = serve_env(tmp_path, model_home, RAG_MODELS_GENERATOR="openai:http://alice:hunter2@127.0.0.1:9/v1#tiny")
+    server = RagServer(env, log=tmp_path / "serve.log").start()
+    try:
+        ids = [m.id for m in _client(server, timeout=30).models.list()]
+    finally:
+        server.stop()
+    assert len(ids) == 1 and "hunter2" not in ids[0] and "alice" not in ids[0] and ids[0].endswith("#tiny")
+
+
+def test_sigterm_lets_the_running_ingest_commit(tmp_path, model_home):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(10):
+        (docs / f"walrus{i}.md").write_text(f"# Colony {i}\n\n" + " ".join(
+            f"Walrus colony {i} counted {i * 13 + j} pups in year {1900 + j}." for j in range(120)))
+    env = serve_env(tmp_path, model_home)
+    server = RagServer(env, "--allow", str(docs), log=tmp_path / "serve.log").start()
+    status, job, _ = server.request("POST", "/ingest", json_body={"paths": ["."]})
+    assert status == 202
+    deadline = time.monotonic() + 300
+    while (now := server.request("GET", f"/ingest/{job['id']}")[1])["state"] != "running" or not now["files_done"]:
+        assert now["state"] in ("queued", "running") and time.monotonic() < deadline, now
+        time.sleep(0.05)
+    code = server.stop(signal.SIGTERM, timeout=300)
+    assert code == 0, server.output()
+    assert "waiting for the running ingest" in server.output()  # it was mid-job when the signal came
+    st = subprocess.run([sys.executable, "-m", "pipeline", "status", "--json"], env=env, capture_output=True,
+                        text=True, timeout=120)
+    assert json.loads(st.stdout)["documents"] == 10
+
+
+def test_a_client_that_leaves_stops_its_answer(tmp_path, model_home):
+    """A non-streaming answer whose client gave up stops prefilling: the server's CPU goes quiet."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(3):  # about 3,000 tokens, packed whole: a prefill of many seconds on these cores
+        (docs / f"manual{i}.md").write_text(f"# Manual {i}\n\n" + " ".join(
+            f"Valve {i}-{j} opens at {j * 7 % 97} bar and closes after {j % 13} seconds." for j in range(90)))
+    env = serve_env(tmp_path, model_home, RAG_ENGINE_N_CTX="4096", RAG_ASK_MAX_TOKENS="256",
+                    RAG_CACHE_ENABLED="false", RAG_ASK_TOP_K="8")
+    subprocess.run([sys.executable, "-m", "pipeline", "ingest", str(docs)], env=env, check=True,
+                   capture_output=True, timeout=600)
+    server = RagServer(env, log=tmp_path / "serve.log").start()
+    try:
+        assert server.request("POST", "/search", json_body={"query": "valve"})[0] == 200  # the embedder loads
+        with pytest.raises(openai.APITimeoutError):
+            _client(server, timeout=3).chat.completions.create(
+                model="rag", messages=[{"role": "user", "content": "When does valve 2-40 close?"}])
+        time.sleep(3)  # the cancel lands within one micro-batch
+        before = server.cpu_seconds()
+        time.sleep(5)
+        busy = server.cpu_seconds() - before
+    finally:
+        server.stop()
+    assert busy < 0.5, f"the server used {busy:.1f} CPU-s in 5 s after its client left"
