@@ -75,16 +75,23 @@ class Runtime:
     @once
     def embedder(self) -> "TextEmbedder":
         """The configured embedder: a server's (``openai:``) or the local GGUF, loaded on first use."""
-        ref = self.config.models.embedder
-        if models.is_server(ref):
+        from .engine.embed_prompts import PrefixedEmbedder, gguf_names, resolve
+
+        m = self.config.models
+        if models.is_server(m.embedder):
             from .engine.remote.embedder import remote_embedder
 
-            return remote_embedder(ref, self.config.remote)
-        from .engine.embed import Embedder
+            inner = remote_embedder(m.embedder, self.config.remote)
+            names: tuple[str, ...] = (getattr(getattr(inner, "ref", None), "model", "") or "",)
+        else:
+            from .engine.embed import Embedder
 
-        e = self.config.embed
-        return Embedder(self.model_path("embedder"), threads=e.threads, flash_attn=e.flash_attn,
-                        gpu_layers=e.gpu_layers, batch_tokens=e.batch_tokens)
+            e, path = self.config.embed, self.model_path("embedder")
+            inner = Embedder(path, threads=e.threads, flash_attn=e.flash_attn, gpu_layers=e.gpu_layers,
+                             batch_tokens=e.batch_tokens)
+            names = gguf_names(path)
+        # Instruction-tuned embedders want "query: " / "passage: " style prefixes (models.embedder_*_prefix).
+        return PrefixedEmbedder(inner, resolve(m.embedder_query_prefix, m.embedder_document_prefix, names=names))
 
     @once
     def engine(self) -> "TextGenerator":

@@ -74,7 +74,7 @@ def test_bench_names_the_benchmarks_it_knows(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = run("bench", "no-such-benchmark")
     assert out.exit_code == 2
-    assert "unknown benchmark(s): no-such-benchmark; there are: cache, citations, concurrency, generators, ingest, prefill, remote, retrieval, session, shared_ingest, summarize" in out.output
+    assert "unknown benchmark(s): no-such-benchmark; there are: cache, citations, concurrency, expansion, generators, heldout, ingest, prefill, remote, retrieval, session, shared_ingest, summarize" in out.output
     assert not (tmp_path / "bench-results").exists()  # nothing ran, nothing written
 
 

@@ -210,11 +210,15 @@ def _pages(pages: list[int]) -> str:
 @cli.command("eval")
 @click.argument("questions", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-s", "--setting", "settings", multiple=True,
-              type=click.Choice(["dense", "lexical", "hybrid", "hybrid+mmr", "hybrid+rerank"]),
-              help="Retrieval setting to measure (repeatable). [default: dense, lexical, hybrid, hybrid+rerank]")
+              type=click.Choice(["dense", "lexical", "hybrid", "hybrid+mmr", "hybrid+rerank", "adaptive",
+                                 "adaptive+rerank"]),
+              help="Retrieval setting to measure (repeatable); adaptive+rerank is the default configuration. "
+                   "[default: dense, lexical, hybrid, hybrid+rerank, adaptive+rerank]")
 @click.option("--compare", "compare", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Also run with this TOML config (repeatable); results side by side.")
 @click.option("--answers", is_flag=True, help="Also answer each question and check the answer and its citations (slow).")
+@click.option("--packed", is_flag=True,
+              help="Also check whether each answer's page is inside the prompt `rag ask` would build (no generation).")
 @click.option("--misses", is_flag=True, help="List the questions whose page is not in the top 5, per setting.")
 @click.option("--template", "write_template", is_flag=True,
               help="Write a starter question set from the collection to QUESTIONS (or stdout) and stop.")
@@ -224,7 +228,7 @@ def _pages(pages: list[int]) -> str:
 @json_option
 @click.pass_context
 @handles_errors
-def eval_(ctx, questions, settings, compare, answers, misses, write_template, per_document, collection,
+def eval_(ctx, questions, settings, compare, answers, packed, misses, write_template, per_document, collection,
           store_path, as_json):
     """Measure whether retrieval finds the page that holds each answer in QUESTIONS (JSONL).
 
@@ -259,8 +263,8 @@ def eval_(ctx, questions, settings, compare, answers, misses, write_template, pe
         live = not as_json and sys.stderr.isatty()
         show = (lambda qid, n: click.echo(f"\r{label}: {n} questions", nl=False, err=True)) if live else None
         with Pipeline.from_config(path, overrides=extra, log=lambda m: click.echo(m, err=True)) as rag:
-            reports.append(rag.evaluate(questions, settings=settings or None, answers=answers, label=label,
-                                        progress=show))
+            reports.append(rag.evaluate(questions, settings=settings or None, answers=answers, packed=packed,
+                                        label=label, progress=show))
         if live:
             click.echo(err=True)
     if as_json:
@@ -279,6 +283,17 @@ def eval_(ctx, questions, settings, compare, answers, misses, write_template, pe
                     top = ", ".join(f"{Path(t['source']).name} p{t['page']}" if t["page"] else Path(t["source"]).name
                                     for t in q["top"])
                     click.echo(f"miss@5 {r.label} / {s.name}: [{q['id']}] {q['question']} (rank {q['rank']}; top: {top})")
+        if r.packed is not None:
+            from ..retrieval.evaluate import packed_summary
+
+            p = packed_summary(r.packed)
+            modes = ", ".join(f"{m} {n}" for m, n in sorted(p["modes"].items()))
+            click.echo(f"page in prompt ({r.label}): {p['share']:.3f} ({p['in_prompt']} of {p['questions']}; "
+                       f"prompts built as `rag ask` builds them: {modes}; median {p['median_tokens']:,.0f} tokens)")
+            if misses:
+                for q in r.packed:
+                    if not q["in_prompt"]:
+                        click.echo(f"not in prompt {r.label}: [{q['id']}] {q['question']}")
         if r.answers is not None:
             from ..retrieval.evaluate import answer_summary
 

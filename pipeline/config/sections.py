@@ -26,6 +26,10 @@ class ModelsConfig:
     """The embedding model: builtin:NAME, a .gguf path, hf:owner/repo/file.gguf or openai:URL#model."""
     generator: str = "builtin:SmolLM2-135M-Instruct"
     """The model that writes answers and summaries; the same reference forms as models.embedder."""
+    embedder_query_prefix: str = "auto"
+    """Text put before every query the embedder sees (e5: "query: "); "auto" = the model's own, "" = none."""
+    embedder_document_prefix: str = "auto"
+    """Text put before every chunk at ingest (e5: "passage: "); "auto" = the model's own, "" = none."""
 
     def validate(self) -> "ModelsConfig":
         return self  # any reference is checked when the model is first looked for
@@ -51,6 +55,8 @@ class ChunkingConfig:
     """Embed and index each chunk with its title and heading path in front (never shown in passages)."""
     section_tokens: int = 0
     """Section length in embedder tokens (runs of chunks prompts are built from); 0 = n_ctx / 4, at most 4096."""
+    doc2query: int = 0
+    """Questions the generator writes per chunk at ingest, indexed and embedded with it (doc2query); 0 = off (slow)."""
 
     def validate(self) -> "ChunkingConfig":
         if self.size < 16:
@@ -60,6 +66,8 @@ class ChunkingConfig:
         if self.section_tokens < 0:
             raise ConfigError(f"chunking.section_tokens must be >= 0 (0 = from engine.n_ctx), got "
                               f"{self.section_tokens}")
+        if self.doc2query < 0:
+            raise ConfigError(f"chunking.doc2query must be 0 (off) or more questions per chunk, got {self.doc2query}")
         return self
 
 
@@ -164,6 +172,16 @@ class RetrievalConfig:
     """The dense side's share of a reranked score (the lexical side gets the rest)."""
     rerank_normalise: str = "max"
     """How each side's scores are scaled before combining: "max" (by the best) or "minmax" (to [0, 1])."""
+    fusion: str = "adaptive"
+    """How the sides combine: "adaptive" weighs BM25 per query by how much of its rare-word weight matched; "rrf" evenly."""
+    lexical_floor: float = 0.1
+    """Adaptive fusion: a query whose best BM25 hit holds at most this share of its idf weight is ranked by dense alone."""
+    lexical_full: float = 0.5
+    """Adaptive fusion: from this share of the query's idf weight matched, BM25 counts fully (as with "rrf")."""
+    hyde: bool = False
+    """Embed each query with a short answer the generator writes first (HyDE); for a capable generator, one generation a query."""
+    hyde_tokens: int = 96
+    """Longest hypothetical answer HyDE generates, in generator tokens."""
 
     def validate(self) -> "RetrievalConfig":
         if self.top_k < 1:
@@ -178,6 +196,13 @@ class RetrievalConfig:
             raise ConfigError(f"retrieval.rerank_normalise must be 'max' or 'minmax', got {self.rerank_normalise!r}")
         if self.rerank_candidates < 1 or not 0.0 <= self.rerank_dense_weight <= 1.0:
             raise ConfigError("retrieval.rerank_candidates must be >= 1 and retrieval.rerank_dense_weight in [0, 1]")
+        if self.hyde_tokens < 1:
+            raise ConfigError(f"retrieval.hyde_tokens must be at least 1, got {self.hyde_tokens}")
+        if self.fusion not in ("adaptive", "rrf"):
+            raise ConfigError(f"retrieval.fusion must be 'adaptive' or 'rrf', got {self.fusion!r}")
+        if not 0.0 <= self.lexical_floor <= self.lexical_full <= 1.0:
+            raise ConfigError("retrieval.lexical_floor and lexical_full must satisfy 0 <= floor <= full <= 1, got "
+                              f"{self.lexical_floor} and {self.lexical_full}")
         return self
 
 
