@@ -28,7 +28,7 @@ from typing import Iterable, Iterator, Sequence
 
 from ..errors import StoreError, redact
 from ..records import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
-from .catalog import query_words
+from .terms import TermStats, words
 from .pg_pool import advisory_key, pool
 from .pg_schema import LEXEMES, upgrade
 
@@ -229,7 +229,7 @@ class PostgresCatalog:
 
     def _lexeme_counts(self, collection: str, query: str) -> tuple[int, dict[str, int]]:
         """The collection's chunk count and, for each of the query's lexemes, the chunks holding it."""
-        if not query_words(query):  # no word at all: nothing to ask the server
+        if not words(query):  # no word at all: nothing to ask the server
             return 0, {}
         lexemes = [r[0] for r in self._rows("SELECT lexeme FROM unnest(" + LEXEMES.format("%s") + ")", (query,))
                    if "'" not in r[0] and "\\" not in r[0]]
@@ -245,8 +245,6 @@ class PostgresCatalog:
     def term_stats(self, collection: str, query: str, chunk_id: str) -> "tuple[TermStats, set[str]]":
         """The query's lexemes with their document frequencies (0 for lexemes no chunk holds), and
         those of them that the chunk ``chunk_id`` holds (see :mod:`pipeline.retrieval.fusion`)."""
-        from .terms import TermStats
-
         n, df = self._lexeme_counts(collection, query)
         if not df:
             return TermStats(0, {}), set()

@@ -18,16 +18,16 @@ from .._sqlite import transaction
 from ..errors import StoreError
 from ..records import Chunk, CollectionInfo, DocumentRecord, StoredChunk
 from . import sections as _sections
-from .catalog import query_words
+from .terms import TermStats, words
 from .failures import storage_error
 from .schema import upgrade
 
 def fts_query(text: str) -> str | None:
     """An FTS5 query matching any word of ``text``: quoted so that no user input is FTS syntax."""
-    words = query_words(text)
-    if not words:
+    terms = words(text)
+    if not terms:
         return None
-    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+    return " OR ".join('"' + w.replace('"', '""') + '"' for w in terms)
 
 
 class SQLiteCatalog:
@@ -182,8 +182,6 @@ class SQLiteCatalog:
     def term_stats(self, collection: str, query: str, chunk_id: str) -> "tuple[TermStats, set[str]]":
         """The query's words with their document frequencies in the index (0 for words it does not
         hold), and those of them that the chunk ``chunk_id`` contains (see :mod:`pipeline.retrieval.fusion`)."""
-        from .terms import TermStats, words
-
         terms = words(query)
         if not terms:
             return TermStats(0, {}), set()
