@@ -1,12 +1,20 @@
-# `make demo` sets everything up and answers a question about samples/; `make test` runs the whole test suite.
+# `make demo` sets everything up and asks two questions about samples/; `make test` runs the whole test suite.
 .PHONY: setup demo test bench docs clean
 
 setup:
 	./setup.sh
 
+# Two different questions: the first prefills the packed documents (progress on the terminal), the second
+# reuses that prefix and prefills only itself; the last two lines compare them.
+DEMO_QUESTIONS = "How much faster was prefill with 8 layers' experts on the CPU?" \
+                 "What is the difference between n_batch and n_ubatch?"
+
+# The generator is Gemma 3 270M (configs/gemma-3-270m.toml): better answers and faster prefill than the
+# default SmolLM2-135M on the development set (docs/performance.md, "Generators").
 demo: setup
+	.venv/bin/rag models pull gemma-3-270m
 	.venv/bin/rag ingest samples/
-	.venv/bin/rag ask --stats "How much faster was prefill with 8 layers' experts on the CPU?"
+	.venv/bin/rag --config configs/gemma-3-270m.toml ask --max-tokens 64 $(DEMO_QUESTIONS)
 
 test: setup
 	.venv/bin/rag models pull gemma-3-270m   # a sliding-window model the prefix-cache tests use

@@ -7,6 +7,11 @@ cold, warm, ...) so that machine noise hits both alike; medians are compared.
 Target on these CPUs: warm at least 30x faster than cold.
 
     .venv/bin/python benchmarks/cache.py [--tokens 6000] [--repeat 2] [--json OUT]
+
+``--restore``: instead, on a generated hybrid (``qwen35moe``, whose memory cannot be cut, so
+every later question restores a state), the time to restore a prefix state of 16K and 64K
+tokens from host memory (``cache.ram_states``) against the disk (the state file in the page
+cache, checks included), alternating, medians of ``--repeat`` (default 5).
 """
 
 from __future__ import annotations
@@ -46,13 +51,71 @@ def build_document(path: Path, tokens: int, count) -> int:
     return count(text)
 
 
-def main(argv=None) -> int:
+#: The hybrid of --restore: the tests' shape with wider attention (4 KV heads of 64: 1 KiB of KV a token,
+#: on its one attention layer of four) so that a 64K state is tens of MB.
+HYBRID_SHAPE = dict(n_layers=4, n_embd=64, n_head=4, n_head_kv=4, head_dim=64, rope_dim=16, n_ctx_train=65536)
+
+
+def restore_benchmark(args, work: Path) -> dict:
+    """RAM against disk restores of the hybrid's prefix state at each of ``args.lengths`` tokens."""
+    import numpy as np
+
+    from pipeline.config import EngineConfig
+    from pipeline.dev.synthetic import write_model
+    from pipeline.engine.cache.ram import RamStates
+    from pipeline.engine.cache.store import PrefixCache
+    from pipeline.engine.local import Engine
+
+    path = write_model("qwen35moe", work / "hybrid.gguf", **HYBRID_SHAPE)
+    results = {}
+    for n in args.lengths:
+        cache, ram = PrefixCache(work / f"cache-{n}", max_bytes=2**34), RamStates(max_states=1, max_bytes=2**34)
+        engine = Engine(path, EngineConfig(n_ctx=n + 256, n_batch=2048, n_ubatch=512, threads=0))
+        try:
+            llm = engine.llm
+            tokens = np.random.default_rng(n).integers(0, 256, n, dtype=np.int32).tolist()
+            t0 = time.perf_counter()
+            engine.prefill(tokens)
+            llm.synchronize()
+            prefill = time.perf_counter() - t0
+            ns = engine.namespace
+            stores = {"disk": (cache, cache.save(ns, tokens, llm)), "ram": (ram, ram.save(ns, tokens, llm))}
+            times: dict[str, list[float]] = {"ram": [], "disk": []}
+            for i in range(args.repeat):
+                for where in (("ram", "disk") if i % 2 == 0 else ("disk", "ram")):
+                    store, entry = stores[where]
+                    llm.clear()
+                    t0 = time.perf_counter()
+                    assert store.load(entry, llm), f"the {where} state did not load"
+                    times[where].append(time.perf_counter() - t0)
+            ram_s, disk_s = (statistics.median(times[k]) for k in ("ram", "disk"))
+            results[n] = {"tokens": n, "prefill_seconds": prefill, "state_bytes": stores["ram"][1].bytes,
+                          "ram_seconds": ram_s, "disk_seconds": disk_s, "disk_over_ram": disk_s / ram_s,
+                          "samples": times}
+            print(f"  {n:,} tokens: state {stores['ram'][1].bytes / 2**20:.1f} MiB (prefill {prefill:.1f} s); "
+                  f"restore from RAM {ram_s * 1000:.1f} ms, from disk {disk_s * 1000:.1f} ms "
+                  f"({disk_s / ram_s:.1f}x)", flush=True)
+        finally:
+            engine.close()
+    return results
+
+
+def _arguments(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=6000, help="document size in generator tokens")
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=None, help="rounds (default 2; --restore: 5)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quick", action="store_true", help="a 2,000-token document, one repeat")
-    args = ap.parse_args(argv)
+    ap.add_argument("--restore", action="store_true",
+                    help="time restoring the generated hybrid's 16K and 64K states from RAM against the disk")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = _arguments(argv)
+    if args.restore:
+        return restore_main(args)
+    args.repeat = args.repeat or 2
     if args.quick:
         args.tokens, args.repeat = 2000, 1
 
@@ -124,6 +187,34 @@ def main(argv=None) -> int:
             args.json.write_text(json.dumps(document(table, **result), indent=2))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def restore_main(args) -> int:
+    import os
+
+    args.repeat = args.repeat or (2 if args.quick else 5)
+    args.lengths = [4096, 16384] if args.quick else [16384, 65536]
+    work = Path(tempfile.mkdtemp(prefix="rag-bench-restore-"))
+    load = os.getloadavg()
+    print(f"restore benchmark: generated qwen35moe {HYBRID_SHAPE}; load average {load[0]:.2f}", flush=True)
+    try:
+        results = restore_benchmark(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("\n| prefix | state | restore from RAM | restore from disk (page cache, checks) | disk / RAM |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in results.values():
+        print(f"| {r['tokens']:,} tokens | {r['state_bytes'] / 2**20:.1f} MiB | {r['ram_seconds'] * 1000:.1f} ms | "
+              f"{r['disk_seconds'] * 1000:.1f} ms | {r['disk_over_ram']:.1f}x |")
+    if args.json:
+        from pipeline.dev.bench import document, row
+
+        table = []
+        for n, r in results.items():
+            table += [row(f"restore_ram_{n}", r["ram_seconds"], "s"), row(f"restore_disk_{n}", r["disk_seconds"], "s"),
+                      row(f"disk_over_ram_{n}", r["disk_over_ram"], "x", ratio=(f"restore_disk_{n}", f"restore_ram_{n}"))]
+        args.json.write_text(json.dumps(document(table, restore=results, load_average=load), indent=2))
     return 0
 
 

@@ -3,6 +3,7 @@
 Run from the repository root::
 
     .venv/bin/python benchmarks/prefill.py [--tokens 16384] [--repeat 3] [--json OUT.json] [--quick]
+        [--arch qwen3moe|qwen35moe|gpt-oss|all]
 
 What it does, in one process:
 
@@ -19,7 +20,9 @@ What it does, in one process:
    API over the same tokens and the same context parameters. Runs alternate (pipeline, bare,
    bare, pipeline, ...) with the KV cache cleared before each; the figure is the ratio of the
    medians. Target: the pipeline adds at most 3%.
-4. Prints a table and optionally writes everything (all samples too) as JSON.
+4. With ``--arch`` naming other architectures (``all``: the hybrid ``qwen35moe`` and ``gpt-oss`` too),
+   the same settings sweep on a generated model of each (shapes in ``ARCH_SHAPES``), in the same run.
+5. Prints a table and optionally writes everything (all samples too) as JSON.
 
 Every engine and bare context is loaded and warmed before the clock starts; repeats are
 interleaved (rotating order) so machine noise hits every row alike; figures are medians.
@@ -52,7 +55,7 @@ import llama_cpp  # noqa: E402
 from pipeline.config import EngineConfig  # noqa: E402
 from pipeline.engine.host import usable_cpus  # noqa: E402
 from pipeline.engine.local import Engine  # noqa: E402
-from pipeline.dev.synthetic import write_moe_model  # noqa: E402
+from pipeline.dev.synthetic import write_model, write_moe_model  # noqa: E402
 
 #: The generated model: qwen3moe, 64K trained context. At 16K tokens the attention over the long
 #: prompt dominates the cost (it grows with layers x heads x tokens^2), so two layers and one
@@ -60,6 +63,14 @@ from pipeline.dev.synthetic import write_moe_model  # noqa: E402
 #: with 4 heads, the package's default shape, took 7.5 s idle and 20-40 s on a busy machine).
 MODEL_SHAPE = dict(n_layers=2, n_embd=64, n_head=1, n_head_kv=1, head_dim=16,
                    n_experts=8, n_experts_used=2, expert_ff=32, n_ctx_train=65536)
+#: The other architectures the sweep can run, as small: the hybrid keeps its 3:1 layout (three Gated
+#: DeltaNet layers, one attention layer), gpt-oss one sliding-window and one full-attention layer.
+ARCH_SHAPES = {
+    "qwen35moe": dict(n_layers=4, n_embd=64, n_head=1, n_head_kv=1, head_dim=16, rope_dim=8, n_experts=8,
+                      n_experts_used=2, expert_ff=32, shared_ff=32, n_ctx_train=65536),
+    "gpt-oss": dict(n_layers=2, n_embd=64, n_head=1, n_head_kv=1, head_dim=16, n_experts=8, n_experts_used=2,
+                    expert_ff=32, n_ctx_train=65536),
+}
 N_CTX = 65536  # the context every engine gets: the model's trained 64K, as in the recipe
 BATCHES = [(512, 128), (1024, 512), (2048, 512), (2048, 2048)]
 QUICK_BATCHES = [(512, 128), (2048, 512)]
@@ -306,6 +317,45 @@ def stale_timer_check(run: EngineRun, tokens: list[int], idle: float = 1.0) -> d
                 prefill_wall=x["prefill_wall"])
 
 
+def arch_sweep(arch: str, folder: Path, tokens: list[int], batches, offloads, repeat: int, threads: int) -> list[dict]:
+    """The settings sweep on a generated ``arch`` model (:data:`ARCH_SHAPES`): rows as the main sweep's."""
+    shape = ARCH_SHAPES[arch]
+    path = write_model(arch, folder / f"{arch}.gguf", **shape)
+    settings = [Setting(b, u, o, shape["n_layers"]) for (b, u) in batches for o in offloads]
+    runs = {}
+    try:
+        for s in settings:
+            runs[s.key] = EngineRun(s, Engine(path, s.engine_config(threads)))
+            runs[s.key].run(tokens[: min(len(tokens), 2048)])  # loaded and warmed before the clock starts
+        print(f"{arch} sweep: {len(settings)} settings x {repeat} repeats, interleaved...", flush=True)
+        samples: dict[str, list[dict]] = {s.key: [] for s in settings}
+        for r in range(repeat):
+            order = settings[r % len(settings):] + settings[:r % len(settings)]
+            for s in (order[::-1] if r % 2 else order):
+                samples[s.key].append(runs[s.key].run(tokens))
+    finally:
+        for run in runs.values():
+            run.engine.close()
+    rows = []
+    for s in settings:
+        tps = [x["tokens_per_second"] for x in samples[s.key]]
+        rows.append(dict(arch=arch, n_batch=s.n_batch, n_ubatch=s.n_ubatch, offload=s.offload_label,
+                         tokens_per_second=median(tps), tokens_per_second_min=min(tps),
+                         tokens_per_second_max=max(tps), samples=samples[s.key]))
+    ref = next(r["tokens_per_second"] for r in rows if (r["n_batch"], r["n_ubatch"]) == REFERENCE[0]
+               and r["offload"] == REFERENCE[1])
+    for r in rows:
+        r["vs_reference"] = r["tokens_per_second"] / ref if ref else float("nan")
+    return rows
+
+
+def print_arch_rows(rows: list[dict], n_tokens: int) -> None:
+    print(f"\nPrefill of {n_tokens:,} tokens by architecture, tokens/s (median), ratio to its own 512/128 none")
+    for r in rows:
+        print(f"{r['arch']:>10}  {r['n_batch']:>5}/{r['n_ubatch']:<5} {r['offload']:<18} "
+              f"{r['tokens_per_second']:>8.0f}  {r['vs_reference']:>5.2f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=None, help="prompt tokens (default 16384; --quick: 4096)")
@@ -314,7 +364,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="pipeline/bare pairs per overhead setting (default 6; --quick: 3)")
     ap.add_argument("--json", type=Path, default=None, help="write the figures to this file")
     ap.add_argument("--quick", action="store_true", help="4096 tokens, fewer settings (about a minute)")
+    ap.add_argument("--arch", default="qwen3moe",
+                    help="also sweep these generated architectures: a comma list of qwen35moe, gpt-oss, or all")
     args = ap.parse_args(argv)
+    extra = list(ARCH_SHAPES) if args.arch == "all" else [a for a in args.arch.split(",") if a != "qwen3moe"]
+    unknown = [a for a in extra if a not in ARCH_SHAPES]
+    if unknown:
+        ap.error(f"unknown architecture(s) {', '.join(unknown)}: use qwen3moe, {', '.join(ARCH_SHAPES)} or all")
     quick = args.quick
     n_tokens = args.tokens or (4096 if quick else 16384)
     repeat = max(1, args.repeat or (2 if quick else 3))
@@ -393,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         pairs[s.key]["bare"].append(bares[s.key].run(tokens_np, positions))
         py_overhead = python_overhead(runs[compare[0].key], tokens)
+        arch_rows = [r for arch in extra
+                     for r in arch_sweep(arch, Path(tmp.name), tokens, batches, offloads, repeat, threads)]
         elapsed = time.perf_counter() - t_start
     finally:
         for bare in bares.values():
@@ -491,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         if c["context_param_differences"]:
             print(f"context params that differ ({c['setting']}; the yarn_* ones are unused without YaRN scaling): "
                   + "; ".join(c["context_param_differences"]))
+    if arch_rows:
+        print_arch_rows(arch_rows, n_tokens)
     for note in notes:
         print("note: " + note)
     print(f"load average after: {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; "
@@ -504,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             load_average_before=load_before, load_average_after=load_after, seconds=elapsed,
             reference=ref_key, sweep=rows, comparisons=comparisons, overhead_target=OVERHEAD_TARGET,
             engine_prefill_python_seconds=py_overhead, stale_timer_check=stale, noise_spread=noise, notes=notes,
+            arch_shapes={a: ARCH_SHAPES[a] for a in extra}, arch_sweep=arch_rows,
         )
         from pipeline.dev.bench import document, row
 
@@ -511,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
         table += [row(f"-b {r['n_batch']} -ub {r['n_ubatch']}, offload {r['offload']}", float(r["tokens_per_second"]),
                       "tok/s", n_batch=r["n_batch"], n_ubatch=r["n_ubatch"], series=str(r["offload"]))
                   for r in rows]
+        table += [row(f"{r['arch']}: -b {r['n_batch']} -ub {r['n_ubatch']}, offload {r['offload']}",
+                      float(r["tokens_per_second"]), "tok/s", n_batch=r["n_batch"], n_ubatch=r["n_ubatch"],
+                      series=f"{r['arch']} {r['offload']}") for r in arch_rows]
         for c in comparisons:
             table.append(row(f"engine overhead vs bare llama_decode ({c['setting']})", 100.0 * float(c["overhead_wall"]),
                              "%"))

@@ -10,27 +10,27 @@ Pipeline as an app would; the same questions in the same order in both modes):
 
   (a) the bundled samples/ with the default model (SmolLM2-135M, default n_ctx 8192);
   (b) about 60K tokens of documents with a generated MoE model at a 64K context
-      (pipeline/dev/synthetic.py; its text is noise, its timings are real);
-  (c) a collection at least 3x the context: the first pages of gnuplot.pdf (Debian's
-      gnuplot-doc, fetched with apt-get download) and a generated long manual, SmolLM2 at
-      8K, prompts composed from section states (``ask.compose = "auto"``). Each question
-      is a new ``rag ask`` process: the first cold, then ``rag warm --sections``, then 8
-      different questions. Reported: TTFT(first, cold) / median TTFT(the 8). Target 10x.
+      (pipeline/dev/synthetic; its text is noise, its timings are real): ``qwen3moe``, and with
+      ``--arch`` the hybrid ``qwen35moe`` (Gated DeltaNet + attention: a later question restores the
+      saved state instead of cutting memory) and ``gpt-oss`` (sliding-window layers), in the same run;
+  (c) a collection at least 3x the context (the first pages of gnuplot.pdf and a generated manual,
+      SmolLM2 at 8K), prompts composed from section states: each question a new ``rag ask``
+      process, the first cold, then ``rag warm --sections``, then 8 different questions
+      (benchmarks/_session_shelf.py). Reported: TTFT(cold) / median TTFT(the 8).
 
-Targets in auto: at least 20x for (a), at least 50x for (b), at least 10x for (c).
+Targets in auto: at least 20x for (a), at least 50x for (b); at least 10x for (c).
 
-    .venv/bin/python benchmarks/session.py [--case a|b|c|all] [--json OUT] [--quick]
+    .venv/bin/python benchmarks/session.py [--case a|b|c|all] [--arch qwen3moe,qwen35moe,gpt-oss|all]
+        [--json OUT] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -128,96 +128,25 @@ def ratios(rows: list[dict]) -> dict:
             "prompt_tokens_q1": first["prompt_tokens"]}
 
 
-def shelf_corpus(folder: Path, *, pages: int) -> None:
-    """The first ``pages`` pages of gnuplot.pdf (a real PDF, cut with pypdf) and the generated field manual."""
-    from pypdf import PdfReader, PdfWriter
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import _corpora
-
-    folder.mkdir(parents=True, exist_ok=True)
-    reader, writer = PdfReader(_corpora.debian_pdf("gnuplot-doc")), PdfWriter()
-    for page in reader.pages[:pages]:
-        writer.add_page(page)
-    with open(folder / "gnuplot-first-pages.pdf", "wb") as f:
-        writer.write(f)
-    manual, _ = _corpora.manual_pages(120)
-    (folder / "field-manual.md").write_text("\n\n".join(f"## Page {p}\n\n{text}" for p, text in manual) + "\n")
+ARCHS = ("qwen3moe", "qwen35moe", "gpt-oss")
 
 
-def rag_process(env: dict, *args: str) -> dict:
-    """One ``rag`` command in a new process, its ``--json`` output."""
-    out = subprocess.run([sys.executable, "-m", "pipeline", *args, "--json"], env=env, capture_output=True,
-                         text=True, timeout=3600)
-    if out.returncode != 0:
-        raise SystemExit(f"rag {' '.join(args)} failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout)
-
-
-def run_composed_case(work: Path, *, quick: bool) -> dict:
-    """Case (c): new processes over a collection larger than the context, composed from section states."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import _corpora
-
-    shelf_corpus(work / "shelf", pages=24 if quick else 60)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    env.update({"RAG_HOME": os.environ.get("RAG_HOME", ""), "RAG_STORE_PATH": str(work / "store"),
-                "RAG_STORE_COLLECTION": "session-c", "RAG_CACHE_PATH": str(work / "cache-c"),
-                "RAG_ASK_COMPOSE": "auto", "RAG_ASK_MAX_TOKENS": "16", "RAG_CACHE_MAX_GB": "32"})
-    env = {k: v for k, v in env.items() if v != ""}
-    ingest = rag_process(env, "ingest", str(work / "shelf"))
-    _, manual_qs = _corpora.manual_pages(120)
-    questions = [q.text for q in _corpora.GNUPLOT[:4]] + [q.text for q in manual_qs[:4]]
-    cold_q = _corpora.GNUPLOT[5].text
-    if quick:
-        questions = questions[:2] + questions[4:6]
-    rows = []
-
-    def ask(q: str, label: str) -> dict:
-        st = rag_process(env, "ask", q)["stats"]
-        row = {"question": q, "ttft_engine": st["ttft_seconds"], "prompt_tokens": st["prompt_tokens"],
-               "cached_tokens": st["cached_tokens"], "prefill_tokens": st["prefill_tokens"],
-               "composed_sections": st.get("composed_sections", 0), "recomputed_tokens": st.get("recomputed_tokens", 0),
-               "sections": len(st["sections"]), "mode": st["mode"], "reuse_lost": st["reuse_lost"]}
-        print(f"    {label:6} TTFT {row['ttft_engine']:7.3f} s; {row['cached_tokens']:>6,}/{row['prompt_tokens']:,} "
-              f"reused, {row['prefill_tokens']:,} prefilled ({row['mode']}, {row['sections']} sections, "
-              f"{row['composed_sections']} from states)", flush=True)
-        return row
-
-    print(f"  case (c): SmolLM2-135M at 8K, {ingest['tokens']:,} embedder tokens in {ingest['chunks']} chunks",
-          flush=True)
-    cold = ask(cold_q, "cold")
-    warm = rag_process(env, "warm", "--sections")
-    print(f"    warm --sections: {warm['sections']} sections, {warm['tokens']:,} tokens ({warm['prefilled_tokens']:,} "
-          f"prefilled) in {warm['seconds']:.1f} s, {warm['bytes_written'] / 1e6:,.0f} MB written", flush=True)
-    for i, q in enumerate(questions):
-        rows.append(ask(q, f"q{i + 1}"))
-    med = statistics.median(r["ttft_engine"] for r in rows)
-    out = {"model": "SmolLM2-135M-Instruct, n_ctx 8192, ask.compose = auto", "ingest_tokens": ingest["tokens"],
-           "cold": cold, "warm": warm, "rows": rows, "ttft_cold": cold["ttft_engine"], "ttft_median": med,
-           "speedup": cold["ttft_engine"] / med, "target": 10}
-    out["pass"] = out["speedup"] >= 10
-    print(f"  case (c): cold {cold['ttft_engine']:.2f} s, median of {len(rows)} after warm {med:.3f} s: "
-          f"{out['speedup']:.1f}x [{'PASS' if out['pass'] else 'FAIL'}] >= 10x", flush=True)
-    return out
-
-
-def run_case(name: str, work: Path, *, quick: bool) -> dict:
+def run_case(name: str, work: Path, *, quick: bool, arch: str = "qwen3moe") -> dict:
     overrides = {"store.path": str(work / "store"), "store.collection": f"session-{name}", "ask.max_tokens": 32}
     if name == "a":
         docs, questions, target = [ROOT / "samples"], QUESTIONS_A, 20
         model = "SmolLM2-135M-Instruct (default), n_ctx 8192"
     else:
-        from pipeline.dev.synthetic import write_moe_model
+        from pipeline.dev.synthetic import write_model
 
-        path = write_moe_model(work / "moe.gguf", n_ctx_train=65536)
+        path = write_model(arch, work / f"{arch}.gguf", n_ctx_train=65536)
         overrides.update({"models.generator": str(path), "engine.n_ctx": 65536, "ask.max_tokens": 8})
         questions, target = QUESTIONS_B, 50
         with Pipeline.from_config(overrides=overrides) as probe:
             n = synthetic_corpus(work / "corpus", 20_000 if quick else 58_000,
                                  lambda t: len(probe.engine.tokenize(t)))
         docs = [work / "corpus"]
-        model = f"generated qwen3moe (4 layers, 8 experts), n_ctx 65536; corpus {n:,} tokens"
+        model = f"generated {arch} (4 layers, 8 experts), n_ctx 65536; corpus {n:,} tokens"
     if quick:
         questions = questions[:4]
     with Pipeline.from_config(overrides=overrides) as rag:
@@ -242,25 +171,31 @@ def main(argv=None) -> int:
     ap.add_argument("--case", choices=["a", "b", "c", "all"], default="all")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quick", action="store_true", help="4 questions; a 20K-token corpus for (b)")
+    ap.add_argument("--arch", default="qwen3moe", help="case (b)'s generated models: a comma list of "
+                    f"{', '.join(ARCHS)}, or all")
     args = ap.parse_args(argv)
+    archs = list(ARCHS) if args.arch == "all" else args.arch.split(",")
+    if any(a not in ARCHS for a in archs):
+        ap.error(f"--arch takes {', '.join(ARCHS)} or all, not {args.arch!r}")
     work = Path(tempfile.mkdtemp(prefix="rag-bench-session-"))
-    results = {}
+    results, composed = {}, None
     try:
-        for name in (["a", "b", "c"] if args.case == "all" else [args.case]):
-            results[name] = (run_composed_case if name == "c" else
-                             lambda w, quick, n=name: run_case(n, w, quick=quick))(work, quick=args.quick)
+        if args.case in ("c", "all"):
+            sys.path.insert(0, str(ROOT / "benchmarks"))
+            import _session_shelf
+
+            composed = _session_shelf.run_composed_case(work, quick=args.quick)
+        for name in (["a", "b"] if args.case == "all" else [args.case] if args.case != "c" else []):
+            for arch in (archs if name == "b" else ["-"]):
+                key = name if arch in ("-", "qwen3moe") else f"{name}-{arch}"
+                results[key] = run_case(key, work, quick=args.quick, arch="qwen3moe" if arch == "-" else arch)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    composed = results.pop("c", None)
     if composed is not None:
-        print(f"\n| case | TTFT cold (s) | median TTFT of {len(composed['rows'])} after warm --sections (s) | "
-              "cold / median | median prefilled tokens |\n| --- | --- | --- | --- | --- |")
-        print(f"| (c) | {composed['ttft_cold']:.2f} | {composed['ttft_median']:.3f} | **{composed['speedup']:.1f}x** | "
-              f"{statistics.median(r['prefill_tokens'] for r in composed['rows']):,.0f} |")
-    if results:
-        print("\n| case | mode | prompt tokens (q1) | TTFT q1 (s) | median TTFT q2-10 (s) | q1 / median |"
-              " wall q1 / median | median reuse q2-10 |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        _session_shelf.print_table(composed)
+    print("\n| case | mode | prompt tokens (q1) | TTFT q1 (s) | median TTFT q2-10 (s) | q1 / median | wall q1 / median |"
+          " median reuse q2-10 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, r in results.items():
         for mode in ("auto", "passages"):
             m = r[mode]
@@ -280,11 +215,9 @@ def main(argv=None) -> int:
                          row(f"{name}_{mode}_reuse_median", m["reuse_median"], "fraction", series=series)]
         if composed is not None:
             rows.append(row("c_speedup", composed["speedup"], "x", series="(c) composed"))
-            results["c"] = composed
-        args.json.write_text(json.dumps(document(rows, cases=results), indent=2))
-    if composed is not None:
-        results["c"] = composed
-    return 0 if all(r["pass"] for r in results.values()) else 1
+        args.json.write_text(json.dumps(document(rows, cases={**results, **({"c": composed} if composed else {})}),
+                                        indent=2))
+    return 0 if all(r["pass"] for r in [*results.values(), *([composed] if composed else [])]) else 1
 
 
 if __name__ == "__main__":

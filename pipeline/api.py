@@ -95,6 +95,11 @@ class Pipeline:
         return self.runtime.prefix_cache
 
     @property
+    def ram_states(self):
+        """Boundary states kept in host memory for the engines (models that cannot cut their memory)."""
+        return self.runtime.ram_states
+
+    @property
     def pack_history(self):
         """The packs recent questions used (see :mod:`.ask.history`)."""
         return self.runtime.pack_history
@@ -201,18 +206,28 @@ class Pipeline:
         return await asyncio.to_thread(self.search, query, **options)
 
     def evaluate(self, questions: "str | Path | Sequence[Question]", *,
-                 settings: "Sequence[str] | None" = None, answers: bool = False, label: str = "",
-                 progress: Callable[[str, int], None] | None = None) -> "EvalReport":
+                 settings: "Sequence[str] | None" = None, answers: bool = False, packed: bool = False,
+                 label: str = "", progress: Callable[[str, int], None] | None = None) -> "EvalReport":
         """Run a question set through each retrieval setting (see :mod:`.retrieval.evaluate`).
 
         ``questions`` is a JSONL path or loaded questions; ``settings`` names entries of
-        :data:`.retrieval.evaluate.SETTINGS` (default: dense, lexical, hybrid, hybrid+rerank). With
+        :data:`.retrieval.evaluate.SETTINGS` (default: dense, lexical, hybrid, hybrid+rerank,
+        adaptive+rerank). With
         ``answers``, each question is also answered and checked (slow: one generation each).
+        With ``packed``, each question's prompt is built as ``rag ask`` builds it for a first
+        question (no earlier packs preferred) and checked for the answer's page (no generation;
+        the generator's tokenizer loads).
         """
         from .retrieval.evaluate import evaluate
 
+        def prompt(question: str) -> "Prompt":
+            from .ask.flow import build_prompt
+            from .ask.request import AskRequest
+
+            return build_prompt(self.runtime, AskRequest(question), remember=False).prompt
+
         return evaluate(self.runtime, questions, settings=settings, answer=self.ask if answers else None,
-                        label=label, progress=progress)
+                        prompt=prompt if packed else None, label=label, progress=progress)
 
     def eval_template(self, *, per_document: int = 5) -> list[dict]:
         """Starter lines for a question set over this collection (see :func:`.retrieval.evaluate.template`)."""

@@ -57,10 +57,16 @@ def ingest(rt: "Runtime", paths: Iterable[str | Path], *, prune: bool = False, i
     scanned = scan(paths, include=tuple(include), exclude=tuple(exclude), follow_symlinks=follow)
     with rt.store() as store:
         ref = None if rt.given("embedder") else rt.config.models.embedder
+        expand = None
+        if c.doc2query:
+            from .ingest.doc2query import Doc2QueryChunker
+
+            def expand(chunker):
+                return Doc2QueryChunker(chunker, rt.engine, n=c.doc2query)
         return ingest_scanned(scanned, store=store, embedder=rt.embedder, chunk_size=c.size,
                               chunk_overlap=c.overlap, section_tokens=rt.section_tokens, embedder_ref=ref,
                               prune=prune, max_bytes=int(i.max_file_mb * 2**20), contextual=c.contextual,
-                              progress=progress)
+                              expand_chunker=expand, progress=progress)
 
 
 def _exists(rt: "Runtime") -> bool:

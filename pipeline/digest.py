@@ -1,7 +1,8 @@
 """The one stable digest: a short hash of JSON-serialisable parts, the same in every process and version.
 
 Content-addressed keys are made with it: a summarisation job's units and results
-(:mod:`pipeline.summarize.job`), the names servers' models are known by.
+(:mod:`pipeline.summarize.job`). (A remote model's name keeps the older form of
+:func:`pipeline.engine.remote.client.digest`: collections store it as the embedder's identity.)
 """
 
 from __future__ import annotations

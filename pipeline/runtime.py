@@ -29,12 +29,13 @@ if TYPE_CHECKING:
     from .ask.prompt import Layout, SectionTokens
     from .ask.stops import Stops
     from .config import EngineConfig
+    from .engine.cache.ram import RamStates
     from .engine.cache.store import PrefixCache
     from .engine.contract import TextEmbedder, TextGenerator
     from .engine.seams import Seams
 
 #: The lazily built resources :meth:`Runtime.close` closes (those it made).
-RESOURCES = ("embedder", "engine", "prefix_cache", "pack_history")
+RESOURCES = ("embedder", "engine", "prefix_cache", "ram_states", "pack_history")
 
 
 class Runtime:
@@ -75,16 +76,23 @@ class Runtime:
     @once
     def embedder(self) -> "TextEmbedder":
         """The configured embedder: a server's (``openai:``) or the local GGUF, loaded on first use."""
-        ref = self.config.models.embedder
-        if models.is_server(ref):
+        from .engine.embed_prompts import PrefixedEmbedder, gguf_names, resolve
+
+        m = self.config.models
+        if models.is_server(m.embedder):
             from .engine.remote.embedder import remote_embedder
 
-            return remote_embedder(ref, self.config.remote)
-        from .engine.embed import Embedder
+            inner = remote_embedder(m.embedder, self.config.remote)
+            names: tuple[str, ...] = (getattr(getattr(inner, "ref", None), "model", "") or "",)
+        else:
+            from .engine.embed import Embedder
 
-        e = self.config.embed
-        return Embedder(self.model_path("embedder"), threads=e.threads, flash_attn=e.flash_attn,
-                        gpu_layers=e.gpu_layers, batch_tokens=e.batch_tokens)
+            e, path = self.config.embed, self.model_path("embedder")
+            inner = Embedder(path, threads=e.threads, flash_attn=e.flash_attn, gpu_layers=e.gpu_layers,
+                             batch_tokens=e.batch_tokens)
+            names = gguf_names(path)
+        # Instruction-tuned embedders want "query: " / "passage: " style prefixes (models.embedder_*_prefix).
+        return PrefixedEmbedder(inner, resolve(m.embedder_query_prefix, m.embedder_document_prefix, names=names))
 
     @once
     def engine(self) -> "TextGenerator":
@@ -114,7 +122,8 @@ class Runtime:
             settings = dataclasses.replace(settings, threads=max(1, usable_cpus() // self.config.engine.parallel))
         return Engine(path, settings, log=self.log, cache=self.prefix_cache,
                       cache_min_tokens=self.config.cache.min_tokens,
-                      boundary_states=self.config.cache.boundary_states, compose=self.seams())
+                      boundary_states=self.config.cache.boundary_states, ram_states=self.ram_states,
+                      compose=self.seams())
 
     def seams(self) -> "Seams | None":
         """The seams composed prompts recompute (``ask.compose_*``); None where composition is off."""
@@ -218,6 +227,15 @@ class Runtime:
         from .engine.cache.store import PrefixCache
 
         return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
+
+    @once
+    def ram_states(self) -> "RamStates":
+        """Boundary states kept in host memory for this pipeline's engines (models that cannot cut their
+        memory: a later question restores without the disk)."""
+        from .engine.cache.ram import RamStates
+
+        c = self.config.cache
+        return RamStates(max_states=c.ram_states, max_bytes=int(c.ram_gb * 2**30))
 
     @once
     def pack_history(self) -> "PackHistory":

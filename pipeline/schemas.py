@@ -51,8 +51,8 @@ STATS = _obj({k: _num for k in (
     "prompt_tokens", "cached_tokens", "prefill_tokens", "prefill_seconds", "prefill_tokens_per_second",
     "ttft_seconds", "decode_tokens", "decode_seconds", "decode_tokens_per_second", "load_seconds",
     "cache_load_seconds", "states_saved", "cache_save_seconds", "composed_sections", "recomputed_tokens")} | {
-        "cache": {"enum": ["none", "memory", "disk", "composed", "miss"]}, "notes": {"type": "array", "items": _str},
-        "sections_lost": {"type": "array", "items": _str},
+        "cache": {"enum": ["none", "memory", "ram", "disk", "composed", "miss"]},
+        "notes": {"type": "array", "items": _str}, "sections_lost": {"type": "array", "items": _str},
         "mode": {"enum": ["whole", "sections", "passages"]}, "sections": {"type": "array", "items": {"type": "object"}},
         "reuse_lost": _str})
 

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -135,3 +136,114 @@ def test_field_docs_read_any_dataclass_wherever_it_is_defined():
         c: float = 0.5  # a comment is not a docstring
 
     assert field_docs(Section) == {"a": "The first.", "b": "The second,\non two lines."}
+
+
+# -- every `rag ...` command line shown in README.md and docs/ parses --
+
+SHELL_OPERATORS = {"&&", "||", "|", ";", "&"}
+ENV_PREFIX = re.compile(r"^[A-Z_][A-Z0-9_]*=")
+
+
+def command_lines(text: str) -> list[tuple[int, list[str]]]:
+    """The ``rag`` invocations in ``text`` (line number, arguments after ``rag``): from shell code
+    blocks, one per line (comments dropped, continuations joined, ``&&``/``|``/``&`` split), and
+    from inline code spans that start with ``rag``."""
+    import shlex
+
+    found: list[tuple[int, list[str]]] = []
+
+    def add(lineno: int, line: str) -> None:
+        try:
+            tokens = shlex.split(line, comments=True)
+        except ValueError:
+            return
+        part: list[str] = []
+        for token in [*tokens, ";"]:
+            if token not in SHELL_OPERATORS:
+                part.append(token)
+                continue
+            while part and ENV_PREFIX.match(part[0]):
+                part.pop(0)
+            if part and part[0] in ("rag", ".venv/bin/rag"):
+                found.append((lineno, part[1:]))
+            part = []
+
+    lines = text.splitlines()
+    in_shell = in_fence = False
+    pending, start = "", 0
+    for i, line in enumerate(lines, start=1):
+        fence = re.match(r"^\s*(```|~~~)(\w*)", line)
+        if fence:
+            in_fence = not in_fence
+            in_shell = in_fence and fence.group(2) in ("bash", "sh", "shell", "console")
+            continue
+        if in_fence:
+            if in_shell:
+                if not pending:
+                    start = i
+                pending += line.rstrip("\\") + " " if line.endswith("\\") else line
+                if not line.endswith("\\"):
+                    add(start, pending)
+                    pending = ""
+            continue
+        for span in re.findall(r"`([^`\n]+)`", line):
+            if re.match(r"^(\.venv/bin/)?rag( |$)", span) or ENV_PREFIX.match(span):
+                add(i, span)
+    return found
+
+
+def test_command_lines_are_found_in_blocks_and_spans():
+    text = ("Run `rag ask --doc FILE` or `RAG_X=1 rag status`, not `rag-ish`.\n```bash\n"
+            "rag ingest a &  # comment\nrag ingest b && rag eval q.jsonl \\\n  --answers\nchroma run\n```\n"
+            "```text\nrag is not run here\n```\n")
+    assert command_lines(text) == [(1, ["ask", "--doc", "FILE"]), (1, ["status"]), (3, ["ingest", "a"]),
+                                   (4, ["ingest", "b"]), (4, ["eval", "q.jsonl", "--answers"])]
+
+
+def _parses(args: list[str]) -> str:
+    """'' when ``rag ARGS`` names a command and options it has (checked by click's own parser, with
+    --help appended so that nothing runs), else click's complaint."""
+    from pipeline.cli import cli
+
+    cut = args.index("--") if "--" in args else len(args)
+    result = CliRunner().invoke(cli, [*args[:cut], "--help", *args[cut:]])
+    if result.exit_code != 0 and cut == len(args) and args and args[-1].startswith("-"):
+        # prose names an option without its value (`rag ask --doc`): give it one
+        retry = CliRunner().invoke(cli, [*args, "VALUE", "--help"])
+        if retry.exit_code == 0:
+            return ""
+    return "" if result.exit_code == 0 else (result.output.strip().splitlines() or [repr(result.exception)])[-1]
+
+
+def test_every_rag_command_line_in_the_docs_parses():
+    bad = []
+    seen = 0
+    for page in PAGES:
+        for lineno, args in command_lines(page.read_text()):
+            seen += 1
+            complaint = _parses(args)
+            if complaint:
+                bad.append(f"{page.relative_to(ROOT)}:{lineno}: rag {' '.join(args)}: {complaint}")
+    assert seen > 50
+    assert not bad, "command lines in the docs that rag does not accept:\n" + "\n".join(bad)
+
+
+def test_a_wrong_option_is_caught():
+    assert _parses(["ask", "q", "--max-tokens", "64"]) == ""
+    assert _parses(["search", "--", "--n-cpu-moe"]) == ""
+    assert "No such option" in _parses(["ask", "q", "--max-token", "64"])
+    assert "No such command" in _parses(["asks", "q"])
+    assert _parses(["ask", "--doc"]) == ""  # an option named in prose, without its value
+    assert _parses(["status", "--doc"]) != ""
+
+
+def test_every_repository_path_named_in_the_docs_exists():
+    """A module, test or benchmark named in the docs (`pipeline/ask/flow.py`) is where they say."""
+    named = re.compile(r"(?<![\w/.~$-])((?:pipeline|tests|benchmarks|configs|samples)/[\w./-]*[\w/])")
+    missing = []
+    for page in PAGES:
+        for lineno, line in enumerate(page.read_text().splitlines(), start=1):
+            for path in named.findall(line):
+                if "*" not in path and not (ROOT / path).exists():
+                    missing.append(f"{page.relative_to(ROOT)}:{lineno}: {path}")
+    assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)

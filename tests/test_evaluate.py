@@ -133,7 +133,7 @@ def test_rag_eval_reports_every_setting_on_a_real_collection(make_pipeline, corp
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     summaries = {s["setting"]: s for s in data["settings"]}
-    assert list(summaries) == ["dense", "lexical", "hybrid", "hybrid+rerank"]
+    assert list(summaries) == ["dense", "lexical", "hybrid", "hybrid+rerank", "adaptive+rerank"]
     for s in summaries.values():
         assert s["questions"] == 4
         assert s["recall@10"] == 0.75  # the fourth question's page 7 does not exist

@@ -153,13 +153,14 @@ def test_kv_accounting_for_hybrid_and_sliding_layers() -> None:
                      output_params=0)
     per_cell = 2 * 2 * 128 * 2  # K + V, 2 heads of 128, f16
     p = Plan(n_ctx=65536, n_batch=512, n_ubatch=512)
-    kv, state = kv_bytes(spec, p)
+    kv, state = kv_bytes(spec, p, swa_full=False)
     assert kv == per_cell * 65536 + per_cell * (4096 + 512)  # window + ubatch cells for the sliding layer
+    assert kv_bytes(spec, p)[0] == 2 * per_cell * 65536  # the engine's full-size window cache
     assert state == 2 * 3 * MiB  # fixed per sequence, whatever the context
     assert kv_bytes(spec, Plan(n_ctx=131072, n_batch=512, n_ubatch=512))[1] == state
     # a context shorter than the window: the sliding layer holds n_ctx cells
-    assert kv_bytes(spec, Plan(n_ctx=2048, n_batch=512, n_ubatch=512))[0] == 2 * per_cell * 2048
-    q8 = kv_bytes(spec, Plan(n_ctx=65536, n_batch=512, n_ubatch=512, type_k="q8_0", type_v="q8_0"))[0]
+    assert kv_bytes(spec, Plan(n_ctx=2048, n_batch=512, n_ubatch=512), swa_full=False)[0] == 2 * per_cell * 2048
+    q8 = kv_bytes(spec, Plan(n_ctx=65536, n_batch=512, n_ubatch=512, type_k="q8_0", type_v="q8_0"), swa_full=False)[0]
     assert q8 == pytest.approx(kv * 34 / 64, rel=1e-9)
     with pytest.raises(ConfigError):
         Plan(n_ctx=1024, type_v="q8_0", flash_attn=False)

@@ -123,16 +123,22 @@ def test_sliding_window_model_restores_exactly(model_home, tmp_path):
     assert st3.cache == "memory" and other == ask("Which reactor reported 30 kPa?")[1]
 
 
-def test_recurrent_model_restores_its_state_at_the_prefix_boundary(tmp_path):
-    """A Mamba model keeps a per-sequence state that cannot be cut at an earlier position: the prefix
-    state saved at the boundary, restored from disk, gives the same greedy answer as a plain run, and a
-    second question in the same process restores it rather than prefilling again."""
+#: Models whose memory cannot be cut at an earlier position: recurrent (Mamba) and hybrid (Qwen3.5/3.6's
+#: Gated DeltaNet + attention), both generated.
+UNCUTTABLE = ["mamba", "qwen35moe"]
+
+
+@pytest.mark.parametrize("arch", UNCUTTABLE)
+def test_recurrent_model_restores_its_state_at_the_prefix_boundary(tmp_path, arch):
+    """A Mamba or hybrid model keeps a per-sequence state that cannot be cut at an earlier position: the
+    prefix state saved at the boundary, restored from disk, gives the same greedy answer as a plain run,
+    and a second question in the same process restores it rather than prefilling again."""
     from pipeline.engine.cache.store import PrefixCache
     from pipeline.config import EngineConfig
     from pipeline.engine.local import Engine
-    from pipeline.dev.synthetic import write_mamba_model
+    from pipeline.dev.synthetic import write_model
 
-    path = write_mamba_model(tmp_path / "mamba.gguf")
+    path = write_model(arch, tmp_path / f"{arch}.gguf")
     settings = EngineConfig(n_ctx=2048, n_batch=256, n_ubatch=256, threads=1)
 
     def ask(question, *, cache=None, engine=None):
@@ -153,16 +159,17 @@ def test_recurrent_model_restores_its_state_at_the_prefix_boundary(tmp_path):
     assert any("cannot be cut" in n for n in st3.notes)
 
 
-def test_recurrent_model_resumes_a_pack_from_a_state_saved_at_an_inner_boundary(tmp_path):
-    """A pack [A, B, C] saves states at the A and A+B boundaries; a later pack [A, B, D] on a Mamba
-    model (no cutting back) restores exactly the A+B state and prefills only D and the question, and
-    answers as a plain run does."""
+@pytest.mark.parametrize("arch", UNCUTTABLE)
+def test_recurrent_model_resumes_a_pack_from_a_state_saved_at_an_inner_boundary(tmp_path, arch):
+    """A pack [A, B, C] saves states at the A and A+B boundaries; a later pack [A, B, D] on a Mamba or
+    hybrid model (no cutting back) restores exactly the A+B state and prefills only D and the question,
+    and answers as a plain run does."""
     from pipeline.engine.cache.store import PrefixCache
     from pipeline.config import EngineConfig
     from pipeline.engine.local import Engine
-    from pipeline.dev.synthetic import write_mamba_model
+    from pipeline.dev.synthetic import write_model
 
-    path = write_mamba_model(tmp_path / "mamba.gguf")
+    path = write_model(arch, tmp_path / f"{arch}.gguf")
     settings = EngineConfig(n_ctx=2048, n_batch=256, n_ubatch=256, threads=1)
     docs = {k: f"document {k}: " + f"the {k} quick brown fox jumps over the lazy dog. " * 6 for k in "ABCD"}
 

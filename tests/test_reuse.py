@@ -178,3 +178,13 @@ def test_advance_prefills_piece_by_piece_and_saves_at_the_save_points():
     unsaved = policy(FakeStore(), min_tokens=100).plan([], PROMPT, CUTS, can_trim=True)
     assert not unsaved.store and policy(FakeStore(), min_tokens=100).advance(
         unsaved, memory(), EngineStats(), lambda t, s: None) == set()
+
+
+def test_states_are_saved_at_the_prefix_and_a_bounded_spread_of_boundaries():
+    p = policy(min_tokens=100, boundary_states=4)
+    at = [50, 200, 300, 400, 500, 600, 700, 800, 900]
+    points = p.save_points(at, start=0)
+    assert 900 in points and 50 not in points and len(points) == 5  # the prefix + 4 spread from the first
+    assert 200 in points and 800 in points
+    assert p.save_points(at, start=800) == {900}
+    assert policy(min_tokens=100, boundary_states=0).save_points(at, start=0) == {900}

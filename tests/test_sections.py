@@ -1,11 +1,10 @@
-"""Sections and the section choice, without models: cutting, save points, cache preference, reasons."""
+"""Sections and the section choice, without models: cutting, cache preference, reasons."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from pipeline.ask.prompt import Layout
-from pipeline.engine.reuse import ReusePolicy
 from pipeline.ingest.sections import cut, target_tokens
 from pipeline.ask.history import PackHistory, reuse_note
 from pipeline.ask.packing import Shelf, plan
@@ -32,17 +31,6 @@ def test_sections_are_balanced_cut_at_chunk_boundaries_and_prefer_page_starts():
     assert cut("a", "h", [], target=100) == []
     assert target_tokens(8192, chunk_size=256) == 2048
     assert target_tokens(65536, chunk_size=256) == 4096 and target_tokens(512, chunk_size=256) == 256
-
-
-def test_states_are_saved_at_the_prefix_and_a_bounded_spread_of_boundaries():
-    policy = ReusePolicy(None, namespace=lambda: "n", min_tokens=100, boundary_states=4)
-    cuts = [50, 200, 300, 400, 500, 600, 700, 800, 900]
-    points = policy.save_points(cuts, start=0)
-    assert 900 in points and 50 not in points and len(points) == 5  # the prefix + 4 spread from the first
-    assert 200 in points and 800 in points
-    assert policy.save_points(cuts, start=800) == {900}
-    assert ReusePolicy(None, namespace=lambda: "n", min_tokens=100, boundary_states=0).save_points(
-        cuts, start=0) == {900}
 
 
 def _shelf(n_docs=4, per_doc=3, words_per=60):

@@ -106,18 +106,21 @@ def chat_stream(rt: "Runtime", request: AskRequest) -> AnswerStream:
     return stream
 
 
-def build_prompt(rt: "Runtime", request: AskRequest, *, options: AskOptions | None = None) -> Built:
+def build_prompt(rt: "Runtime", request: AskRequest, *, options: AskOptions | None = None,
+                 remember: bool = True) -> Built:
     """The packed prompt for ``request``: the documents (whole, or the sections that fit best) and the
     question last; retrieved passages where not even one section fits, or in passage mode.
 
-    Packing records the pack in the runtime's pack history (as an answer would).
+    Packing records the pack in the runtime's pack history (as an answer would) and prefers earlier
+    packs; ``remember=False`` does neither (the prompt a first question gets: what ``rag eval
+    --packed`` measures).
     """
     options = options or request.options(rt.config.ask)
     engine = rt.engine  # the model file is found now; it loads only after the store is released
     timings: dict[str, float] = {}
     notes: list[str] = []
     if options.mode == "auto":
-        built = _sections_prompt(rt, request, options, timings)
+        built = _sections_prompt(rt, request, options, timings, remember=remember)
         if built is not None:
             return built
         notes.append(f"not even one section fits the context of {engine.n_ctx:,} tokens: answering from "
@@ -144,13 +147,13 @@ def selected_sources(store: Store, doc: Sequence, source: Sequence) -> list[str]
     return sorted(chosen)
 
 
-def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, timings: dict[str, float]
-                     ) -> Built | None:
+def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, timings: dict[str, float],
+                     *, remember: bool = True) -> Built | None:
     """Whole documents or the best fixed sections (:func:`.packing.plan`); None where not even the
     question's best section fits."""
     a, engine = rt.config.ask, rt.engine
     namespace = engine.namespace
-    history = rt.pack_history.recent(namespace, rt.config.store.collection)
+    history = rt.pack_history.recent(namespace, rt.config.store.collection) if remember else []
     with _reading(rt) as store:
         selection = selected_sources(store, request.doc, request.source)
         hits = retrieve(rt, store, request.query, top_k=2 * rt.config.retrieval.candidates, source=selection,
@@ -172,7 +175,8 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
         notes.append(f"the selection ({sum(s.tokens for s in shelf.sections):,} tokens) does not fit the "
                      f"context of {engine.n_ctx:,}: packed {len(prompt.sections)} of its "
                      f"{len(shelf.sections)} sections, the most relevant, in document order")
-    rt.pack_history.record(namespace, shelf.collection, [p.section.key for p in prompt.sections])
+    if remember:
+        rt.pack_history.record(namespace, shelf.collection, [p.section.key for p in prompt.sections])
     previous = history[0] if history else None
 
     def finish(stats: AskStats) -> None:

@@ -10,6 +10,7 @@ layout of our own prompts (see :mod:`.prompt`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
@@ -42,15 +43,26 @@ def template_stops(engine) -> Stops:
         return Stops(strings=TURN_GUARD)  # no template (or a generator that renders none itself)
     between = rendered.partition(_A)[2].partition(_B)[0]  # e.g. "<|im_end|>\n<|im_start|>user\n"
     tokens, strings = set(), []
-    for part in between.split("\n"):
-        marker = part.replace("user", "").strip()  # "<|im_start|>user" starts the next turn
-        if not marker:
-            continue
+    for marker in _turn_markers(between):
         strings.append(marker)
         ids = engine.tokenize(marker, special=True)
         if len(ids) == 1 and marker[0] in "<[":  # a control token renders as no text: stop on its id
             tokens.add(ids[0])
     return Stops(frozenset(tokens), tuple(dict.fromkeys([*strings, *TURN_GUARD])))
+
+
+def _turn_markers(between: str) -> list[str]:
+    """The markup that ends a turn and starts the next, up to the next turn's role: ``<|im_end|>`` and
+    ``<|im_start|>`` (ChatML), ``<|end|>`` and ``<|start|>`` (harmony, where the markers are not on lines
+    of their own), never what follows the role (harmony's ``<|message|>``)."""
+    out = []
+    for piece in re.split(r"\n|(?=<)|(?<=>)", between):
+        head, role, _ = piece.partition("user")
+        if head.strip():
+            out.append(head.strip())
+        if role:
+            break
+    return out
 
 
 def until_stop(pieces: Iterable[str], stops: Sequence[str]) -> Iterator[str]:

@@ -65,7 +65,7 @@ def _indent(text: str, width: int = 600) -> str:
 
 
 @cli.command(cls=QueryCommand)
-@click.argument("question")
+@click.argument("question", nargs=-1, required=True)
 @click.option("--doc", "docs", multiple=True, type=click.Path(path_type=Path),
               help="Answer from this ingested document (repeatable).")
 @click.option("--source", "sources", multiple=True, type=click.Path(path_type=Path),
@@ -94,29 +94,57 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
     else the fixed sections that best match the question, always in document order, so
     the next question reuses the prompt's prefix and prefills only itself. Pages are
     marked in the prompt; sources list the pages that matched best.
-    A QUESTION that starts with a dash goes after --.
+    Several questions are answered one after another with the model loaded once, then
+    compared: time to first token, tokens prefilled and reused (with --json, one JSON
+    object per line). A QUESTION that starts with a dash goes after --.
     """
     from ..ask.request import AskRequest
-    from ..concurrency import iterate_interruptibly
-    from ..errors import Cancelled
 
     overrides = store_overrides(collection, store_path)
     overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
-    request = AskRequest(question, doc=docs, source=sources, mode=mode, top_k=top_k, temperature=temperature,
-                         system_prompt=system_prompt, stop=stop, chat_id=chat_id,
-                         progress=_PrefillLine() if not as_json and sys.stderr.isatty() else None)
+    progress = _PrefillLine if not as_json and sys.stderr.isatty() else None
+    requests = [AskRequest(q, doc=docs, source=sources, mode=mode, top_k=top_k, temperature=temperature,
+                           system_prompt=system_prompt, stop=stop, chat_id=chat_id,
+                           progress=progress() if progress else None) for q in question]
+    several = len(requests) > 1
+    answers = []
     with open_pipeline(ctx, **overrides) as rag:
-        stream = rag.chat_stream(request) if chat_id else rag.ask_stream(request)
-        try:  # generated in a worker thread: Ctrl-C stops a prefill within one micro-batch
-            for piece in iterate_interruptibly(stream):
-                if not as_json:
-                    click.echo(piece, nl=False)
-        except KeyboardInterrupt:
-            raise UserError(Cancelled("interrupted")) from None
-        answer = stream.answer
-        if as_json:
-            echo_json(answer.to_dict())
-            return
+        for i, request in enumerate(requests, start=1):
+            if several and not as_json:
+                click.secho(("\n" if i > 1 else "") + f"Q{i}: {printable(request.question)}", bold=True)
+            answer = _answer(rag, request, live=not as_json)
+            answers.append(answer)
+            if as_json:
+                if several:
+                    from ..schemas import versioned
+
+                    click.echo(json.dumps(versioned(answer.to_dict()), ensure_ascii=False))
+                else:
+                    echo_json(answer.to_dict())
+                continue
+            _echo_answer(answer, show_stats=show_stats)
+    if several and not as_json:
+        click.echo()
+        for line in _comparison(answers):
+            click.echo(line)
+
+
+def _answer(rag, request, *, live: bool):
+    """One answer, streamed to stdout when ``live``."""
+    from ..concurrency import iterate_interruptibly
+    from ..errors import Cancelled
+
+    stream = rag.chat_stream(request) if request.chat_id else rag.ask_stream(request)
+    try:  # generated in a worker thread: Ctrl-C stops a prefill within one micro-batch
+        for piece in iterate_interruptibly(stream):
+            if live:
+                click.echo(piece, nl=False)
+    except KeyboardInterrupt:
+        raise UserError(Cancelled("interrupted")) from None
+    return stream.answer
+
+
+def _echo_answer(answer, *, show_stats: bool) -> None:
     click.echo()
     if answer.sources:
         click.echo("\nSources:")
@@ -140,6 +168,20 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
             click.echo(_retrieval_line(answer.retrieval), err=True)
         if st.reuse_lost:
             click.echo(f"reuse: {st.reuse_lost}", err=True)
+
+
+def _comparison(answers) -> list[str]:
+    """One line per answer: time to first token, tokens prefilled and reused, against the first."""
+    first = answers[0].stats
+    lines = []
+    for i, a in enumerate(answers, start=1):
+        st = a.stats
+        line = (f"question {i}: {st.ttft_seconds:.1f} s to the first token ({st.prefill_tokens:,} tokens prefilled, "
+                f"{st.cached_tokens:,} of {st.prompt_tokens:,} reused)")
+        if i > 1 and st.ttft_seconds > 0 and first.ttft_seconds > 0:
+            line += f", {first.ttft_seconds / st.ttft_seconds:.1f}x faster than question 1"
+        lines.append(line)
+    return lines
 
 
 class _PrefillLine:
@@ -170,11 +212,15 @@ def _pages(pages: list[int]) -> str:
 @cli.command("eval")
 @click.argument("questions", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-s", "--setting", "settings", multiple=True,
-              type=click.Choice(["dense", "lexical", "hybrid", "hybrid+mmr", "hybrid+rerank"]),
-              help="Retrieval setting to measure (repeatable). [default: dense, lexical, hybrid, hybrid+rerank]")
+              type=click.Choice(["dense", "lexical", "hybrid", "hybrid+mmr", "hybrid+rerank", "adaptive",
+                                 "adaptive+rerank"]),
+              help="Retrieval setting to measure (repeatable); adaptive+rerank is the default configuration. "
+                   "[default: dense, lexical, hybrid, hybrid+rerank, adaptive+rerank]")
 @click.option("--compare", "compare", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Also run with this TOML config (repeatable); results side by side.")
 @click.option("--answers", is_flag=True, help="Also answer each question and check the answer and its citations (slow).")
+@click.option("--packed", is_flag=True,
+              help="Also check whether each answer's page is inside the prompt `rag ask` would build (no generation).")
 @click.option("--misses", is_flag=True, help="List the questions whose page is not in the top 5, per setting.")
 @click.option("--template", "write_template", is_flag=True,
               help="Write a starter question set from the collection to QUESTIONS (or stdout) and stop.")
@@ -184,7 +230,7 @@ def _pages(pages: list[int]) -> str:
 @json_option
 @click.pass_context
 @handles_errors
-def eval_(ctx, questions, settings, compare, answers, misses, write_template, per_document, collection,
+def eval_(ctx, questions, settings, compare, answers, packed, misses, write_template, per_document, collection,
           store_path, as_json):
     """Measure whether retrieval finds the page that holds each answer in QUESTIONS (JSONL).
 
@@ -219,8 +265,8 @@ def eval_(ctx, questions, settings, compare, answers, misses, write_template, pe
         live = not as_json and sys.stderr.isatty()
         show = (lambda qid, n: click.echo(f"\r{label}: {n} questions", nl=False, err=True)) if live else None
         with Pipeline.from_config(path, overrides=extra, log=lambda m: click.echo(m, err=True)) as rag:
-            reports.append(rag.evaluate(questions, settings=settings or None, answers=answers, label=label,
-                                        progress=show))
+            reports.append(rag.evaluate(questions, settings=settings or None, answers=answers, packed=packed,
+                                        label=label, progress=show))
         if live:
             click.echo(err=True)
     if as_json:
@@ -239,6 +285,17 @@ def eval_(ctx, questions, settings, compare, answers, misses, write_template, pe
                     top = ", ".join(f"{Path(t['source']).name} p{t['page']}" if t["page"] else Path(t["source"]).name
                                     for t in q["top"])
                     click.echo(f"miss@5 {r.label} / {s.name}: [{q['id']}] {q['question']} (rank {q['rank']}; top: {top})")
+        if r.packed is not None:
+            from ..retrieval.evaluate import packed_summary
+
+            p = packed_summary(r.packed)
+            modes = ", ".join(f"{m} {n}" for m, n in sorted(p["modes"].items()))
+            click.echo(f"page in prompt ({r.label}): {p['share']:.3f} ({p['in_prompt']} of {p['questions']}; "
+                       f"prompts built as `rag ask` builds them: {modes}; median {p['median_tokens']:,.0f} tokens)")
+            if misses:
+                for q in r.packed:
+                    if not q["in_prompt"]:
+                        click.echo(f"not in prompt {r.label}: [{q['id']}] {q['question']}")
         if r.answers is not None:
             from ..retrieval.evaluate import answer_summary
 

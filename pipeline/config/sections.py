@@ -27,6 +27,10 @@ class ModelsConfig:
     """The embedding model: builtin:NAME, a .gguf path, hf:owner/repo/file.gguf or openai:URL#model."""
     generator: str = "builtin:SmolLM2-135M-Instruct"
     """The model that writes answers and summaries; the same reference forms as models.embedder."""
+    embedder_query_prefix: str = "auto"
+    """Text put before every query the embedder sees (e5: "query: "); "auto" = the model's own, "" = none."""
+    embedder_document_prefix: str = "auto"
+    """Text put before every chunk at ingest (e5: "passage: "); "auto" = the model's own, "" = none."""
 
     def validate(self) -> "ModelsConfig":
         return self  # any reference is checked when the model is first looked for
@@ -52,6 +56,8 @@ class ChunkingConfig:
     """Embed and index each chunk with its title and heading path in front (never shown in passages)."""
     section_tokens: int = 0
     """Section length in embedder tokens (runs of chunks prompts are built from); 0 = n_ctx / 4, at most 4096."""
+    doc2query: int = 0
+    """Questions the generator writes per chunk at ingest, indexed and embedded with it (doc2query); 0 = off (slow)."""
 
     def validate(self) -> "ChunkingConfig":
         if self.size < 16:
@@ -61,6 +67,8 @@ class ChunkingConfig:
         if self.section_tokens < 0:
             raise ConfigError(f"chunking.section_tokens must be >= 0 (0 = from engine.n_ctx), got "
                               f"{self.section_tokens}")
+        if self.doc2query < 0:
+            raise ConfigError(f"chunking.doc2query must be 0 (off) or more questions per chunk, got {self.doc2query}")
         return self
 
 
@@ -165,6 +173,16 @@ class RetrievalConfig:
     """The dense side's share of a reranked score (the lexical side gets the rest)."""
     rerank_normalise: str = "max"
     """How each side's scores are scaled before combining: "max" (by the best) or "minmax" (to [0, 1])."""
+    fusion: str = "adaptive"
+    """How the sides combine: "adaptive" weighs BM25 per query by how much of its rare-word weight matched; "rrf" evenly."""
+    lexical_floor: float = 0.1
+    """Adaptive fusion: a query whose best BM25 hit holds at most this share of its idf weight is ranked by dense alone."""
+    lexical_full: float = 0.5
+    """Adaptive fusion: from this share of the query's idf weight matched, BM25 counts fully (as with "rrf")."""
+    hyde: bool = False
+    """Embed each query with a short answer the generator writes first (HyDE); for a capable generator, one generation a query."""
+    hyde_tokens: int = 96
+    """Longest hypothetical answer HyDE generates, in generator tokens."""
 
     def validate(self) -> "RetrievalConfig":
         if self.top_k < 1:
@@ -179,6 +197,13 @@ class RetrievalConfig:
             raise ConfigError(f"retrieval.rerank_normalise must be 'max' or 'minmax', got {self.rerank_normalise!r}")
         if self.rerank_candidates < 1 or not 0.0 <= self.rerank_dense_weight <= 1.0:
             raise ConfigError("retrieval.rerank_candidates must be >= 1 and retrieval.rerank_dense_weight in [0, 1]")
+        if self.hyde_tokens < 1:
+            raise ConfigError(f"retrieval.hyde_tokens must be at least 1, got {self.hyde_tokens}")
+        if self.fusion not in ("adaptive", "rrf"):
+            raise ConfigError(f"retrieval.fusion must be 'adaptive' or 'rrf', got {self.fusion!r}")
+        if not 0.0 <= self.lexical_floor <= self.lexical_full <= 1.0:
+            raise ConfigError("retrieval.lexical_floor and lexical_full must satisfy 0 <= floor <= full <= 1, got "
+                              f"{self.lexical_floor} and {self.lexical_full}")
         return self
 
 
@@ -275,6 +300,9 @@ class CacheConfig:
     are not worth a file. Besides a prompt's whole prefix, up to ``boundary_states``
     states are saved at earlier document and section boundaries of it (spread evenly),
     so that a prompt sharing only its first documents or sections resumes from there.
+    A model that cannot cut its memory (recurrent or hybrid, e.g. Qwen3.6) also keeps the
+    last ``ram_states`` boundary states (at most ``ram_gb``) in host memory, so a later
+    question in the same process (``rag serve``, an app) restores one without the disk.
     """
 
     enabled: bool = True
@@ -287,10 +315,16 @@ class CacheConfig:
     """Prefixes shorter than this are not saved (not worth a file)."""
     boundary_states: int = 4
     """States saved per prompt at earlier document or section boundaries, besides its whole prefix."""
+    ram_states: int = 4
+    """Boundary states a recurrent or hybrid model keeps in host memory for later questions (0: none)."""
+    ram_gb: float = 2.0
+    """Host memory those states may use; least recently used ones go first."""
 
     def validate(self) -> "CacheConfig":
         if self.max_gb <= 0 or self.min_tokens < 1 or self.boundary_states < 0:
             raise ConfigError("cache.max_gb must be > 0, cache.min_tokens >= 1 and cache.boundary_states >= 0")
+        if self.ram_states < 0 or not self.ram_gb >= 0:
+            raise ConfigError("cache.ram_states must be >= 0 and cache.ram_gb >= 0")
         return self
 
 

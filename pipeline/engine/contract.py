@@ -40,7 +40,7 @@ class EngineStats:
     decode_seconds: float = 0.0
     decode_tokens_per_second: float = 0.0
     load_seconds: float = 0.0
-    cache: str = "none"  # none | memory (kept in the KV cache) | disk (restored) | composed (from section states) | miss
+    cache: str = "none"  # none | memory (kept in the KV cache) | ram | disk (restored) | composed | miss | server
     cache_load_seconds: float = 0.0
     states_saved: int = 0  # prefix states written by this prompt (whole prefix and boundaries)
     cache_save_seconds: float = 0.0

@@ -70,11 +70,23 @@ class Embedder(EmbedderBase):
         # longer than that is ever sent (see max_tokens). n_ctx 0 = the trained length.
         window = self.group_tokens or 512
         try:
-            return load(self.model_path, embedding=True, pooling="mean", n_ctx=0, n_batch=window,
+            return load(self.model_path, embedding=True, pooling=self.pooling, n_ctx=0, n_batch=window,
                         n_ubatch=window, threads=self.threads, threads_batch=self.threads,
                         flash_attn=self.flash_attn, gpu_layers=self.gpu_layers)
         except ModelLoadError as exc:
             raise ModelError(f"llama.cpp could not load the embedder {self.model_path}: {exc.reason}") from None
+
+    @cached_property
+    def pooling(self) -> str:
+        """The model's own pooling ("": llama.cpp reads it) when its GGUF names one (bge pools the
+        [CLS] token, Qwen3-Embedding the last one), else mean pooling."""
+        from .gguf.header import read_header
+
+        try:
+            named = read_header(self.model_path, tensors=False).get("pooling_type") is not None
+        except (ModelError, OSError):
+            named = False
+        return "" if named else "mean"
 
     @cached_property
     def dim(self) -> int:

@@ -102,14 +102,16 @@ def load_generator(model_path: Path, settings: EngineConfig, *, info: ModelInfo,
     return llm, time.perf_counter() - t0
 
 
-def dry_run_log(model_path: Path, settings: EngineConfig, *, n_ctx: int) -> str:
+def dry_run_log(model_path: Path, settings: EngineConfig, *, n_ctx: int, swa_full: bool = True) -> str:
     """llama.cpp's log of a dry run of ``settings`` (model param ``no_alloc``: the real KV cache and
     compute buffer sizes are logged, nothing is allocated). Expert placement is left out: it moves
-    no buffer's size."""
+    no buffer's size. ``swa_full`` False: sliding-window layers with only their window (not the
+    engine's way; for comparing with llama-server's default)."""
     from ._llama import LlamaLog, load
 
     with LlamaLog(chain=False) as log:
-        load(model_path, model_params={"no_alloc": True}, **load_params(settings, n_ctx=n_ctx)).close()
+        load(model_path, model_params={"no_alloc": True}, swa_full=swa_full,
+             **load_params(settings, n_ctx=n_ctx)).close()
     return log.text
 
 

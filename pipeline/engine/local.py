@@ -44,18 +44,21 @@ class Engine(GeneratorBase):
     deadlock. A ``cancel`` token stops a waiting prompt, or a running one within one micro-batch.
 
     ``cache`` (a :class:`~.cache.store.PrefixCache`, or None) holds saved prefix states;
-    ``cache_min_tokens`` and ``boundary_states`` are the reuse policy's (:class:`~.reuse.ReusePolicy`).
-    ``compose`` (the :class:`~.seams.Seams` to recompute; None: off) composes sections-mode
-    prompts from section states in that cache (:class:`~.section_reuse.SectionReuse`).
+    ``cache_min_tokens`` and ``boundary_states`` are the reuse policy's (:class:`~.reuse.ReusePolicy`),
+    and ``ram_states`` (a :class:`~.cache.ram.RamStates`, shared by a pool's engines) its host-memory
+    copies of boundary states for models that cannot cut their memory. ``compose`` (the
+    :class:`~.seams.Seams` to recompute; None: off) composes sections-mode prompts from section
+    states in that cache (:class:`~.section_reuse.SectionReuse`).
     """
 
     def __init__(self, model_path: Path, settings: EngineConfig, *, log: Callable[[str], None] | None = None,
-                 cache=None, cache_min_tokens: int = 256, boundary_states: int = 4, compose: Seams | None = None):
+                 cache=None, cache_min_tokens: int = 256, boundary_states: int = 4, ram_states=None,
+                 compose: Seams | None = None):
         self.model_path = Path(model_path)
         self.settings = settings
         me = weakref.ref(self)  # the parts hold no strong reference back: an engine dropped is freed at once
         self.reuse = ReusePolicy(cache, namespace=lambda: me().namespace, min_tokens=cache_min_tokens,
-                                 boundary_states=boundary_states)
+                                 boundary_states=boundary_states, ram=ram_states)
         self.sections = SectionReuse(cache, namespace=lambda: me().namespace, seams=compose or Seams(),
                                      enabled=compose is not None)
         self.memory = Memory()  # what the KV cache holds (the model is attached when it loads)
@@ -366,7 +369,9 @@ class Engine(GeneratorBase):
         prefix = list(prefix)
         if not prefix or not self.reuse.uses_store(len(prefix)):
             return False
-        if self.reuse.store.lookup(self.namespace, prefix, max_tokens=len(prefix), min_tokens=len(prefix), count=False):
+        store = self.reuse.store
+        if store is not None and store.lookup(self.namespace, prefix, max_tokens=len(prefix), min_tokens=len(prefix),
+                                              count=False):
             return False
         cuts = sorted({int(b) for b in boundaries if 0 < b < len(prefix)} | {len(prefix)})
         with self._turn():

@@ -24,13 +24,16 @@ points.
 
 Models whose memory cannot be cut at an arbitrary position (recurrent and hybrid ones)
 keep their memory only when it is exactly a prefix of the prompt ending at a cut;
-otherwise they reuse a saved state, or prefill in full.
+otherwise they reuse a saved state, or prefill in full. For them the policy also keeps
+copies of boundary states in host memory (``ram``, a second :class:`StateStore`:
+:class:`~.cache.ram.RamStates`), consulted before the disk and given every state saved
+or restored from disk, so a later question in a long-lived process restores without a
+file (``stats.cache == "ram"``).
 
 Where this grows: a plan is "what to reuse from where", so new sources are new parts of
 a plan and new branches of :meth:`~ReusePolicy.apply`, not a new policy. Section states
 composed into a prompt (each restored, shifted to its place, joined through a scratch
-sequence) would be restores at positions other than 0; bounded in-RAM copies of
-boundary states would be a second :class:`StateStore` consulted before the disk.
+sequence) would be restores at positions other than 0.
 """
 
 from __future__ import annotations
@@ -186,15 +189,20 @@ class ReusePolicy:
     States are looked up and saved only for prompts whose prefix has at least
     ``min_tokens`` tokens; a prompt saves its whole prefix and at most
     ``boundary_states`` earlier boundaries it prefilled (spread evenly). ``namespace()``
-    names the model and settings the states belong to (computed on first use).
+    names the model and settings the states belong to (computed on first use). ``ram``
+    (host-memory copies, for models that cannot cut their memory) is consulted first.
     """
 
     def __init__(self, store: StateStore | None, *, namespace: Callable[[], str], min_tokens: int = 256,
-                 boundary_states: int = 4):
+                 boundary_states: int = 4, ram: StateStore | None = None):
         self.store = store
+        self.ram = ram if ram is not None and getattr(ram, "enabled", True) else None
         self.min_tokens = min_tokens
         self.boundary_states = boundary_states
         self._namespace = namespace
+
+    def _disk(self) -> bool:
+        return self.store is not None and not self.store.unavailable
 
     # -- deciding ---------------------------------------------------------------------------
 
@@ -204,7 +212,7 @@ class ReusePolicy:
         Recurrent and hybrid models qualify too: states are saved and restored exactly at
         cuts, never cut afterwards; in memory such a model cannot drop a previous question,
         so its next one restores the prefix from the store instead."""
-        return self.store is not None and not self.store.unavailable and prefix_len >= self.min_tokens
+        return (self._disk() or self.ram is not None) and prefix_len >= self.min_tokens
 
     def held(self, memory: Sequence[int], tokens: Sequence[int], cuts: Sequence[int], *, can_trim: bool) -> int:
         """How many tokens of the prompt ``memory`` holds, up to a cut the prompt may reuse."""
@@ -220,15 +228,33 @@ class ReusePolicy:
         keep, notes = self._keepable(memory, tokens, cuts, can_trim=can_trim)
         if not cuts:
             return Plan(tokens, (), keep=keep, notes=notes)
-        store = self.uses_store(cuts[-1])
+        store = self.uses_store(cuts[-1]) and (self._disk() or not can_trim)  # RAM states: uncuttable models
         if not store or keep >= cuts[-1]:
             return Plan(tokens, tuple(cuts), keep=keep, store=store, notes=notes)
-        entry = self.store.lookup(self._namespace(), tokens, max_tokens=cuts[-1], lengths=set(cuts),
-                                  min_tokens=max(keep + 1, self.min_tokens), count=not probe)
-        if entry is None:
+        restore = self._lookup(tokens, cuts, floor=max(keep + 1, self.min_tokens), ram=not can_trim, probe=probe)
+        if restore is None:
             return Plan(tokens, tuple(cuts), keep=keep, store=True, missed=True,
-                        lookup_error=self.store.last_error, notes=notes)
-        return Plan(tokens, tuple(cuts), keep=keep, restore=Restore(self.store, entry), store=True, notes=notes)
+                        lookup_error=self.store.last_error if self._disk() else "", notes=notes)
+        return Plan(tokens, tuple(cuts), keep=keep, restore=restore, store=True, notes=notes)
+
+    def _lookup(self, tokens: Sequence[int], cuts: Sequence[int], *, floor: int, ram: bool,
+                probe: bool) -> Restore | None:
+        """The longest state saved at a cut, at least ``floor`` tokens: in host memory first (``ram``: a copy
+        restores without reading a file), then on disk where the disk holds a longer one."""
+        ns, at = self._namespace(), set(cuts)
+        best = None
+        if ram and self.ram is not None:
+            entry = self.ram.lookup(ns, tokens, max_tokens=cuts[-1], lengths=at, min_tokens=floor, count=not probe)
+            if entry is not None:
+                best, floor = Restore(self.ram, entry, source="ram"), entry.n_tokens + 1
+        if not self._disk() or floor > cuts[-1]:
+            return best
+        entry = self.store.lookup(ns, tokens, max_tokens=cuts[-1], lengths=at, min_tokens=floor,
+                                  count=not probe and best is None)
+        if entry is not None and best is not None and not probe:  # now a use: counted as one
+            entry = self.store.lookup(ns, tokens, max_tokens=entry.n_tokens, lengths={entry.n_tokens},
+                                      min_tokens=entry.n_tokens) or entry
+        return Restore(self.store, entry) if entry is not None else best
 
     def reusable(self, memory: Sequence[int], tokens: Sequence[int], cuts: Sequence[int], *,
                  can_trim: bool) -> int:
@@ -280,7 +306,12 @@ class ReusePolicy:
         if plan.restore is not None:
             if memory.restore(plan.restore.store, plan.restore.entry, plan.tokens):
                 stats.cache_load_seconds = plan.restore.store.last_load_seconds
+                if plan.restore.source != "ram":
+                    self._keep_in_ram(memory)
                 return plan
+            if plan.restore.source == "ram":  # evicted meanwhile by another engine of the pool: the disk's
+                again = self._lookup(plan.tokens, plan.cuts, floor=self.min_tokens, ram=False, probe=False)
+                return self.apply(replace(plan, keep=0, restore=again, missed=again is None), memory, stats)
             stats.notes.append(f"a cached prefix state was ignored and deleted: {plan.restore.store.last_error}")
             return replace(plan, keep=0, restore=None, missed=True)
         if plan.keep == 0:
@@ -333,13 +364,22 @@ class ReusePolicy:
         return saved
 
     def _save(self, memory: Memory, stats: EngineStats) -> Entry | None:
-        """Save what the memory holds; a failure costs a note, never the answer."""
-        if self.store.read_only:  # said once, when the store was opened
+        """Save what the memory holds (on disk, and in host memory for a model that cannot cut its memory);
+        a failure costs a note, never the answer."""
+        entry = None
+        if self._disk() and not self.store.read_only:  # a read-only store was said once, when it was opened
+            entry = memory.save(self.store, self._namespace())
+            if entry is None and self.store.last_error:
+                stats.notes.append(f"prefix state not saved: {self.store.last_error}")
+        kept = self._keep_in_ram(memory)
+        return entry if entry is not None else kept
+
+    def _keep_in_ram(self, memory: Memory) -> Entry | None:
+        """A copy of what the memory holds in the host-memory store, for a model that cannot cut its memory
+        (others reuse their KV cache in place)."""
+        if self.ram is None or memory.can_trim:
             return None
-        entry = memory.save(self.store, self._namespace())
-        if entry is None and self.store.last_error:
-            stats.notes.append(f"prefix state not saved: {self.store.last_error}")
-        return entry
+        return memory.save(self.ram, self._namespace())
 
     def store_notes(self, prefix_len: int) -> list[str]:
         """What the store has to say about this prompt: faults it handled, or why it was not used."""

@@ -22,7 +22,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -147,7 +147,7 @@ class _Todo:
 
 def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: int,
            chunk_overlap: int, section_tokens: int, embedder_ref: str = "", prune: bool = False,
-           max_bytes: int = 0, contextual: bool = False,
+           max_bytes: int = 0, contextual: bool = False, expand_chunker: Callable[[Chunker], Any] | None = None,
            progress: Progress | None = None) -> IngestReport:
     """Bring the store's collection in line with ``scanned`` (from :func:`.scan.scan`).
 
@@ -155,7 +155,8 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
     before the store is opened or created. Files over ``max_bytes`` (0 = no limit) are
     skipped and reported. Documents under paths the scan could not read, or did not
     select, are never pruned. With ``contextual``, chunks are embedded and indexed with
-    their title and heading path (see :mod:`.chunking`). Each new or changed document is
+    their title and heading path (see :mod:`.chunking`); ``expand_chunker`` wraps the chunker
+    (doc2query adds generated questions to each chunk's header). Each new or changed document is
     cut into sections of about ``section_tokens`` embedder tokens (see
     :mod:`pipeline.store.sections`), committed with its chunks; unchanged documents keep theirs.
 
@@ -182,6 +183,8 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
             report.files.append(FileOutcome(source, "missing"))
     if todo:
         chunker = for_embedder(embedder, size=chunk_size, overlap=chunk_overlap, contextual=contextual)
+        if expand_chunker is not None:  # e.g. doc2query (pipeline.ingest.doc2query)
+            chunker = expand_chunker(chunker)
         store.ensure_collection(embedder=embedder_ref or str(embedder.model_path),
                                 embedder_id=embedder.identity, dim=embedder.dim,
                                 chunk_size=chunk_size, chunk_overlap=chunk_overlap)

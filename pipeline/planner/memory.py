@@ -7,19 +7,24 @@ the GPU and in host memory, from a :class:`~pipeline.planner.spec.ModelSpec`:
   ``>= n_layers - gpu_layers`` and (with ``gpu_layers > n_layers``) the output
   head go to the GPU, except the expert tensors of the offloaded layers;
 * KV cache (:func:`kv_bytes`): full-attention layers ``n_ctx_pad`` cells (``n_ctx``
-  rounded up to 256), sliding-window layers ``min(n_ctx_pad, pad256(window +
-  n_ubatch))`` cells, recurrent layers no KV but a fixed f32 state per sequence;
+  rounded up to 256), sliding-window layers as many (the engine's full-size window
+  cache, so that prefixes can be cut) or, with ``swa_full=False`` (llama-server's
+  default), ``pad256(min(n_ctx_pad, window + n_ubatch))``, recurrent layers no KV but a
+  fixed f32 state per sequence (conv ``(d_conv - 1) x channels`` + SSM state);
   K and V sized by ``type_k``/``type_v`` (f16 2 bytes, q8_0 34 per 32, q4_0 18 per
   32 values);
 * compute buffer (:func:`compute_buffer_bytes`), derived from llama.cpp's own
-  dry runs of generated qwen3moe models (see ``tests/test_plan.py``), in bytes per
+  dry runs of generated qwen3moe models (``tests/test_plan.py``) and checked on the
+  generated hybrid and gpt-oss and on Gemma 3 (``tests/test_plan_archs.py``), in bytes per
   token of the micro-batch, ``u = n_ubatch``, ``c = n_ctx_pad``::
 
       layer = max(24*embd + 8*q_dim,  12*n_used*expert_ff + 17*embd + 4*n_experts + 4*q_dim)
-      flash attention on:   u * max(2*c + layer,  4*n_vocab + 8*embd)
-      flash attention off:  u * max((4*n_head + 4)*c + layer,  4*n_vocab + 8*embd)
+      flash attention on:   u * max(2*m + layer,  4*n_vocab + 8*embd)
+      flash attention off:  u * max(4*n_head*c + 4*m + layer,  4*n_vocab + 8*embd)
 
-  ``2*c`` is the f16 KQ mask, ``(4*n_head+4)*c`` the f32 KQ scores and mask,
+  ``m`` is the cells of the KQ masks: ``c``, plus the sliding-window cache's cells for a
+  model with sliding-window layers (llama.cpp builds a second mask for them); ``2*m`` is
+  the f16 masks, ``4*n_head*c + 4*m`` the f32 KQ scores and masks,
   ``4*n_vocab`` the f32 logits of a micro-batch (llama.cpp reserves the graph for
   every token producing an output). *Assumption*: this CPU-only build can only
   measure the CPU compute buffer; a CUDA build's GPU compute buffer is modelled by
@@ -85,17 +90,23 @@ class Memory:
                     recurrent_state=self.recurrent_state, compute_buffer=self.compute_buffer)
 
 
-def kv_cells(layer: LayerSpec, settings: EngineConfig) -> int:
-    """KV cells llama.cpp allocates for ``layer`` (0 for a recurrent layer)."""
+def kv_cells(layer: LayerSpec, settings: EngineConfig, *, swa_full: bool = True) -> int:
+    """KV cells llama.cpp allocates for ``layer`` (0 for a recurrent layer).
+
+    A sliding-window layer has a full-size cache with ``swa_full`` (what the engine runs,
+    so that a prefix can be cut anywhere), else the window plus one micro-batch
+    (llama-server's default), as llama.cpp sizes it.
+    """
     n_ctx = _pad(settings.n_ctx, 256)
     if layer.kind == "recurrent":
         return 0
-    if layer.kind == "swa" and layer.window:
-        return min(n_ctx, _pad(layer.window + settings.n_ubatch, 256))  # one sequence
+    if layer.kind == "swa" and layer.window and not swa_full:
+        return _pad(min(n_ctx, layer.window + settings.n_ubatch), 256)  # one sequence
     return n_ctx
 
 
-def kv_bytes(spec: ModelSpec, settings: EngineConfig, layers: set[int] | None = None) -> tuple[int, int]:
+def kv_bytes(spec: ModelSpec, settings: EngineConfig, layers: set[int] | None = None, *,
+             swa_full: bool = True) -> tuple[int, int]:
     """(KV cache bytes, recurrent state bytes) of ``layers`` (default all)."""
     kv = state = 0
     for i, lay in enumerate(spec.layers):
@@ -104,14 +115,23 @@ def kv_bytes(spec: ModelSpec, settings: EngineConfig, layers: set[int] | None = 
         if lay.kind == "recurrent":
             state += lay.state_bytes  # one sequence
             continue
-        cells = kv_cells(lay, settings)
+        cells = kv_cells(lay, settings, swa_full=swa_full)
         kv += cells * (type_bytes(lay.n_head_kv * lay.head_dim_k, settings.type_k)
                        + type_bytes(lay.n_head_kv * lay.head_dim_v, settings.type_v))
     return kv, state
 
 
+def _mask_cells(spec: ModelSpec, settings: EngineConfig, swa_full: bool) -> int:
+    """Cells of the KQ masks a micro-batch's graph holds: one for full attention, one more for the
+    sliding-window layers where the model has any (llama.cpp builds both for such a model)."""
+    c = _pad(settings.n_ctx, 256)
+    swa = [lay for lay in spec.layers if lay.kind == "swa"]
+    if not any(lay.kind != "recurrent" for lay in spec.layers):
+        return 0
+    return c + (kv_cells(swa[0], settings, swa_full=swa_full) if swa else 0)
 
-def compute_buffer_bytes(spec: ModelSpec, settings: EngineConfig) -> int:
+
+def compute_buffer_bytes(spec: ModelSpec, settings: EngineConfig, *, swa_full: bool = True) -> int:
     """The main compute buffer of a plan (see the module docstring for the formula and where it comes from).
 
     Checked against llama.cpp's dry run (``tests/test_plan.py``): within 5% wherever
@@ -122,21 +142,24 @@ def compute_buffer_bytes(spec: ModelSpec, settings: EngineConfig) -> int:
     """
     u = settings.n_ubatch
     c = _pad(settings.n_ctx, 256)
-    if not any(lay.kind != "recurrent" for lay in spec.layers):
+    masks = _mask_cells(spec, settings, swa_full)
+    if not masks:
         c = 0
     e, q = spec.n_embd, spec.max_q_dim
     used_ff = spec.n_experts_used * spec.expert_ff
     layer = max(24 * e + 8 * q, 12 * used_ff + 17 * e + 4 * spec.n_experts + 4 * q)
     out = 4 * spec.n_vocab + 8 * e
     if settings.flash_attn:
-        attn = 2 * c
+        attn = 2 * masks
     else:
-        attn = (4 * spec.max_n_head + 4) * c
+        attn = 4 * spec.max_n_head * c + 4 * masks
     return u * max(attn + layer, out)
 
 
-def memory(spec: ModelSpec, settings: EngineConfig, hw: HardwareProfile | None = None) -> Memory:
-    """Bytes per device for ``settings`` (see the module docstring). ``hw`` without a GPU puts everything on the CPU."""
+def memory(spec: ModelSpec, settings: EngineConfig, hw: HardwareProfile | None = None, *,
+           swa_full: bool = True) -> Memory:
+    """Bytes per device for ``settings`` (see the module docstring). ``hw`` without a GPU puts everything on
+    the CPU; ``swa_full`` (the engine's way) sizes sliding-window layers' caches as full attention's."""
     has_gpu = hw is None or hw.has_gpu
     n = spec.n_layers
     gpu_layers = settings.gpu_layer_set(n) if has_gpu else set()
@@ -156,13 +179,13 @@ def memory(spec: ModelSpec, settings: EngineConfig, hw: HardwareProfile | None =
                 w_gpu += lay.expert_bytes
         else:
             w_cpu += lay.total_bytes
-    kv_all, state_all = kv_bytes(spec, settings)
-    kv_g, st_g = kv_bytes(spec, settings, gpu_layers)
-    compute = compute_buffer_bytes(spec, settings)
+    kv_all, state_all = kv_bytes(spec, settings, swa_full=swa_full)
+    kv_g, st_g = kv_bytes(spec, settings, gpu_layers, swa_full=swa_full)
+    compute = compute_buffer_bytes(spec, settings, swa_full=swa_full)
     out_buf = spec.n_vocab * 4 + spec.n_embd * 4
     if has_gpu and gpu_layers:
         copy = max((spec.layers[i].expert_tensor_max for i in cpu_exp & gpu_layers), default=0)
-        host_compute = settings.n_ubatch * (2 * _pad(settings.n_ctx, 256) + 8 * spec.n_embd)
+        host_compute = settings.n_ubatch * (2 * _mask_cells(spec, settings, swa_full) + 8 * spec.n_embd)
         if len(gpu_layers) < n:  # partial offload: the CPU layers need their own graph buffers
             host_compute = max(host_compute, compute)
         gpu = DeviceMemory(weights=w_gpu, kv=kv_g + st_g, compute=compute + copy,
@@ -200,13 +223,15 @@ def parse_dry_run(log: str) -> DryRun:
     return DryRun(kv_cache=int(kv * MiB), compute=compute, log=log)
 
 
-def dry_run(path: str | os.PathLike[str], settings: EngineConfig, *, n_threads: int = 1) -> DryRun:
-    """Run llama.cpp's own dry run (model param ``no_alloc``) for ``settings`` and read the sizes it logs."""
+def dry_run(path: str | os.PathLike[str], settings: EngineConfig, *, n_threads: int = 1,
+            swa_full: bool = True) -> DryRun:
+    """Run llama.cpp's own dry run (model param ``no_alloc``) for ``settings`` and read the sizes it logs
+    (``swa_full`` False: sliding-window layers keep only their window, llama-server's default)."""
     from ..engine.loading import dry_run_log
     from ..engine.local import Engine
 
     engine = Engine(path, replace(settings, threads=n_threads, threads_batch=n_threads))
-    result = parse_dry_run(dry_run_log(path, engine.settings, n_ctx=engine.n_ctx))
+    result = parse_dry_run(dry_run_log(path, engine.settings, n_ctx=engine.n_ctx, swa_full=swa_full))
     if not result.compute:
         raise ConfigError(f"llama.cpp's dry run of {path} logged no compute buffer size.")
     return result

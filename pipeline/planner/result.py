@@ -51,8 +51,9 @@ def fits(mem: Memory, budget: Budget) -> bool:
     return gpu_ok and mem.cpu.total + budget.ram_margin <= budget.ram
 
 
-def llama_flags(settings: EngineConfig, n_layers: int) -> list[str]:
-    """The ``llama-server``/``llama-cli`` flags equivalent to ``settings`` on a model of ``n_layers`` layers."""
+def llama_flags(settings: EngineConfig, n_layers: int, *, swa: bool = False) -> list[str]:
+    """The ``llama-server``/``llama-cli`` flags equivalent to ``settings`` on a model of ``n_layers`` layers
+    (``swa``: a model with sliding-window layers, whose full-size window cache the plan counts)."""
     s = settings
     ngl = "999" if s.gpu_layers < 0 else str(s.gpu_layers)
     flags = ["-c", str(s.n_ctx), "-b", str(s.n_batch), "-ub", str(s.n_ubatch), "-ngl", ngl,
@@ -70,6 +71,8 @@ def llama_flags(settings: EngineConfig, n_layers: int) -> list[str]:
         flags += ["-ot", rf"blk\.({alt}){EXPERT_PATTERN}=CPU"]
     if not s.mmap:
         flags += ["--no-mmap"]
+    if swa:
+        flags += ["--swa-full"]
     return flags
 
 
@@ -95,7 +98,7 @@ class PlanResult:
 
     @property
     def flags(self) -> list[str]:
-        return llama_flags(self.settings, self.spec.n_layers)
+        return llama_flags(self.settings, self.spec.n_layers, swa=any(lay.kind == "swa" for lay in self.spec.layers))
 
     @property
     def engine_toml(self) -> str:

@@ -56,16 +56,20 @@ class LayerSpec:
         return self.expert_bytes + self.other_bytes
 
 
-def _recurrent_state(key: Callable[[str, Any], Any]) -> tuple[int, int, int]:
-    """A recurrent layer's state per sequence in bytes (f32: the conv window of (d_conv - 1) x channels
-    and the SSM state), with its inner and state sizes, from the ``ssm.*`` metadata ``key`` reads."""
+def _recurrent_state(key: Callable[[str, Any], Any]) -> tuple[int, int]:
+    """A recurrent layer's state per sequence in bytes and its FLOPs per token, from the ``ssm.*`` metadata
+    ``key`` reads. The state is f32, as llama.cpp keeps it: the conv window of (d_conv - 1) x channels (Gated
+    DeltaNet and Mamba-2: the value width plus queries and keys of every group) and the SSM state, d_inner x
+    d_state. Per token a Gated DeltaNet head reads, updates and applies its d_k x d_v state (about 6 FLOPs
+    a cell); Mamba's scan about 4."""
     d_conv = int(key("ssm.conv_kernel", 0) or 0)
     d_inner = int(key("ssm.inner_size", 0) or 0)
     d_state = int(key("ssm.state_size", 0) or 0)
     n_group = int(key("ssm.group_count", 0) or 0)
     ssm_heads = int(key("ssm.time_step_rank", 0) or 0)
     conv_ch = d_inner + 2 * n_group * d_state if ssm_heads and d_inner else d_inner  # gated delta net / mamba2
-    return (max(d_conv - 1, 0) * conv_ch + d_inner * d_state) * 4, d_inner, d_state
+    state = (max(d_conv - 1, 0) * conv_ch + d_inner * d_state) * 4
+    return state, (6 if n_group else 4) * d_inner * d_state
 
 
 @dataclass(frozen=True)
@@ -179,7 +183,7 @@ class ModelSpec:
             toks = meta.get("tokenizer.ggml.tokens")
             n_vocab = toks.count if isinstance(toks, ArrayInfo) else len(toks) if isinstance(toks, list) else 0
 
-        state, d_inner, d_state = _recurrent_state(key)
+        state, state_flops = _recurrent_state(key)
         layers = []
         for i, lay in enumerate(info.layers):
             recurrent = lay.kind == "recurrent"
@@ -188,7 +192,7 @@ class ModelSpec:
                 dense_params=dense_p[i], expert_params=exp_p[i], n_head=lay.n_head, n_head_kv=lay.n_head_kv,
                 head_dim_k=lay.head_dim_k, head_dim_v=lay.head_dim_v, window=lay.window,
                 state_bytes=state if recurrent else 0,
-                state_flops=4 * d_inner * d_state if recurrent else 0,
+                state_flops=state_flops if recurrent else 0,
             ))
         return cls(
             name=name, arch=arch, n_embd=n_embd, n_vocab=n_vocab, n_ctx_train=info.n_ctx_train,
@@ -232,7 +236,7 @@ class ModelSpec:
             experts = 2 * gate_up + dn
             shared = 2 * mat(eff * embd) + down(eff * embd) + embd * f32  # shared expert + its gate
             router = n_exp * embd * f32
-            dense_p = 3 * eff * embd + embd + n_exp * embd
+            dense_p = 3 * eff * embd + n_exp * embd  # matrices: the shared expert and the router
             return experts, max(gate_up, dn), shared + router + 2 * embd * f32, dense_p, 3 * eff * embd
 
         layers = []
@@ -247,7 +251,7 @@ class ModelSpec:
                     n_head=a_h, n_head_kv=a_kv, head_dim_k=a_hd, head_dim_v=a_hd))
             else:  # gated delta net
                 qkv_p, z_p, ba_p, o_p = embd * conv_ch, embd * d_inner, embd * 2 * v_h, d_inner * embd
-                other = mat(qkv_p) + mat(z_p) + ba_p * f32 + down(o_p) + (4 * conv_ch + 2 * v_h + dv) * f32
+                other = mat(qkv_p) + mat(z_p) + mat(ba_p) + down(o_p) + (4 * conv_ch + 2 * v_h + dv) * f32
                 state = (3 * conv_ch + v_h * dk * dv) * f32
                 layers.append(LayerSpec(
                     kind="recurrent", expert_bytes=experts, expert_tensor_max=emax, other_bytes=other + moe_other,

@@ -165,7 +165,7 @@ def decode_speed(spec: ModelSpec, settings: EngineConfig, hw: HardwareProfile, c
     for i, lay in enumerate(spec.layers):
         per_tok = 0.0
         if lay.kind != "recurrent":
-            cells = min(ctx, kv_cells(lay, settings))
+            cells = min(ctx, kv_cells(lay, settings, swa_full=False))  # what attention reads: the window
             per_tok = cells * (type_bytes(lay.n_head_kv * lay.head_dim_k, settings.type_k)
                                + type_bytes(lay.n_head_kv * lay.head_dim_v, settings.type_v))
         else:

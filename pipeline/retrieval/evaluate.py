@@ -43,15 +43,19 @@ if TYPE_CHECKING:
 KS = (1, 5, 10)
 DEPTH = max(KS)  # chunks retrieved per question
 
-# The retrieval settings `rag eval` compares: overrides of the retrieval configuration.
+# The retrieval settings `rag eval` compares: overrides of the retrieval configuration. "hybrid"
+# weighs both sides evenly (plain reciprocal-rank fusion); "adaptive" weighs BM25 per query
+# (see pipeline.retrieval.fusion); "adaptive+rerank" is the default configuration.
 SETTINGS: dict[str, dict] = {
     "dense": {"dense": True, "lexical": False, "rerank": "none"},
     "lexical": {"dense": False, "lexical": True, "rerank": "none"},
-    "hybrid": {"dense": True, "lexical": True, "rerank": "none"},
-    "hybrid+mmr": {"dense": True, "lexical": True, "rerank": "none", "mmr": True},
-    "hybrid+rerank": {"dense": True, "lexical": True, "rerank": "scores"},
+    "hybrid": {"dense": True, "lexical": True, "rerank": "none", "fusion": "rrf"},
+    "hybrid+mmr": {"dense": True, "lexical": True, "rerank": "none", "fusion": "rrf", "mmr": True},
+    "hybrid+rerank": {"dense": True, "lexical": True, "rerank": "scores", "fusion": "rrf"},
+    "adaptive": {"dense": True, "lexical": True, "rerank": "none", "fusion": "adaptive"},
+    "adaptive+rerank": {"dense": True, "lexical": True, "rerank": "scores", "fusion": "adaptive"},
 }
-DEFAULT_SETTINGS = ("dense", "lexical", "hybrid", "hybrid+rerank")
+DEFAULT_SETTINGS = ("dense", "lexical", "hybrid", "hybrid+rerank", "adaptive+rerank")
 STAGES = ("embed_query", "dense", "lexical", "fuse", "rerank")
 
 _KEYS = {"question", "source", "pages", "evidence", "answer", "id"}
@@ -206,6 +210,7 @@ class EvalReport:
     settings: list[SettingResult]
     unreachable: list[dict] = field(default_factory=list)
     answers: list[dict] | None = None
+    packed: list[dict] | None = None  # per question: is the answer inside the prompt `rag ask` builds?
 
     def to_dict(self, *, details: bool = True) -> dict:
         d: dict = {"label": self.label, "settings": [s.summary() for s in self.settings],
@@ -214,6 +219,8 @@ class EvalReport:
             d["questions"] = {s.name: s.questions for s in self.settings}
         if self.answers is not None:
             d["answers"] = {"summary": answer_summary(self.answers), "questions": self.answers}
+        if self.packed is not None:
+            d["packed"] = {"summary": packed_summary(self.packed), **({"questions": self.packed} if details else {})}
         return d
 
 
@@ -304,6 +311,38 @@ def check_answer(q: Question, text: str, sources: Sequence[dict]) -> dict:
             "cited": sorted(cited_numbers), "answer": text}
 
 
+def in_prompt(q: Question, prompt) -> dict:
+    """Whether the place that answers ``q`` is inside ``prompt`` (a packed :class:`Prompt`): one
+    of its pages within a packed section (whole or sections mode) or passage of its source, or
+    for a question without pages, its evidence phrase in the prompt's text. What packing does
+    with the ranking decides this, more than any one chunk's rank."""
+    if prompt.mode in ("whole", "sections"):
+        spans = [(p.section.source, p.section.first_page, p.section.last_page) for p in prompt.sections]
+    else:
+        spans = [(ps.source, min(ps.pages), max(ps.pages)) if ps.pages else (ps.source, None, None)
+                 for ps in prompt.passages]
+    if q.pages:
+        found = sorted({page for source, lo, hi in spans if source_matches(q.source, source) and lo is not None
+                        for page in q.pages if lo <= page <= (hi if hi is not None else lo)})
+        ok = bool(found)
+    else:
+        found = []
+        ok = any(source_matches(q.source, source) for source, _, _ in spans) and (
+            q.evidence is None or _norm(q.evidence) in _norm(prompt.prefix))
+    return {"id": q.id, "question": q.question, "in_prompt": ok, "pages_found": found, "mode": prompt.mode,
+            "units": len(spans), "tokens": len(prompt.tokens)}
+
+
+def packed_summary(rows: Sequence[dict]) -> dict:
+    modes: dict[str, int] = {}
+    for r in rows:
+        modes[r["mode"]] = modes.get(r["mode"], 0) + 1
+    n = len(rows)
+    return {"questions": n, "in_prompt": sum(r["in_prompt"] for r in rows),
+            "share": round(sum(r["in_prompt"] for r in rows) / n, 4) if n else 0.0, "modes": modes,
+            "median_tokens": statistics.median(r["tokens"] for r in rows) if rows else 0}
+
+
 def answer_summary(rows: Sequence[dict]) -> dict:
     with_answer = [r for r in rows if r["answer_ok"] is not None]
     return {"questions": len(rows),
@@ -356,12 +395,13 @@ def _phrase(text: str, words: int = 8) -> str:
 
 
 def evaluate(rt: "Runtime", questions: "str | Path | Sequence[Question]", *, settings: Sequence[str] | None = None,
-             answer: Callable[[str], Any] | None = None, label: str = "",
-             progress: Callable[[str, int], None] | None = None) -> EvalReport:
+             answer: Callable[[str], Any] | None = None, prompt: Callable[[str], Any] | None = None,
+             label: str = "", progress: Callable[[str, int], None] | None = None) -> EvalReport:
     """:meth:`Pipeline.evaluate <pipeline.api.Pipeline.evaluate>`: ``questions`` (a JSONL path or loaded
     questions) through each retrieval setting, over the runtime's collection; with ``answer``, each
     question is also answered by it (an :class:`~pipeline.ask.answer.Answer`: its text and sources) and
-    the answer checked."""
+    the answer checked; with ``prompt``, whether the answer's page is inside the prompt it builds
+    for each question (a packed :class:`~pipeline.records.Prompt`, see :func:`in_prompt`)."""
     from .search import retrieve
 
     qs = load_questions(questions) if isinstance(questions, (str, Path)) else list(questions)
@@ -382,6 +422,8 @@ def evaluate(rt: "Runtime", questions: "str | Path | Sequence[Question]", *, set
 
         report = run(qs, one, settings=names, label=label, progress=progress)
     report.unreachable = missing
+    if prompt is not None:
+        report.packed = [in_prompt(q, prompt(q.question)) for q in qs]
     if answer is not None:
         report.answers = []
         for q in qs:

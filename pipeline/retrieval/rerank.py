@@ -38,7 +38,7 @@ class Reranker(Protocol):
     name: str
 
     def __call__(self, query: str, fused: Sequence[Candidate], *, vector: "np.ndarray | None",
-                 store: "Store") -> list[Candidate]: ...
+                 store: "Store", lexical_weight: float = 1.0) -> list[Candidate]: ...
 
 
 def minmax(values: Sequence[float]) -> list[float]:
@@ -64,7 +64,8 @@ NORMALISE = {"minmax": minmax, "max": bymax}
 class ScoreRerank:
     """Normalised convex combination of completed dense and BM25 scores over the top candidates.
 
-    ``dense_weight`` is the dense side's share (the lexical side gets the rest);
+    ``dense_weight`` is the dense side's share (the lexical side gets the rest, scaled by the
+    query's ``lexical_weight`` from adaptive fusion: at 0 the dense side alone decides);
     candidates past ``candidates`` keep their fused order after the reranked ones.
     Costs one vector read and one FTS query for the candidates: milliseconds.
     """
@@ -75,7 +76,7 @@ class ScoreRerank:
     name: str = "scores"
 
     def __call__(self, query: str, fused: Sequence[Candidate], *, vector: "np.ndarray | None",
-                 store: "Store") -> list[Candidate]:
+                 store: "Store", lexical_weight: float = 1.0) -> list[Candidate]:
         import numpy as np
 
         head, tail = list(fused[:self.candidates]), list(fused[self.candidates:])
@@ -97,7 +98,7 @@ class ScoreRerank:
         if dense is None:
             scores = norm(lex)
         else:
-            w = self.dense_weight
+            w = 1.0 - (1.0 - self.dense_weight) * lexical_weight
             scores = [w * d + (1 - w) * s for d, s in zip(norm(dense), norm(lex))]
         order = sorted(range(len(head)), key=lambda i: (-scores[i], head[i][0].source, head[i][0].index))
         out = []

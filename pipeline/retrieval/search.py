@@ -12,23 +12,28 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from ..engine.contract import TextEmbedder
+from ..engine.embed_prompts import embed_query
 from ..store.store import Store
 from ..records import Hit, Passage, StoredChunk
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
+    from .fusion import AdaptiveFusion
     from .rerank import Reranker
 
 
-def rrf(rankings: dict[str, list[tuple[StoredChunk, float]]], *, k: int) -> list[tuple[StoredChunk, float, dict]]:
-    """Reciprocal-rank fusion: score = Σ 1 / (k + rank), rank from 1, over the sides that found a chunk."""
+def rrf(rankings: dict[str, list[tuple[StoredChunk, float]]], *, k: int,
+        weights: dict[str, float] | None = None) -> list[tuple[StoredChunk, float, dict]]:
+    """Reciprocal-rank fusion: score = Σ w / (k + rank), rank from 1, over the sides that found a
+    chunk; a side's weight ``w`` is 1 unless ``weights`` says otherwise."""
     fused: dict[str, tuple[StoredChunk, float, dict]] = {}
     for side, hits in rankings.items():
+        w = 1.0 if weights is None else weights.get(side, 1.0)
         for rank, (chunk, score) in enumerate(hits, start=1):
             entry = fused.get(chunk.chunk_id)
             detail = dict(entry[2]) if entry else {}
             detail[side] = (rank, score)
-            total = (entry[1] if entry else 0.0) + 1.0 / (k + rank)
+            total = (entry[1] if entry else 0.0) + w / (k + rank)
             fused[chunk.chunk_id] = (entry[0] if entry else chunk, total, detail)
     return sorted(fused.values(), key=lambda e: (-e[1], e[0].source, e[0].index))
 
@@ -56,29 +61,36 @@ def mmr(query_vector, candidates: list, vectors: dict, *, k: int, lam: float) ->
 def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: int, dense: bool = True,
            lexical: bool = True, candidates: int = 40, rrf_k: int = 60, source: str | Sequence[str] | None = None,
            use_mmr: bool = False, mmr_lambda: float = 0.7, rerank: "Reranker | None" = None,
+           fusion: "AdaptiveFusion | None" = None, dense_query: str | None = None,
            timings: dict[str, float] | None = None) -> list[Hit]:
     """The ``top_k`` best chunks for ``query`` from the enabled sides, of ``source`` (one document,
     several, or all when None). ``store`` must be open.
 
-    ``rerank`` (see :mod:`.rerank`) re-orders the fused candidates; ``timings``, when given,
-    receives the seconds spent per stage (embed_query, dense, lexical, fuse, rerank).
+    ``fusion`` (see :mod:`.fusion`) weighs the lexical side for this query, in the fusion and
+    the reranking alike (None: both sides count evenly); ``dense_query`` is what the dense side
+    embeds instead of ``query`` (HyDE, see :mod:`.expansion`); ``rerank`` (see :mod:`.rerank`)
+    re-orders the fused candidates; ``timings``, when given, receives the seconds spent per
+    stage (embed_query, dense, lexical, fuse, rerank).
     """
     store.require()
     clock = _Stopwatch(timings)
     rankings: dict[str, list[tuple[StoredChunk, float]]] = {}
     vector = None
     if dense and embedder is not None:
-        vector = embedder.embed([query])[0]
+        vector = embed_query(embedder, [dense_query or query])[0]
         clock.lap("embed_query")
         rankings["dense"] = store.dense(vector, limit=candidates, source=source)
         clock.lap("dense")
     if lexical:
         rankings["lexical"] = store.lexical(query, limit=candidates, source=source)
         clock.lap("lexical")
-    fused = rrf(rankings, k=rrf_k)
+    lexical_weight = 1.0
+    if fusion is not None and "dense" in rankings and rankings.get("lexical"):
+        lexical_weight = fusion.weight(query, rankings["lexical"][0][0], store)
+    fused = rrf(rankings, k=rrf_k, weights={"lexical": lexical_weight})
     clock.lap("fuse")
     if rerank is not None and len(rankings) > 1:
-        fused = rerank(query, fused, vector=vector, store=store)
+        fused = rerank(query, fused, vector=vector, store=store, lexical_weight=lexical_weight)
         clock.lap("rerank")
     if use_mmr and vector is not None and len(fused) > top_k:
         fused = mmr(vector, fused, store.vectors([c[0].chunk_id for c in fused]), k=top_k, lam=mmr_lambda)
@@ -97,9 +109,11 @@ def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: in
 def retrieve(rt: "Runtime", store: Store, query: str, *, top_k: int, source: str | Sequence[str] | None = None,
              use_mmr: bool = False, timings: dict[str, float] | None = None, **changes) -> list[Hit]:
     """:func:`search` as configured (``[retrieval]``, ``ask.mmr_lambda``), with the runtime's embedder;
-    ``changes`` override retrieval settings for this call (dense, lexical, rerank)."""
+    ``changes`` override retrieval settings for this call (dense, lexical, rerank, fusion)."""
     import dataclasses
+    import time
 
+    from .fusion import AdaptiveFusion
     from .rerank import make_reranker
 
     r = dataclasses.replace(rt.config.retrieval, **changes) if changes else rt.config.retrieval
@@ -107,10 +121,20 @@ def retrieve(rt: "Runtime", store: Store, query: str, *, top_k: int, source: str
         rt.embedder.dim  # loads the model outside the timed stages
     reranker = make_reranker(r.rerank, candidates=max(r.rerank_candidates, top_k),
                              dense_weight=r.rerank_dense_weight, normalise=r.rerank_normalise)
+    fusion = AdaptiveFusion(r.lexical_floor, r.lexical_full) if r.fusion == "adaptive" else None
+    dense_query = None
+    if r.hyde and r.dense:
+        from .expansion import hyde_query, hypothetical_passage
+
+        started = time.perf_counter()
+        passage = hypothetical_passage(rt.pool.pick(), query, max_tokens=r.hyde_tokens)
+        dense_query = hyde_query(query, passage)
+        if timings is not None:
+            timings["hyde"] = timings.get("hyde", 0.0) + time.perf_counter() - started
     return search(query, store=store, embedder=rt.embedder if r.dense else None, top_k=top_k,
                   dense=r.dense, lexical=r.lexical, candidates=max(r.candidates, top_k), rrf_k=r.rrf_k,
                   source=source, use_mmr=use_mmr, mmr_lambda=rt.config.ask.mmr_lambda,
-                  rerank=reranker, timings=timings)
+                  rerank=reranker, fusion=fusion, dense_query=dense_query, timings=timings)
 
 
 def search_collection(rt: "Runtime", query: str, *, top_k: int | None = None,

@@ -9,24 +9,16 @@ their full-text entries and its sections, so the lexical side never holds half a
 document, and the dense side (Chroma) is filtered against this record: the catalog is
 the single source of truth about which documents exist.
 
-:func:`query_words` is the one word splitter both lexical sides use on a query.
+:func:`~.terms.words` is the one word splitter both lexical sides (and the adaptive fusion) use
+on a query.
 """
 
 from __future__ import annotations
 
-import re
 from contextlib import AbstractContextManager
 from typing import Iterable, Protocol, Sequence
 
 from ..records import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
-
-_WORD = re.compile(r"\w+", re.UNICODE)
-
-
-def query_words(text: str) -> list[str]:
-    """The distinct words of a query, lowercased, in order of first appearance."""
-    return list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
-
 
 class Catalog(Protocol):
     """One store's catalog. An instance is not shared between threads (each thread's store view opens its own)."""
@@ -106,4 +98,4 @@ class Catalog(Protocol):
         """(documents, chunks, tokens) committed in ``collection``."""
 
 
-__all__ = ["Catalog", "query_words"]
+__all__ = ["Catalog"]

@@ -28,7 +28,7 @@ from typing import Iterable, Iterator, Sequence
 
 from ..errors import StoreError, redact
 from ..records import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
-from .catalog import query_words
+from .terms import TermStats, words
 from .pg_pool import advisory_key, pool
 from .pg_schema import LEXEMES, upgrade
 
@@ -224,18 +224,34 @@ class PostgresCatalog:
         with BM25's inverse document frequency in the collection, so that a rare word ("midi")
         outweighs the common ones around it ("what", "does", "have"): ``ts_rank`` alone has no
         corpus statistics. Two small queries, each answered from the GIN index."""
-        if not query_words(query):  # no word at all: nothing to ask the server
-            return []
+        n, counts = self._lexeme_counts(collection, query)
+        return [(lx, math.log(1 + (n - df + 0.5) / (df + 0.5))) for lx, df in counts.items() if df]
+
+    def _lexeme_counts(self, collection: str, query: str) -> tuple[int, dict[str, int]]:
+        """The collection's chunk count and, for each of the query's lexemes, the chunks holding it."""
+        if not words(query):  # no word at all: nothing to ask the server
+            return 0, {}
         lexemes = [r[0] for r in self._rows("SELECT lexeme FROM unnest(" + LEXEMES.format("%s") + ")", (query,))
                    if "'" not in r[0] and "\\" not in r[0]]
         if not lexemes:
-            return []
+            return 0, {}
         counts = self._rows(
             "SELECT (SELECT coalesce(sum(n_chunks), 0) FROM documents WHERE collection = %s), "
             + ", ".join(["(SELECT count(*) FROM chunks WHERE collection = %s AND tsv @@ %s::tsquery)"] * len(lexemes)),
             [collection, *[a for lx in lexemes for a in (collection, _quoted(lx))]])[0]
         n = max(int(counts[0]), *counts[1:], 1)  # a document being rewritten may count chunks twice for a moment
-        return [(lx, math.log(1 + (n - df + 0.5) / (df + 0.5))) for lx, df in zip(lexemes, counts[1:]) if df]
+        return n, {lx: int(df) for lx, df in zip(lexemes, counts[1:])}
+
+    def term_stats(self, collection: str, query: str, chunk_id: str) -> "tuple[TermStats, set[str]]":
+        """The query's lexemes with their document frequencies (0 for lexemes no chunk holds), and
+        those of them that the chunk ``chunk_id`` holds (see :mod:`pipeline.retrieval.fusion`)."""
+        n, df = self._lexeme_counts(collection, query)
+        if not df:
+            return TermStats(0, {}), set()
+        held = self._rows("SELECT tsvector_to_array(tsv) FROM chunks WHERE collection = %s AND chunk_id = %s",
+                          (collection, chunk_id))
+        matched = set(held[0][0] or ()) & set(df) if held else set()
+        return TermStats(n, df), matched
 
     def _scored(self, terms: list[tuple[str, float]], where: str, columns: str) -> str:
         """A query for the chunks matching any term under ``where``, with their score last: each

@@ -18,16 +18,16 @@ from .._sqlite import transaction
 from ..errors import StoreError
 from ..records import Chunk, CollectionInfo, DocumentRecord, StoredChunk
 from . import sections as _sections
-from .catalog import query_words
+from .terms import TermStats, words
 from .failures import storage_error
 from .schema import upgrade
 
 def fts_query(text: str) -> str | None:
     """An FTS5 query matching any word of ``text``: quoted so that no user input is FTS syntax."""
-    words = query_words(text)
-    if not words:
+    terms = words(text)
+    if not terms:
         return None
-    return " OR ".join('"' + w.replace('"', '""') + '"' for w in words)
+    return " OR ".join('"' + w.replace('"', '""') + '"' for w in terms)
 
 
 class SQLiteCatalog:
@@ -178,6 +178,22 @@ class SQLiteCatalog:
             " WHERE chunks_fts MATCH ? AND c.collection = ?" + where + " ORDER BY score LIMIT ?",
             (match, collection, *sources, limit))
         return [(StoredChunk(*r[:9]), -float(r[9])) for r in rows]
+
+    def term_stats(self, collection: str, query: str, chunk_id: str) -> "tuple[TermStats, set[str]]":
+        """The query's words with their document frequencies in the index (0 for words it does not
+        hold), and those of them that the chunk ``chunk_id`` contains (see :mod:`pipeline.retrieval.fusion`)."""
+        terms = words(query)
+        if not terms:
+            return TermStats(0, {}), set()
+        self.db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.chunks_vocab USING fts5vocab(main, chunks_fts, 'row')")
+        marks = ",".join("?" * len(terms))
+        df = {t: 0 for t in terms}
+        df.update(self.db.execute(f"SELECT term, doc FROM temp.chunks_vocab WHERE term IN ({marks})", terms))
+        n = self.db.execute("SELECT count(*) FROM chunks").fetchone()[0]  # bm25() counts the whole index too
+        row = self.db.execute("SELECT text, coalesce(context, '') FROM chunks WHERE chunk_id = ? AND collection = ?",
+                              (chunk_id, collection)).fetchone()
+        matched = set(words(row[0] + " " + row[1])) & set(terms) if row else set()
+        return TermStats(int(n), df), matched
 
     def bm25(self, collection: str, query: str, chunk_ids: Sequence[str]) -> dict[str, float]:
         """BM25 scores (positive, higher is better) of these chunks for ``query``; chunks that

@@ -100,7 +100,7 @@ def load(
     overrides: Sequence[Override] = (),
     model_params: Mapping[str, Any] | None = None,
     n_seq_max: int = 1,
-    swa_full: bool = False,
+    swa_full: bool = True,
 ) -> Model:
     """Load ``model_path`` with one context: a :class:`Model`.
 
@@ -115,16 +115,15 @@ def load(
     turns mmap off, which llama.cpp requires for it. ``n_seq_max`` > 1 makes a context
     for that many sequences over one unified KV cache of ``n_ctx`` cells (llama.cpp's
     ``kv_unified``): sequences that share a prefix share its cells, and every sequence
-    can use the whole context. ``swa_full`` keeps a full-size cache for sliding-window
-    layers (Gemma 3), which composing prompts from section states needs. Raises
-    :class:`ModelLoadError`.
+    can use the whole context. ``swa_full`` keeps a full-size cache for sliding-window layers
+    (llama.cpp's ``--swa-full``), so that their memory can be cut at any earlier position and a
+    prefix reused; without it they keep only the window. Raises :class:`ModelLoadError`.
     """
     kwargs = _llama_kwargs(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, threads=threads,
                            threads_batch=threads_batch, flash_attn=flash_attn, type_k=type_k, type_v=type_v,
                            gpu_layers=gpu_layers, mmap=mmap, seed=seed, rope_scaling=rope_scaling,
                            rope_freq_scale=rope_freq_scale, embedding=embedding, pooling=pooling)
-    if swa_full:
-        kwargs["swa_full"] = True
+    kwargs["swa_full"] = swa_full
     params = _loader_params(model_params, kwargs)
     keep = TensorOverrides(overrides)
     if keep.address is not None:

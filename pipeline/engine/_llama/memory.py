@@ -50,3 +50,22 @@ class SequenceMemory:
             return None
         return out[:n_out.value]
 
+
+    def state_data(self, seq: int = 0) -> bytearray:
+        """``seq``'s state as llama.cpp serialises it (``llama_state_seq_get_data``), for a copy kept in
+        memory (one buffer, written in place); empty if llama.cpp failed."""
+        size = int(llama_cpp.llama_state_seq_get_size(self._ctx, seq))
+        data = bytearray(max(size, 0))
+        if size <= 0:
+            return data
+        n = int(llama_cpp.llama_state_seq_get_data(self._ctx, (ctypes.c_uint8 * size).from_buffer(data), size, seq))
+        del data[max(n, 0):]
+        return data
+
+    def set_state_data(self, data: bytearray, *, seq: int = 0) -> bool:
+        """Replace ``seq``'s state by ``data`` (from :meth:`state_data`, read in place); False if llama.cpp
+        refused it."""
+        if not data:
+            return False
+        buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        return int(llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) > 0

@@ -20,8 +20,13 @@ from .ggml import type_bytes
 
 LayerKind = Literal["full", "swa", "recurrent"]
 
-#: Architectures whose every attention layer uses the sliding window when one is declared.
-_ALL_SWA_ARCHS = ("mistral", "gpt-oss", "gpt_oss")
+#: llama.cpp's sliding-window layout per architecture where the GGUF declares a window but no
+#: pattern: ``(n, dense_first)`` as its loaders pass them to ``set_swa_pattern`` (``n`` 0: every
+#: layer slides; else layer ``i`` slides when ``i % n < n - 1``, or ``i % n != 0`` dense-first).
+_SWA_DEFAULTS = {"gpt-oss": (2, False), "gemma2": (2, False), "gemma3": (6, False), "gemma3n": (5, False),
+                 "gemma-embedding": (6, False), "cohere2": (4, False), "cohere2moe": (4, True),
+                 "llama4": (4, False), "exaone4": (4, False), "olmo2": (4, False), "plamo3": (8, False),
+                 "smallthinker": (4, True), "mistral": (0, False)}
 _SSM_TENSOR = re.compile(r"^blk\.(\d+)\..*ssm_")
 
 
@@ -112,13 +117,7 @@ class ModelInfo:
         for i in range(n_layers):
             if recurrent[i] or (n_head_kv[i] == 0 and any(recurrent)):
                 kind: LayerKind = "recurrent"
-            elif window and swa_pattern is not None:
-                if isinstance(swa_pattern, list):
-                    kind = "swa" if swa_pattern[i % len(swa_pattern)] else "full"
-                else:
-                    pat = int(swa_pattern)
-                    kind = "swa" if pat and (i % pat) < pat - 1 else "full"
-            elif window and arch in _ALL_SWA_ARCHS:
+            elif window and _slides(i, arch, swa_pattern):
                 kind = "swa"
             else:
                 kind = "full"
@@ -142,6 +141,21 @@ class ModelInfo:
     def context_length(self, requested: int, rope_scaling: str = "") -> int:
         """See :func:`effective_n_ctx`."""
         return effective_n_ctx(requested, self.n_ctx_train, rope_scaling)
+
+
+def _slides(i: int, arch: str, pattern: Any) -> bool:
+    """Whether layer ``i`` uses the sliding window, as llama.cpp reads the pattern (a per-layer list, a
+    period, or none: the architecture's default, see :data:`_SWA_DEFAULTS`)."""
+    if isinstance(pattern, list):
+        return bool(pattern[i % len(pattern)]) if pattern else False
+    n, dense_first = _SWA_DEFAULTS.get(arch, (None, False))
+    if pattern is not None:
+        n = int(pattern)
+    if n is None:  # an architecture llama.cpp reads no sliding layout for
+        return False
+    if n == 0:
+        return True
+    return i % n != 0 if dense_first else i % n < n - 1
 
 
 def effective_n_ctx(requested: int, trained: int, rope_scaling: str = "") -> int:

@@ -41,10 +41,6 @@ from ...errors import ConfigError, EngineError, redact
 PREFIX = "openai:"
 
 
-def is_remote(ref: str) -> bool:
-    return ref.strip().startswith(PREFIX)
-
-
 @dataclass(frozen=True)
 class RemoteRef:
     """The servers (each an OpenAI base URL ending in ``/v1``) and the model name of a reference."""
@@ -315,7 +311,8 @@ class TokenText:
 
 
 def digest(*parts) -> str:
-    """A short stable hash of ``parts`` (names of what servers serve)."""
+    """A short stable hash of ``parts`` (names of what servers serve). Not :func:`pipeline.digest.digest`:
+    a remote embedder's name is its identity in every collection it filled, so its form is frozen."""
     import hashlib
 
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
@@ -326,4 +323,4 @@ def api_key(env_name: str) -> str:
     return os.environ.get(env_name, "") if env_name else ""
 
 
-__all__ = ["PREFIX", "RemoteRef", "Retry", "Server", "TokenText", "Transient", "api_key", "digest", "is_remote"]
+__all__ = ["PREFIX", "RemoteRef", "Retry", "Server", "TokenText", "Transient", "api_key", "digest"]
