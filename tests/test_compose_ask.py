@@ -153,3 +153,19 @@ def test_rag_warm_sections_command(moe, tmp_path, shelf, monkeypatch):
 
     with pipeline(moe, tmp_path, **{"ask.compose": "off"}) as rag, pytest.raises(ConfigError, match="ask.compose"):
         rag.warm_sections()
+
+
+def test_rag_warm_saves_section_states_when_questions_are_composed(moe, tmp_path, shelf):
+    import jsonschema
+
+    from pipeline.schemas import SCHEMAS
+
+    ingest(moe, tmp_path, shelf)
+    with pipeline(moe, tmp_path) as rag:
+        report = rag.warm()  # what `rag warm` and `rag ingest --warm` run
+    states = report["section_states"]
+    assert report["mode"] == "sections" and report["prefixes"] == []
+    assert states["saved"] == states["sections"] > 0 and report["bytes_written"] == states["bytes_written"] > 0
+    jsonschema.validate(report, SCHEMAS["ingest"]["properties"]["warm"])
+    with pipeline(moe, tmp_path, **{"ask.compose": "off"}) as rag:
+        assert rag.warm()["prefixes"]  # prefix states, as before

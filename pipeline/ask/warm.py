@@ -8,7 +8,8 @@ so that the first question over the documents prefills only itself.
 ``rag warm --sections`` (:func:`warm_sections`) is for collections that do not fit the
 context, with ``ask.compose = "auto"``: every section's own state is computed once, in
 order, and saved, so any question's prompt is then composed from states and prefills
-only the seams and itself.
+only the seams and itself. With composition on, ``rag warm`` (and ``rag ingest --warm``)
+does that too for a collection that does not fit whole.
 """
 
 from __future__ import annotations
@@ -109,6 +110,10 @@ def warm(rt: "Runtime", *, progress: Callable[[str, str], None] | None = None, p
         shelf = gather(store, sources=None, target=rt.section_tokens, fetch_tokens=2**62)
     mode, plans = warm_plans(shelf, layout=rt.layout(), tokenize=engine.tokenize, memo=rt.section_memo,
                              n_ctx=engine.n_ctx, reserve=rt.reserve(), purpose=purpose)
+    if mode == "sections" and rt.config.ask.compose == "auto":  # questions are composed from section states
+        states = warm_sections(rt)
+        return {"mode": mode, "purpose": purpose, "prefixes": [], "prefilled_tokens": states["prefilled_tokens"],
+                "bytes_written": states["bytes_written"], "section_states": states}
     items = []
     for name, prompt in plans:
         items.append(_warm_one(rt, shelf, name, prompt))

@@ -66,7 +66,9 @@ def _warm(rag, *, quiet: bool, purpose: str = "ask") -> dict:
             click.echo(f"warm: {display_path(prefix)}: {outcome}", err=True)
 
     report = rag.warm(progress=show, purpose=purpose)
-    if not quiet:
+    if not quiet and "section_states" in report:
+        _say_sections(report["section_states"])
+    elif not quiet:
         items = report["prefixes"]
         counts = {k: sum(1 for i in items if i["outcome"] == k) for k in ("saved", "cached", "too short", "too long")}
         spent = (f"{report['prefilled_tokens']:,} tokens prefilled, {report['bytes_written'] / 1e6:,.1f} MB of "
@@ -135,13 +137,17 @@ def _warm_sections(rag, *, quiet: bool) -> dict:
         if bar is not None:
             bar.render_finish()
     if not quiet:
-        click.echo(f"warmed {report['sections']} sections of {report['documents']} documents "
-                   f"({report['tokens']:,} tokens): {report['saved']} saved, {report['cached']} already saved; "
-                   f"{report['prefilled_tokens']:,} tokens prefilled in {report['seconds']:.1f} s, "
-                   f"{report['bytes_written'] / 1e6:,.1f} MB of states written")
-        for note in report["notes"]:
-            click.echo(f"note: {printable(note)}", err=True)
+        _say_sections(report)
     return report
+
+
+def _say_sections(report: dict) -> None:
+    click.echo(f"warmed {report['sections']} sections of {report['documents']} documents "
+               f"({report['tokens']:,} tokens): {report['saved']} saved, {report['cached']} already saved; "
+               f"{report['prefilled_tokens']:,} tokens prefilled in {report['seconds']:.1f} s, "
+               f"{report['bytes_written'] / 1e6:,.1f} MB of states written")
+    for note in report["notes"]:
+        click.echo(f"note: {printable(note)}", err=True)
 
 
 @cli.group()

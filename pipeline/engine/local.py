@@ -302,6 +302,7 @@ class Engine(GeneratorBase):
             self.prefill(tokens, start=len(self.memory.tokens))
             self._progress = None
             stats.prefill_tokens = len(tokens) - reused
+            stats.notes.extend(self.reuse.store_notes(prefix_len))
             return t0, t_prefill
         plan = self._reuse(tokens, cuts, stats)
         reused = plan.reused
