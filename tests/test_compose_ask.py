@@ -9,7 +9,7 @@ import pytest
 
 from fakes import HashEmbedder
 from pipeline import Pipeline
-from pipeline.dev.synthetic import write_mamba_model, write_moe_model
+from pipeline.dev.synthetic import write_model, write_moe_model
 from pipeline.engine.section_states import NO_STATE
 
 TOPICS = [("a-pumps.md", "pump"), ("b-valves.md", "valve"), ("c-sensors.md", "sensor"), ("d-cables.md", "cable")]
@@ -72,7 +72,14 @@ def test_a_later_different_question_is_composed_from_the_states_of_the_first(moe
     assert third.stats.cache == "composed"
 
 
-def test_whole_recompute_answers_as_exact_prefill_does(moe, tmp_path, shelf):
+@pytest.fixture(params=["qwen3moe", "gpt-oss"])
+def shiftable(request, moe, tmp_path):
+    """A model that composes: the MoE one, and gpt-oss (sliding-window layers beside full attention)."""
+    return moe if request.param == "qwen3moe" else write_model("gpt-oss", tmp_path / "gpt-oss.gguf", n_ctx_train=8192)
+
+
+def test_whole_recompute_answers_as_exact_prefill_does(shiftable, tmp_path, shelf):
+    moe = shiftable
     ingest(moe, tmp_path, shelf)
     question = "What does cable unit 5 report?"
     with pipeline(moe, tmp_path, **{"ask.compose": "off"}) as rag:
@@ -89,8 +96,9 @@ def test_whole_recompute_answers_as_exact_prefill_does(moe, tmp_path, shelf):
     assert cold.text == warm.text == exact.text
 
 
-def test_a_model_that_cannot_shift_falls_back_to_prefix_reuse_and_says_why(tmp_path, shelf):
-    mamba = write_mamba_model(tmp_path / "mamba.gguf", n_ctx_train=8192)
+@pytest.mark.parametrize("arch", ["mamba", "qwen35moe"])  # recurrent; hybrid (Gated DeltaNet + attention)
+def test_a_model_that_cannot_shift_falls_back_to_prefix_reuse_and_says_why(tmp_path, shelf, arch):
+    mamba = write_model(arch, tmp_path / f"{arch}.gguf", n_ctx_train=8192)
     ingest(mamba, tmp_path, shelf)
     with pipeline(mamba, tmp_path) as rag:
         answer = rag.ask("What does pump unit 3 report?")
