@@ -21,7 +21,7 @@ import _corpora
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def shelf_corpus(folder: Path, *, pages: int) -> None:
+def shelf_corpus(folder: Path, *, pages: int, manual_pages: int) -> None:
     """The first ``pages`` pages of gnuplot.pdf (a real PDF, cut with pypdf) and the generated field manual."""
     from pypdf import PdfReader, PdfWriter
 
@@ -31,7 +31,7 @@ def shelf_corpus(folder: Path, *, pages: int) -> None:
         writer.add_page(page)
     with open(folder / "gnuplot-first-pages.pdf", "wb") as f:
         writer.write(f)
-    manual, _ = _corpora.manual_pages(120)
+    manual, _ = _corpora.manual_pages(manual_pages)
     (folder / "field-manual.md").write_text("\n\n".join(f"## Page {p}\n\n{text}" for p, text in manual) + "\n")
 
 
@@ -46,14 +46,15 @@ def rag_process(env: dict, *args: str) -> dict:
 
 def run_composed_case(work: Path, *, quick: bool) -> dict:
     """Case (c): new processes over a collection larger than the context, composed from section states."""
-    shelf_corpus(work / "shelf", pages=24 if quick else 60)
+    pages, manual_pages = (12, 20) if quick else (40, 40)  # about 4x the context in all (2x quick)
+    shelf_corpus(work / "shelf", pages=pages, manual_pages=manual_pages)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
     env.update({"RAG_HOME": os.environ.get("RAG_HOME", ""), "RAG_STORE_PATH": str(work / "store"),
                 "RAG_STORE_COLLECTION": "session-c", "RAG_CACHE_PATH": str(work / "cache-c"),
                 "RAG_ASK_COMPOSE": "auto", "RAG_ASK_MAX_TOKENS": "16", "RAG_CACHE_MAX_GB": "32"})
     env = {k: v for k, v in env.items() if v != ""}
     ingest = rag_process(env, "ingest", str(work / "shelf"))
-    _, manual_qs = _corpora.manual_pages(120)
+    _, manual_qs = _corpora.manual_pages(manual_pages)
     questions = [q.text for q in _corpora.GNUPLOT[:4]] + [q.text for q in manual_qs[:4]]
     cold_q = _corpora.GNUPLOT[5].text
     if quick:

@@ -13,7 +13,7 @@ Pipeline as an app would; the same questions in the same order in both modes):
       (pipeline/dev/synthetic; its text is noise, its timings are real): ``qwen3moe``, and with
       ``--arch`` the hybrid ``qwen35moe`` (Gated DeltaNet + attention: a later question restores the
       saved state instead of cutting memory) and ``gpt-oss`` (sliding-window layers), in the same run;
-  (c) a collection at least 3x the context (the first pages of gnuplot.pdf and a generated manual,
+  (c) a collection at least 3x the context (the first 40 pages of gnuplot.pdf and a 40-page generated manual,
       SmolLM2 at 8K), prompts composed from section states: each question a new ``rag ask``
       process, the first cold, then ``rag warm --sections``, then 8 different questions
       (benchmarks/_session_shelf.py). Reported: TTFT(cold) / median TTFT(the 8).
