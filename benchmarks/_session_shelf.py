@@ -66,10 +66,12 @@ def run_composed_case(work: Path, *, quick: bool) -> dict:
         row = {"question": q, "ttft_engine": st["ttft_seconds"], "prompt_tokens": st["prompt_tokens"],
                "cached_tokens": st["cached_tokens"], "prefill_tokens": st["prefill_tokens"],
                "composed_sections": st.get("composed_sections", 0), "recomputed_tokens": st.get("recomputed_tokens", 0),
-               "sections": len(st["sections"]), "mode": st["mode"], "reuse_lost": st["reuse_lost"]}
+               "sections": len(st["sections"]), "mode": st["mode"], "reuse_lost": st["reuse_lost"],
+               "restore_seconds": st["cache_load_seconds"], "prefill_seconds": st["prefill_seconds"]}
         print(f"    {label:6} TTFT {row['ttft_engine']:7.3f} s; {row['cached_tokens']:>6,}/{row['prompt_tokens']:,} "
               f"reused, {row['prefill_tokens']:,} prefilled ({row['mode']}, {row['sections']} sections, "
-              f"{row['composed_sections']} from states)", flush=True)
+              f"{row['composed_sections']} from states; restore {row['restore_seconds']:.2f} s, prefill "
+              f"{row['prefill_seconds']:.2f} s)", flush=True)
         return row
 
     print(f"  case (c): SmolLM2-135M at 8K, {ingest['tokens']:,} embedder tokens in {ingest['chunks']} chunks",
