@@ -37,6 +37,7 @@ def _greedy(engine: Engine, text: str, n: int = 6, **kw) -> tuple[str, object]:
 # --------------------------------------------------------------------------- the generators
 
 
+@pytest.mark.slow
 def test_the_command_writes_every_architecture_and_llama_cpp_runs_it(tmp_path):
     from pipeline.dev.synthetic.__main__ import main
 

@@ -109,6 +109,7 @@ def _ask(engine: Engine, question: str) -> tuple[str, object]:
     return gen.read(), gen.stats
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen35moe", "mamba"])
 def test_a_later_question_restores_from_ram_with_the_same_answer(models, arch, tmp_path):
     ram = RamStates(max_states=4, max_bytes=2**30)
@@ -134,6 +135,7 @@ def test_a_later_question_restores_from_ram_with_the_same_answer(models, arch, t
         fresh.close()
 
 
+@pytest.mark.slow
 def test_ram_only_without_the_disk_and_nothing_kept_for_a_model_that_cuts(models):
     ram = RamStates()
     hybrid = Engine(models["qwen35moe"], SETTINGS, cache=None, cache_min_tokens=16, ram_states=ram)
@@ -151,6 +153,7 @@ def test_ram_only_without_the_disk_and_nothing_kept_for_a_model_that_cuts(models
         moe.close()
 
 
+@pytest.mark.slow
 def test_a_longer_state_on_disk_wins_over_a_shorter_one_in_ram(models, tmp_path):
     cache = PrefixCache(tmp_path / "cache", max_bytes=2**30)
     ram = RamStates()
@@ -171,6 +174,7 @@ def test_a_longer_state_on_disk_wins_over_a_shorter_one_in_ram(models, tmp_path)
         reader.close()
 
 
+@pytest.mark.slow
 def test_the_settings_and_the_pipeline(models, tmp_path, monkeypatch):
     from fakes import HashEmbedder
     from pipeline import Pipeline
@@ -197,6 +201,7 @@ def test_the_settings_and_the_pipeline(models, tmp_path, monkeypatch):
     assert len(ram) == 0  # closing the pipeline lets go of the states
 
 
+@pytest.mark.slow
 def test_a_state_evicted_between_lookup_and_load_falls_back_to_the_disk(models, tmp_path, monkeypatch):
     ram = RamStates()
     cache = PrefixCache(tmp_path / "cache", max_bytes=2**30)
