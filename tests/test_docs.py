@@ -247,3 +247,18 @@ def test_every_repository_path_named_in_the_docs_exists():
                 if "*" not in path and not (ROOT / path).exists():
                     missing.append(f"{page.relative_to(ROOT)}:{lineno}: {path}")
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_layout_names_every_module():
+    """docs/design.md's layout table is the tree: every module has its row, or is named in its folder's row."""
+    design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    rows = {line.split("`")[1]: line for line in design.splitlines() if line.startswith("| `pipeline")}
+    missing = []
+    for path in sorted((ROOT / "pipeline").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if path.name in ("__init__.py", "__main__.py") or rel in rows:
+            continue
+        folder = rows.get(path.parent.relative_to(ROOT).as_posix() + "/", "")
+        if not re.search(rf"\b{re.escape(path.stem)}\b", folder):
+            missing.append(rel)
+    assert missing == []
