@@ -5,6 +5,8 @@ that was never interrupted: never a wrong answer."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -43,6 +45,7 @@ def reference(model, tmp_path: Path) -> str:
         return rag.ask(QUESTION).text
 
 
+@pytest.mark.slow
 def test_kill_during_warm_sections_keeps_what_was_saved(moe, tmp_path, shelf):  # noqa: F811
     ingest(moe, tmp_path, shelf)
     killed = run(moe, tmp_path, "warm", kill=("SECTION_SAVED", 3))
@@ -56,6 +59,7 @@ def test_kill_during_warm_sections_keeps_what_was_saved(moe, tmp_path, shelf):  
     assert answer.text == reference(moe, tmp_path)
 
 
+@pytest.mark.slow
 def test_kill_during_a_composed_answer_never_gives_a_wrong_one(moe, tmp_path, shelf):  # noqa: F811
     ingest(moe, tmp_path, shelf)
     killed = run(moe, tmp_path, "ask", kill=("COMPOSING", 2))  # two sections placed (and saved), then killed

@@ -42,6 +42,7 @@ def test_kill_9_mid_ingest_then_resume(fake_pipeline, tmp_path, tmp_store, commi
     assert st.documents == N_DOCS and st.dense_chunks == st.chunks
 
 
+@pytest.mark.slow
 def test_kill_9_while_replacing_documents_keeps_old_or_new_never_both(fake_pipeline, tmp_path, tmp_store):
     root = _corpus(tmp_path / "docs")
     rag = fake_pipeline()

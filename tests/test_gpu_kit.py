@@ -23,6 +23,7 @@ def test_kit_flags_are_portable_and_name_both_gpus() -> None:
     assert all("==13.0." in p for p in gpu_kit.TOOLCHAINS["13"])
 
 
+@pytest.mark.slow
 def test_check_and_pack_refuse_without_a_built_wheel(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RAG_HOME", str(tmp_path))
     with pytest.raises(SystemExit, match="gpu_kit.py build --cuda 13"):
@@ -62,6 +63,7 @@ def _wheel_of_installed_llama_cpp(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_pack_stores_each_library_once_and_the_kit_installs_and_imports_offline(tmp_path) -> None:
     """The kit's archive holds each shared library once (the others are links); installed as `run` installs it,
     llama.cpp loads from it (here: this environment's CPU build in the same layout as the CUDA wheel)."""
@@ -92,6 +94,7 @@ def test_pack_stores_each_library_once_and_the_kit_installs_and_imports_offline(
     assert info["version"] == "0.3.36" and "CPU" in info["backends"]
 
 
+@pytest.mark.slow
 def test_a_damaged_or_partial_kit_is_refused(tmp_path) -> None:
     wheel = _wheel_of_installed_llama_cpp(tmp_path / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl")
     kit = gpu_kit.pack(cuda="13", out=tmp_path / "kit", wheel=wheel, extras=())
@@ -108,6 +111,7 @@ def test_a_damaged_or_partial_kit_is_refused(tmp_path) -> None:
         gpu_kit.install_kit(tmp_path / "nowhere", tmp_path / "site")
 
 
+@pytest.mark.slow
 def test_gpu_prefill_measures_every_configuration_on_the_smoke_model(tmp_path) -> None:
     """The benchmark the kit runs, end to end on a tiny model of the same architecture (here on the CPU):
     the model is written, each configuration loads and prefills, and the JSON holds measured next to estimated."""

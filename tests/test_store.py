@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 
+
+@pytest.mark.slow
 def test_writes_are_split_to_chromas_batch_limit(tmp_path):
     """A document with more chunks than Chroma accepts in one call is written in pieces, then committed."""
     import numpy as np
