@@ -29,6 +29,18 @@ def _corpus(root: Path, n: int = N_DOCS, *, version: str = "v1") -> Path:
     return root
 
 
+#: A rag process that ingests the folder it is given, then holds the store open until its stdin closes.
+HOLD_STORE = """
+import sys
+from pipeline import Pipeline
+with Pipeline.from_config() as rag:
+    rag.ingest([sys.argv[1]])
+    with rag.runtime.store() as store:
+        print("holding", flush=True)
+        sys.stdin.read()
+"""
+
+
 def _spawn_ingest(root: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pipeline", "ingest", str(root), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=dict(os.environ))
@@ -123,12 +135,12 @@ def test_kill_9_while_replacing_documents_keeps_old_or_new_never_both(make_pipel
 
 def test_second_process_waits_then_stops_with_a_clear_message(make_pipeline, tmp_path, store_dir):
     root = _corpus(tmp_path / "docs")
-    proc = _spawn_ingest(root)
+    # A real rag process ingests, then keeps the store open until told to stop: the lock is held
+    # for certain while the checks run, however fast this machine ingests.
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_STORE, str(root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
     try:
-        deadline = time.time() + 60
-        while not (store_dir / ".rag.lock").exists() or not (store_dir / ".rag.lock").read_text():
-            assert time.time() < deadline, "the first ingest never took the lock"
-            time.sleep(0.05)
+        assert holder.stdout.readline().strip() == "holding", holder.stdout.read()
         waiting = make_pipeline(store__wait=0.5)
         with pytest.raises(StoreBusyError, match=r"in use by another rag process \(pid \d+"):
             waiting.status()
@@ -138,7 +150,8 @@ def test_second_process_waits_then_stops_with_a_clear_message(make_pipeline, tmp
         assert out.returncode == 5 and "in use by another rag process" in out.stderr
         assert "Traceback" not in out.stderr
     finally:
-        assert proc.wait(timeout=300) == 0
+        holder.stdin.close()
+        assert holder.wait(timeout=300) == 0
     # A process that waits long enough gets in once the first is done.
     assert make_pipeline(store__wait=30).status().documents == N_DOCS
 
