@@ -4,28 +4,13 @@ with the prefix cache's LRU, and a damaged or missing state costs a recompute, n
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from pipeline.dev.synthetic import write_moe_model
-from pipeline.engine import _llama
 from pipeline.engine._llama import composing as mem
 from pipeline.engine.cache.store import PrefixCache
 from pipeline.engine.compose import Seams, compose
 from pipeline.engine.section_states import EVICTED, NO_STATE, SectionStates, namespace
 
-from test_compose import _decode, _prompt, answer
-
-
-@pytest.fixture(scope="module")
-def moe_path(tmp_path_factory):
-    return write_moe_model(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf", n_ctx_train=8192)
-
-
-@pytest.fixture
-def model(moe_path):
-    m = _llama.load(moe_path, n_ctx=2048, n_batch=256, n_ubatch=256, threads=1, n_seq_max=2)
-    yield m
-    m.close()
+from test_compose import _decode, _prompt, answer, model, moe_path  # noqa: F401  (fixtures)
 
 
 def run(model, head, pieces, q, states, seams=Seams("first", 16)):
