@@ -26,9 +26,12 @@ The policy (also in docs/app.md, Threads):
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from .engine.turns import CancelToken, FairLock, once
+
+if TYPE_CHECKING:
+    from .engine.seams import Sections
 
 __all__ = ["CancelToken", "FairLock", "once", "EnginePool", "iterate_interruptibly"]
 
@@ -47,20 +50,26 @@ class EnginePool:
         with self._mu:
             return [self._first(), *self._extra]
 
-    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
-        """The most of this prompt any engine of the pool would reuse now (memory or disk): what
-        :meth:`pick` then routes it to, and what a packer weighs candidate prompts by."""
-        return max(e.reusable(tokens, prefix_len=prefix_len, boundaries=boundaries) for e in self.engines)
+    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
+                 sections: Sections | None = None) -> int:
+        """The most of this prompt any engine of the pool would reuse now (memory, prefix states, or
+        with ``sections`` the section states a composed prompt takes): what :meth:`pick` then routes
+        it to, and what a packer weighs candidate prompts by."""
+        return max(e.reusable(tokens, prefix_len=prefix_len, boundaries=boundaries, sections=sections)
+                   for e in self.engines)
 
     def pick(self, tokens: Sequence[int] | None = None, *, prefix_len: int = 0,
-             boundaries: Sequence[int] = ()) -> Any:
-        """The engine for a prompt: the one whose memory holds the longest reusable prefix of
-        ``tokens`` (ties: the shortest queue); where none holds any, the one with the shortest
-        queue, or a new one while all are busy and the pool has room."""
+             boundaries: Sequence[int] = (), sections: Sections | None = None) -> Any:
+        """The engine for a prompt: the one whose memory holds the most of ``tokens`` it can reuse
+        (a prefix, or with ``sections`` the leading sections a composition left in it; ties: the
+        shortest queue); where none holds any, the one with the shortest queue, or a new one while
+        all are busy and the pool has room. Section states on disk are shared by every engine, so
+        only what each holds in memory tells them apart."""
         engines = self.engines
         load = [e.waiting for e in engines]
         if tokens is not None and len(engines) > 1:
-            held = [_held(e, tokens, prefix_len, boundaries) for e in engines]
+            held = [e.held(tokens, prefix_len=prefix_len, boundaries=boundaries, sections=sections)
+                    for e in engines]
             best = max(held)
             if best > 0:
                 return engines[min((i for i, n in enumerate(held) if n == best), key=load.__getitem__)]
@@ -77,11 +86,6 @@ class EnginePool:
             extra, self._extra = self._extra, []
         for e in extra:
             e.close()
-
-
-def _held(engine: Any, tokens: Sequence[int], prefix_len: int, boundaries: Sequence[int]) -> int:
-    """What ``engine`` holds in memory of the prompt (:meth:`~.engine.contract.TextGenerator.held`)."""
-    return engine.held(tokens, prefix_len=prefix_len, boundaries=boundaries)
 
 
 def iterate_interruptibly(stream) -> Iterator[str]:

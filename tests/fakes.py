@@ -116,7 +116,8 @@ class EchoGenerator(GeneratorBase):
             return disk, "disk"
         return memory, "memory" if memory else "none"
 
-    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
+    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
+                 sections=None) -> int:
         return self._reuse(list(tokens), prompt_cuts(len(tokens), prefix_len, boundaries))[0]
 
     def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,

@@ -15,14 +15,14 @@ class HoldingEngine:
     def __init__(self, name: str, memory: Sequence[int] = (), *, waiting: int = 0, disk: int = 0):
         self.name, self.memory, self.waiting, self.disk = name, list(memory), waiting, disk
 
-    def held(self, tokens, *, prefix_len, boundaries=()):
+    def held(self, tokens, *, prefix_len, boundaries=(), sections=None):
         cuts = sorted({b for b in boundaries if 0 < b < prefix_len} | ({prefix_len} if prefix_len else set()))
         n = 0
         while n < min(len(self.memory), len(tokens)) and self.memory[n] == tokens[n]:
             n += 1
         return max((c for c in cuts if c <= n), default=0)
 
-    def reusable(self, tokens, *, prefix_len, boundaries=()):
+    def reusable(self, tokens, *, prefix_len, boundaries=(), sections=None):
         return max(self.held(tokens, prefix_len=prefix_len, boundaries=boundaries), min(self.disk, prefix_len))
 
 

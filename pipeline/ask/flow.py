@@ -53,14 +53,16 @@ def ask_stream(rt: "Runtime", request: AskRequest) -> AnswerStream:
     prompt = built.prompt
     stats = AskStats(mode=prompt.mode, sections=[p.to_dict() for p in prompt.sections])
     stops = rt.stops.with_strings(options.stop)
-    engine = rt.pool.pick(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries)
+    layout = _layout(prompt)
+    engine = rt.pool.pick(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries,
+                          sections=layout)
     cancel = request.cancel or CancelToken()  # every generator takes one: a stream can always be cancelled
     generation = engine.generate(prompt.tokens, max_tokens=options.max_tokens, temperature=options.temperature,
                                  repeat_penalty=rt.config.ask.repeat_penalty,
                                  prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries,
                                  stats=stats, stop_tokens=stops.tokens, cancel=cancel,
                                  progress=_tracker(request.progress) if request.progress else None,
-                                 sections=_layout(prompt))
+                                 sections=layout)
     return AnswerStream(request.question, prompt, generation, built.notes, built.timings, built.finish,
                         stops=stops.strings, cancel=cancel)
 
@@ -166,7 +168,8 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
         shelf, request.text, layout=rt.layout(options.system_prompt), tokenize=engine.tokenize,
         memo=rt.section_memo, n_ctx=engine.n_ctx, reserve=rt.reserve(options.max_tokens),
         tolerance=a.reuse_tolerance, history=history,
-        reusable=lambda p: rt.pool.reusable(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries),
+        reusable=lambda p: rt.pool.reusable(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries,
+                                            sections=_layout(p)),
         top_k=options.top_k, neighbours=a.neighbours)
     if prompt is None:
         return None

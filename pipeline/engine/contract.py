@@ -203,9 +203,11 @@ class TextGenerator(Protocol):
                       max_tokens: int = 256, temperature: float = 0.0, repeat_penalty: float = 1.0,
                       seed: int | None = None) -> list[Completion]: ...
 
-    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int: ...
+    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
+                 sections: Sections | None = None) -> int: ...
 
-    def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int: ...
+    def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
+             sections: Sections | None = None) -> int: ...
 
     def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool: ...
 
@@ -258,9 +260,11 @@ class GeneratorBase:
             out.append(Completion(g.read(), g.stats))
         return out
 
-    def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
+    def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
+             sections: Sections | None = None) -> int:
         """What this generator's memory holds of the prompt: by default, what it would reuse from anywhere."""
-        return self.reusable(tokens, prefix_len=prefix_len, boundaries=boundaries)  # type: ignore[attr-defined]
+        return self.reusable(tokens, prefix_len=prefix_len, boundaries=boundaries,  # type: ignore[attr-defined]
+                             sections=sections)
 
     def reset(self) -> None:
         pass

@@ -183,18 +183,42 @@ class Engine(GeneratorBase):
             self.sections.forget()
             return self.memory.restore(store, entry, tokens)
 
-    def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
+    def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
+             sections: Sections | None = None) -> int:
         """How many tokens of this prompt this engine's KV memory holds now, up to a point where
         :meth:`generate` may reuse them (the disk cache aside): what a pool routes prompts by.
-        Safe beside a running prompt: it reads a copy of what the memory holds."""
+        With ``sections`` (a prompt :meth:`generate` would compose), the sections its memory holds
+        as a composition left them. Safe beside a running prompt: it reads a copy of what the memory holds."""
+        if self._composes(sections):
+            return self.sections.held(list(self.memory.tokens), tokens, sections)
         cuts = prompt_cuts(len(tokens), prefix_len, boundaries)
-        return self.reuse.held(list(self.memory.tokens), tokens, cuts, can_trim=self.memory.can_trim)
+        return self.reuse.held(self._exact_memory(), tokens, cuts, can_trim=self.memory.can_trim)
 
-    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
+    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
+                 sections: Sections | None = None) -> int:
         """How many tokens of this prompt :meth:`generate` would reuse now (memory or disk), without
-        running anything or loading the model: what a packer weighs candidate prompts by."""
+        running anything or loading the model: what a packer weighs candidate prompts by. With
+        ``sections`` (a prompt :meth:`generate` would compose), what memory and section states give."""
+        if self._composes(sections):
+            return self.sections.plan(list(self.memory.tokens), tokens, sections).reused
         cuts = prompt_cuts(len(tokens), prefix_len, boundaries)
-        return self.reuse.reusable(list(self.memory.tokens), tokens, cuts, can_trim=self.memory.can_trim)
+        return self.reuse.reusable(self._exact_memory(), tokens, cuts, can_trim=self.memory.can_trim)
+
+    def _exact_memory(self) -> list[int]:
+        """What the memory holds that prefix reuse may take: nothing where a composition made it."""
+        return [] if self.sections.composed else list(self.memory.tokens)
+
+    def _composes(self, sections: Sections | None) -> bool:
+        """Whether :meth:`generate` would compose a prompt laid out as ``sections``, judged without
+        loading the model (a model not loaded yet is taken to shift: its section states tell)."""
+        if sections is None:
+            return False
+        llm = self.__dict__.get("llm")
+        if llm is None:
+            return not self.sections.why_off(can_shift=None)
+        from ._llama import composing
+
+        return not self.sections.why_off(can_shift=composing.can_shift(llm))
 
     # -- running prompts ----------------------------------------------------------------------
 

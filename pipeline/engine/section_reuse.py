@@ -107,6 +107,8 @@ class SectionReuse:
     def plan(self, memory: Sequence[int], tokens: Sequence[int], sections: Sections) -> SectionPlan:
         """What a run now would reuse (memory, saved states), running nothing and counting no miss."""
         held, held_tokens = self._held(memory, tokens, sections)
+        if not held_tokens and self._saved_head(tokens[:sections.head]):
+            held_tokens = sections.head
         pieces = sections.pieces(tokens)
         states = self.states(tokens, sections)
         try:
@@ -114,6 +116,10 @@ class SectionReuse:
         finally:
             states.close()
         return SectionPlan(held, held_tokens, saved, tuple(len(p) for p in pieces))
+
+    def held(self, memory: Sequence[int], tokens: Sequence[int], sections: Sections) -> int:
+        """Tokens of the prompt (head and whole sections) ``memory`` holds as composing it would leave them."""
+        return self._held(memory, tokens, sections)[1]
 
     def _held(self, memory: Sequence[int], tokens: Sequence[int], sections: Sections) -> tuple[int, int]:
         """Sections (and tokens, with the head) the memory holds as this composition would make them."""
@@ -201,6 +207,11 @@ class SectionReuse:
         return {"sections": len(sections), "saved": states.saved, "cached": found,
                 "tokens": total, "prefilled_tokens": computed, "bytes_written": states.saved_bytes,
                 "seconds": round(time.perf_counter() - t0, 3), "notes": list(states.notes)}
+
+    def _saved_head(self, head: Sequence[int]) -> bool:
+        n = len(head)
+        return self.store.lookup(self._namespace(), head, max_tokens=n, min_tokens=n, lengths={n},
+                                 count=False) is not None
 
     def _head(self, memory, head: Sequence[int], prefill: Callable[[Sequence[int], int], None]) -> int:
         """Bring ``memory`` to exactly ``head``: its state restored from the store (its tokens, what it

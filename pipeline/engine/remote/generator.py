@@ -334,8 +334,10 @@ class RemoteGenerator(GeneratorBase):
             stats.decode_tokens_per_second = stats.decode_tokens / stats.decode_seconds
         stats.notes.extend(self.notes)
 
-    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = ()) -> int:
-        """How much of ``tokens`` the routed server's slot holds (its last prompt), cut at a boundary."""
+    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
+                 sections=None) -> int:
+        """How much of ``tokens`` the routed server's slot holds (its last prompt), cut at a boundary
+        (a server reuses a prefix only: ``sections`` does not change it)."""
         server = self.retry.order(self.route(tokens, prefix_len=prefix_len, boundaries=boundaries))[0]
         with self._lock:
             held = self._last.get(server.url, ())
