@@ -177,3 +177,34 @@ def test_rag_warm_saves_section_states_when_questions_are_composed(moe, tmp_path
     jsonschema.validate(report, SCHEMAS["ingest"]["properties"]["warm"])
     with pipeline(moe, tmp_path, **{"ask.compose": "off"}) as rag:
         assert rag.warm()["prefixes"]  # prefix states, as before
+
+
+def test_summaries_map_step_is_composed_from_the_section_states_warm_saved(moe, tmp_path, shelf):
+    """A manual about twice the context, after the four others: its map prompts number it [5], as the
+    whole collection's `rag warm --sections` rendered its sections, so they find those states."""
+    paras = [f"Step {i} of the pump service: open panel {i}, read gauge {i * 3} and log code PMP-{i:03d}."
+             for i in range(110)]
+    manual = shelf / "e-service.md"
+    manual.write_text("\n\n".join(paras) + "\n")
+    ingest(moe, tmp_path, shelf)
+    with pipeline(moe, tmp_path, **{"ask.compose": "off"}) as rag:
+        run = rag.summarize([manual])
+        exact = list(run)
+        exact_report = run.report
+    with pipeline(moe, tmp_path) as rag:
+        warmed = rag.warm_sections()
+        run = rag.summarize([manual])
+        composed = list(run)
+        report = run.report
+    assert [s.method for s in exact] == [s.method for s in composed] == ["map-reduce"]
+    assert warmed["saved"] == warmed["sections"] > composed[0].sections >= 3
+    # Every map prompt's sections came from their states (the first of each run is exact as saved).
+    assert report.composed_sections == composed[0].sections and exact_report.composed_sections == 0
+    assert report.cached_tokens > report.prompt_tokens // 2 > 0
+    assert report.prefill_tokens < exact_report.prefill_tokens / 2
+    assert composed[0].text and "sections from their states" in report.describe()
+    # A composed job is another job: its units are never mixed with the exact one's.
+    with pipeline(moe, tmp_path, **{"ask.compose": "off"}) as rag:
+        again = rag.summarize([manual])
+        assert [s.text for s in again] == [s.text for s in exact]
+        assert again.report.results_reused == 1

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..concurrency import CancelToken
-from ..engine.seams import Sections
 from ..errors import InputError, StoreError
 from ..ingest.scan import source_names
 from ..retrieval.search import expand, retrieve, whole_document
@@ -27,7 +26,7 @@ from ..store.store import Store
 from . import packing
 from .answer import Answer, AnswerStream, AskStats, complete
 from .history import reuse_note, sections_note
-from .prompt import pack
+from .prompt import composed_layout, pack
 from .request import AskOptions, AskRequest
 
 if TYPE_CHECKING:
@@ -53,7 +52,7 @@ def ask_stream(rt: "Runtime", request: AskRequest) -> AnswerStream:
     prompt = built.prompt
     stats = AskStats(mode=prompt.mode, sections=[p.to_dict() for p in prompt.sections])
     stops = rt.stops.with_strings(options.stop)
-    layout = _layout(prompt)
+    layout = composed_layout(prompt)
     engine = rt.pool.pick(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries,
                           sections=layout)
     cancel = request.cancel or CancelToken()  # every generator takes one: a stream can always be cancelled
@@ -169,7 +168,7 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
         memo=rt.section_memo, n_ctx=engine.n_ctx, reserve=rt.reserve(options.max_tokens),
         tolerance=a.reuse_tolerance, history=history,
         reusable=lambda p: rt.pool.reusable(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries,
-                                            sections=_layout(p)),
+                                            sections=composed_layout(p)),
         top_k=options.top_k, neighbours=a.neighbours)
     if prompt is None:
         return None
@@ -244,13 +243,6 @@ def _reading(rt: "Runtime") -> Iterator[Store]:
             raise StoreError(f"collection '{store.name}' is empty; run `rag ingest PATH` first")
         rt.check_embedder(store)
         yield store
-
-
-def _layout(prompt: "Prompt") -> Sections | None:
-    """Where a sections-mode prompt's head and sections are (what a generator composes it by)."""
-    if prompt.mode != "sections" or prompt.head <= 0 or not prompt.boundaries:
-        return None
-    return Sections(prompt.head, tuple(prompt.boundaries))
 
 
 def _tracker(callback):

@@ -49,9 +49,11 @@ class Shelf:
     """The selection's documents and sections, the texts of those that may be packed, and the
     question's hits: everything packing needs, read from the store under its lock.
 
-    ``fixed_numbers``: each document is numbered by its place in the selection, not in the
-    pack, so a section renders to the same tokens in every pack (what composing prompts from
-    section states needs); otherwise a pack numbers its documents 1, 2, ...
+    ``fixed_numbers``: each document is numbered by its place in the collection (``places``),
+    not in the pack, so a section renders to the same tokens in every pack, whatever the
+    selection (a question over the shelf, ``--doc``, a summary, ``rag warm --sections``):
+    what composing prompts from section states needs. Otherwise a pack numbers its
+    documents 1, 2, ...
     """
 
     collection: str
@@ -61,6 +63,7 @@ class Shelf:
     hits: list[Hit] = field(default_factory=list)  # fused, best first, within the selection
     pages: dict[tuple[str, int], int | None] = field(default_factory=dict)  # (source, chunk) -> page, fetched
     fixed_numbers: bool = False
+    places: dict[str, int] = field(default_factory=dict)  # source -> its place in the collection, from 1
 
     @property
     def complete(self) -> bool:
@@ -85,6 +88,7 @@ def gather(store, *, sources: Iterable[str] | None, target: int, hits: Sequence[
     ``fetch_tokens`` embedder tokens, else only for sections with a hit and those in ``also``.
     """
     docs = store.documents()
+    places = {source: i for i, source in enumerate(sorted(docs), 1)}
     if sources is not None:
         wanted = set(sources)
         docs = {s: d for s, d in docs.items() if s in wanted}
@@ -114,7 +118,8 @@ def gather(store, *, sources: Iterable[str] | None, target: int, hits: Sequence[
         for s in secs:
             segments[s.key] = page_segments([c for c in chunks if s.first <= c.index <= s.last])
     within = set(docs)
-    return Shelf(store.name, docs, ordered, segments, [h for h in hits if h.source in within], pages)
+    return Shelf(store.name, docs, ordered, segments, [h for h in hits if h.source in within], pages,
+                 places=places)
 
 
 def page_segments(chunks) -> list[tuple[int | None, str]]:
@@ -133,10 +138,12 @@ def page_segments(chunks) -> list[tuple[int | None, str]]:
 
 def number(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens) -> list[PackedSection]:
     """``chosen`` in canonical order, each with its document's number (in this pack, or in the
-    selection: :attr:`Shelf.fixed_numbers`) and its tokens."""
+    collection: :attr:`Shelf.fixed_numbers`) and its tokens."""
     counts = shelf.counts
     out = []
-    numbers = {source: i for i, source in enumerate(sorted(shelf.documents), 1)} if shelf.fixed_numbers else {}
+    numbers = {}
+    if shelf.fixed_numbers:
+        numbers = dict(shelf.places) or {source: i for i, source in enumerate(sorted(shelf.documents), 1)}
     for s in sorted(chosen, key=lambda s: (s.source, s.index)):
         n = numbers.setdefault(s.source, len(numbers) + 1)
         out.append(PackedSection(n, s, counts[s.source], memo.get(n, s, counts[s.source], shelf.segments[s.key])))

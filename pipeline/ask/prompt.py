@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
+from ..engine.seams import Sections
 from ..errors import EngineError
 from ..records import PackedSection, Passage, Prompt, Section
 
@@ -253,3 +254,11 @@ def pack(passages: Sequence[Passage], question: str, *, chat: Callable[[str, str
 
 def _with_text(p: Passage, text: str) -> Passage:
     return Passage(p.source, p.content_hash, p.first, p.last, p.pages, text, p.rank)
+
+
+def composed_layout(prompt: Prompt) -> Sections | None:
+    """Where a sections-mode prompt's head and sections are (what an engine composes it by, and
+    routes and weighs it by); None for whole documents and passages, which reuse a prefix."""
+    if prompt.mode != "sections" or prompt.head <= 0 or not prompt.boundaries:
+        return None
+    return Sections(prompt.head, tuple(prompt.boundaries))

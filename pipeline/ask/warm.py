@@ -108,6 +108,7 @@ def warm(rt: "Runtime", *, progress: Callable[[str, str], None] | None = None, p
     with rt.store(create=False) as store:
         store.require()
         shelf = gather(store, sources=None, target=rt.section_tokens, fetch_tokens=2**62)
+    shelf.fixed_numbers = rt.config.ask.compose == "auto"  # as every prompt numbers documents then
     mode, plans = warm_plans(shelf, layout=rt.layout(), tokenize=engine.tokenize, memo=rt.section_memo,
                              n_ctx=engine.n_ctx, reserve=rt.reserve(), purpose=purpose)
     if mode == "sections" and rt.config.ask.compose == "auto":  # questions are composed from section states

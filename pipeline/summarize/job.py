@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..ask import packing
-from ..ask.prompt import Layout, SectionTokens, pack, section_prompt
+from ..ask.prompt import Layout, SectionTokens, composed_layout, pack, section_prompt
 from ..digest import digest
 from ..errors import EngineError, InputError, RagError
 from ..records import DocumentRecord, Passage, Prompt, Section
@@ -103,6 +103,12 @@ class Settings:
     reserve: int = 0
     """The answer room the layout decision holds back (whole or map-reduce, where runs end): the one
     ``ask`` and ``warm`` use (:func:`pipeline.ask.prompt.layout_reserve`); 0 = ``max_tokens``."""
+
+    compose: bool = False
+    """Map prompts composed from section states (``ask.compose = "auto"``): each section rendered as
+    every composed prompt renders it (its document numbered by its place in the collection), so the
+    states ``rag warm --sections`` and earlier questions saved serve the map step, and the sections
+    it computes serve them."""
 
     @property
     def layout_reserve(self) -> int:
@@ -323,6 +329,7 @@ class Job:
             if record is None or record.content_hash != doc.content_hash:
                 raise InputError(f"{doc.source} changed or was removed during the job: run it again")
             shelf = sections_of(store, doc.source, target=self.section_target)
+        shelf.fixed_numbers = self.settings.compose
         # The store is released: tokenising (and loading the generator) happens from here on.
         tokens = sum(len(p.tokens) for p in packing.number(shelf, shelf.sections, self.memo))
         whole = [s for s in todo if tokens <= self._budget(s.prompt)]
@@ -453,19 +460,21 @@ class Job:
     def _generate(self, prompts: Sequence[Prompt]) -> tuple[list[tuple[str, "EngineStats"]], bool]:
         """Each prompt's text and figures, and whether they were decoded together. Prompts with one
         prefix are decoded together where the engine runs several sequences (``engine.n_seq_max`` > 1),
-        else one after the other (see :mod:`pipeline.engine.multiseq` for when greedy texts match)."""
+        else one after the other (see :mod:`pipeline.engine.multiseq` for when greedy texts match);
+        map prompts composed from section states one after the other."""
         g = self.settings
         kw = dict(max_tokens=g.max_tokens, temperature=g.temperature, repeat_penalty=g.repeat_penalty, seed=g.seed)
         first = prompts[0]
-        if len(prompts) > 1 and self.engine.n_seq_max > 1 and \
+        layouts = [composed_layout(p) if g.compose else None for p in prompts]
+        if len(prompts) > 1 and self.engine.n_seq_max > 1 and not any(layouts) and \
                 all(p.prefix_tokens == first.prefix_tokens for p in prompts):
             done = self.engine.generate_many([p.tokens for p in prompts], prefix_len=len(first.prefix_tokens),
                                              boundaries=first.boundaries, **kw)
             return [(c.text.strip(), c.stats) for c in done], True
         out = []
-        for p in prompts:
+        for p, layout in zip(prompts, layouts):  # a composed prompt's sections stay in memory for the next
             generation = self.engine.generate(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries,
-                                              **kw)
+                                              sections=layout, **kw)
             out.append((generation.read().strip(), generation.stats))
         return out, False
 

@@ -100,6 +100,8 @@ class JobReport:
     prompt_tokens: int = 0
     prefill_tokens: int = 0
     cached_tokens: int = 0
+    composed_sections: int = 0  # map prompts' sections restored from section states
+    recomputed_tokens: int = 0  # their seams, decoded again
     prefill_seconds: float = 0.0
     decode_tokens: int = 0
     decode_seconds: float = 0.0
@@ -111,6 +113,8 @@ class JobReport:
         self.prompt_tokens += stats.prompt_tokens
         self.prefill_tokens += stats.prefill_tokens
         self.cached_tokens += stats.cached_tokens
+        self.composed_sections += stats.composed_sections
+        self.recomputed_tokens += stats.recomputed_tokens
         self.prefill_seconds += stats.prefill_seconds
         self.decode_tokens += stats.decode_tokens
         self.decode_seconds += stats.decode_seconds
@@ -130,7 +134,8 @@ class JobReport:
         text = (f"summarized {self.documents} documents × {self.prompts} prompts ({methods}); "
                 f"{self.units_computed} units computed, {self.units_reused} reused"
                 f"{f', {self.results_reused} summaries already done' if self.results_reused else ''}; "
-                f"prefill {self.prefill_tokens:,} tokens{rate} ({self.cached_tokens:,} reused), "
+                f"prefill {self.prefill_tokens:,} tokens{rate} ({self.cached_tokens:,} reused"
+                f"{f', {self.composed_sections} sections from their states' if self.composed_sections else ''}), "
                 f"{self.decode_tokens:,} tokens written, {self.seconds:.1f} s")
         if self.failed:
             text += f"; {len(self.failed)} failed"
