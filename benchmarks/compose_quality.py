@@ -73,7 +73,10 @@ def configs() -> list[tuple[str, Seams | int]]:
     out += [(f"focus {r}", Seams("focus", r)) for r in RS]
     out += [(f"deviation {r}", r) for r in RS]
     out += [("whole", Seams("whole", 0))]
-    return out
+    return [(name, how) for name, how in out if ONLY is None or name in ONLY or name == "none"]
+
+
+ONLY: set[str] | None = None  # --configs: the rows to run ("none" always runs: the deviation oracle reads it)
 
 
 # --------------------------------------------------------------------------- prompts
@@ -395,12 +398,18 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: SmolLM2, the generated manual, one question, prompts for a 2K context")
+    ap.add_argument("--configs", help="comma-separated rows to run, e.g. 'first 32,last 512' (default: all)")
     ap.add_argument("--verbose", action="store_true", help="time each step on stderr")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
                     help="leave out the q8_0-KV row (exact prefill with a quantised KV cache, for scale)")
     args = ap.parse_args(argv)
-    global VERBOSE
+    global VERBOSE, ONLY
     VERBOSE = args.verbose
+    if args.configs:
+        ONLY = {c.strip() for c in args.configs.split(",")}
+        unknown = ONLY - {name for name, _ in configs()}
+        if unknown:
+            ap.error(f"unknown --configs {', '.join(sorted(unknown))}")
     if args.quick:
         args.models, args.corpora, args.questions, args.ctx = "smollm2", "manual", 1, 2048
     from pipeline.config import resolve_home

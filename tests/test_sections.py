@@ -95,6 +95,34 @@ def test_a_cached_pack_wins_when_it_holds_the_best_section_and_scores_close():
     assert tuple(never[:2]) != late and best in never
 
 
+def test_composed_packs_are_weighed_by_what_they_would_prefill():
+    """A composed prompt reuses every section with a saved state, wherever it sits: once all have one,
+    no pack saves anything over another, so the best-scoring pack wins whatever the history holds."""
+    shelf = _shelf()
+    for s in shelf.sections:  # b.md's sections are longer: the pack built on the earlier one holds more tokens
+        if s.source == "/d/b.md":
+            shelf.segments[s.key] = [(None, " ".join(f"{s.source}-{s.index}-w{j}" for j in range(75)))]
+    best, second, third = ("/d/b.md", "h1", 0), ("/d/c.md", "h2", 2), ("/d/a.md", "h0", 1)
+    shelf.hits = _hits(shelf, best, second, third)
+    greedy = [p.section.key for p in _plan(shelf).sections]
+    earlier = (("/d/b.md", "h1", 0), ("/d/b.md", "h1", 1))
+
+    def composed(saved):
+        def reuse(prompt):
+            return len(prompt.tokens[:prompt.head]) + sum(len(p.tokens) for p in prompt.sections
+                                                           if p.section.key in saved)
+        return reuse
+
+    everything = {s.key for s in shelf.sections}
+    chosen = [p.section.key for p in _plan(shelf, history=[earlier], reusable=composed(everything),
+                                           tolerance=0.9).sections]
+    assert chosen == greedy
+    # Only the earlier pack's sections saved: the pack built on them prefills less, and wins.
+    chosen = [p.section.key for p in _plan(shelf, history=[earlier], reusable=composed(set(earlier)),
+                                           tolerance=0.9).sections]
+    assert tuple(chosen[:2]) == earlier and chosen != greedy
+
+
 def test_the_whole_selection_is_packed_when_it_fits():
     shelf = _shelf(n_docs=2, per_doc=1, words_per=30)
     shelf.hits = _hits(shelf, ("/d/b.md", "h1", 0))

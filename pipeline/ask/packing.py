@@ -17,7 +17,9 @@ at ingest (:mod:`pipeline.ingest.sections`).
   ``1 - reuse_tolerance`` of the best one's), that pack wins: a run of related questions
   keeps hitting the cache. Candidates come from the packs earlier questions used
   (:class:`.history.PackHistory`): their leading sections that still exist, extended by the best
-  sections that sort after them.
+  sections that sort after them. Among candidates that reuse anything, the one that would
+  prefill the fewest tokens wins (a composed prompt reuses every section with a saved state,
+  so once all have one, packs differ by score alone).
 
 The answer's sources are the packed documents whose chunks ranked highest for this
 question, with those chunks' pages, so a question answered on page 9 still cites page 9.
@@ -186,7 +188,9 @@ def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, mem
         packed = _fit(shelf, chosen, memo, budget, ranking.score, keep=ranking.best)
         prompt = prompt_of(packed, "sections")
         reuse = reusable(prompt) if reusable is not None and len(options) > 1 else 0
-        rank = (reuse, ranking.total([p.section for p in packed]))
+        # What it would prefill decides among packs that reuse anything (the best score among the others):
+        # once every section has a state, packs differ by score alone.
+        rank = (reuse > 0, reuse - len(prompt.tokens) if reuse else 0, ranking.total([p.section for p in packed]))
         if best_rank is None or rank > best_rank:
             best_prompt, best_rank = prompt, rank
     return best_prompt
