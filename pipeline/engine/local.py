@@ -186,39 +186,25 @@ class Engine(GeneratorBase):
     def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
              sections: Sections | None = None) -> int:
         """How many tokens of this prompt this engine's KV memory holds now, up to a point where
-        :meth:`generate` may reuse them (the disk cache aside): what a pool routes prompts by.
-        With ``sections`` (a prompt :meth:`generate` would compose), the sections its memory holds
-        as a composition left them. Safe beside a running prompt: it reads a copy of what the memory holds."""
-        if self._composes(sections):
-            return self.sections.held(list(self.memory.tokens), tokens, sections)
+        :meth:`generate` may reuse them (the disk cache aside): what a pool routes prompts by. With
+        ``sections`` (a prompt :meth:`generate` would compose), the sections a composition left there.
+        Safe beside a running prompt: it reads a copy of what the memory holds."""
+        memory = list(self.memory.tokens)
+        if self.sections.would_compose(sections, self.__dict__.get("llm")):
+            return self.sections.held(memory, tokens, sections)
         cuts = prompt_cuts(len(tokens), prefix_len, boundaries)
-        return self.reuse.held(self._exact_memory(), tokens, cuts, can_trim=self.memory.can_trim)
+        return self.reuse.held(self.sections.exact(memory), tokens, cuts, can_trim=self.memory.can_trim)
 
     def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
                  sections: Sections | None = None) -> int:
-        """How many tokens of this prompt :meth:`generate` would reuse now (memory or disk), without
-        running anything or loading the model: what a packer weighs candidate prompts by. With
-        ``sections`` (a prompt :meth:`generate` would compose), what memory and section states give."""
-        if self._composes(sections):
-            return self.sections.plan(list(self.memory.tokens), tokens, sections).reused
+        """How many tokens of this prompt :meth:`generate` would reuse now (memory or disk; with
+        ``sections``, section states too), running nothing and loading no model: what a packer weighs
+        candidate prompts by."""
+        memory = list(self.memory.tokens)
+        if self.sections.would_compose(sections, self.__dict__.get("llm")):
+            return self.sections.plan(memory, tokens, sections).reused
         cuts = prompt_cuts(len(tokens), prefix_len, boundaries)
-        return self.reuse.reusable(self._exact_memory(), tokens, cuts, can_trim=self.memory.can_trim)
-
-    def _exact_memory(self) -> list[int]:
-        """What the memory holds that prefix reuse may take: nothing where a composition made it."""
-        return [] if self.sections.composed else list(self.memory.tokens)
-
-    def _composes(self, sections: Sections | None) -> bool:
-        """Whether :meth:`generate` would compose a prompt laid out as ``sections``, judged without
-        loading the model (a model not loaded yet is taken to shift: its section states tell)."""
-        if sections is None:
-            return False
-        llm = self.__dict__.get("llm")
-        if llm is None:
-            return not self.sections.why_off(can_shift=None)
-        from ._llama import composing
-
-        return not self.sections.why_off(can_shift=composing.can_shift(llm))
+        return self.reuse.reusable(self.sections.exact(memory), tokens, cuts, can_trim=self.memory.can_trim)
 
     # -- running prompts ----------------------------------------------------------------------
 
@@ -257,15 +243,12 @@ class Engine(GeneratorBase):
         ``progress(done, total)`` is called after each prefilled piece (tokens not reused);
         ``cancel`` takes the prompt out of the engine's queue, or stops its decode.
 
-        ``tokens[:prefix_len]`` is the part shared with other prompts, and ``boundaries``
-        the earlier positions where a shared part may end (document and section ends).
-        The KV cache's prefix in common with the previous prompt is reused up to the last
-        such point; with a prefix cache, the longest state saved at one of them is
-        restored from disk, and states are saved at the whole prefix and at up to
-        ``boundary_states`` earlier boundaries (spread evenly) that were prefilled now.
-        ``sections`` (a sections-mode prompt's layout) composes it from section states instead
-        where composition is on and the model can shift (:class:`.section_reuse.SectionReuse`).
-        """
+        ``tokens[:prefix_len]`` is shared with other prompts, ``boundaries`` the earlier points
+        where a shared part may end (document and section ends): memory in common with the
+        previous prompt is reused up to the last such point, else the longest state saved at one
+        is restored; states are saved at the prefix and at up to ``boundary_states`` earlier
+        boundaries prefilled now. ``sections`` (a sections-mode prompt's layout) composes it from
+        section states where that is on and the model can shift (:mod:`.section_reuse`)."""
         if len(tokens) + 1 > self.n_ctx:
             raise EngineError(f"the prompt has {len(tokens):,} tokens; the context holds {self.n_ctx:,}")
         stats = stats or EngineStats()
@@ -314,29 +297,26 @@ class Engine(GeneratorBase):
         stats.load_seconds = self.load_seconds
         t0 = time.perf_counter()
         prefix_len = cuts[-1] if cuts else 0
-        if self.sections.applies(llm, sections, stats):  # composed from section states
+        composed = self.sections.applies(llm, sections, stats)
+        if composed:  # from section states
             stats.notes.extend(self.notes)
             t_prefill = time.perf_counter()
             if progress is not None:
                 progress(0, len(tokens))
             self.sections.run(llm, self.memory, tokens, sections, stats, self._prefill_piece)
             reused = stats.cached_tokens - stats.recomputed_tokens
+        else:
+            plan = self._reuse(tokens, cuts, stats)
+            reused = plan.reused
+            llm.synchronize()  # anything pending is booked before the counters restart
+            llm.reset_timings()
+            t_prefill = time.perf_counter()
             if progress is not None:
-                self._progress = lambda position: progress(position - reused, len(tokens) - reused)
-            self.prefill(tokens, start=len(self.memory.tokens))
-            self._progress = None
-            stats.prefill_tokens = len(tokens) - reused
-            stats.notes.extend(self.reuse.store_notes(prefix_len))
-            return t0, t_prefill
-        plan = self._reuse(tokens, cuts, stats)
-        reused = plan.reused
-        llm.synchronize()  # anything pending is booked before the counters restart
-        llm.reset_timings()
-        t_prefill = time.perf_counter()
+                progress(0, len(tokens) - reused)
         if progress is not None:
             self._progress = lambda position: progress(position - reused, len(tokens) - reused)
-            progress(0, len(tokens) - reused)
-        self.reuse.advance(plan, self.memory, stats, self._prefill_piece)
+        if not composed:
+            self.reuse.advance(plan, self.memory, stats, self._prefill_piece)
         self.prefill(tokens, start=len(self.memory.tokens))
         self._progress = None
         stats.prefill_tokens = len(tokens) - reused

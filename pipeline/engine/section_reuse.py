@@ -82,6 +82,22 @@ class SectionReuse:
                     "as a prefix only")
         return ""
 
+    def would_compose(self, sections: Sections | None, model) -> bool:
+        """Whether a prompt laid out as ``sections`` would be composed on ``model``, running nothing
+        (``model`` None: not loaded yet, taken to shift; its section states tell)."""
+        if sections is None:
+            return False
+        if model is None:
+            return not self.why_off(can_shift=None)
+        from ._llama import composing
+
+        return not self.why_off(can_shift=composing.can_shift(model))
+
+    def exact(self, memory: Sequence[int]) -> Sequence[int]:
+        """What of ``memory`` (the tokens the engine's memory holds) prefix reuse may take: nothing
+        where a composition made it (:meth:`release` clears it before an exact prompt runs)."""
+        return () if self.composed else memory
+
     def applies(self, model, sections: Sections | None, stats: EngineStats) -> bool:
         """Whether a prompt laid out as ``sections`` (None: not a sections-mode prompt) is composed
         on ``model``; where composition is on but cannot run, ``stats.sections_lost`` says why."""
