@@ -23,7 +23,6 @@ def test_kit_flags_are_portable_and_name_both_gpus() -> None:
     assert all("==13.0." in p for p in gpu_kit.TOOLCHAINS["13"])
 
 
-@pytest.mark.slow
 def test_check_and_pack_refuse_without_a_built_wheel(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RAG_HOME", str(tmp_path))
     with pytest.raises(SystemExit, match="gpu_kit.py build --cuda 13"):

@@ -236,13 +236,13 @@ def probe(site: Path, lib_dirs: list[Path], *, python: str = sys.executable) -> 
 def check(*, cuda: str, archs: tuple[str, ...] = ARCHS, python: str = sys.executable, kit: Path | None = None) -> dict:
     """Here, with no GPU: the cached wheel (or, with ``kit``, the packed kit installed as ``run`` installs it)
     imports, and llama.cpp lists its CUDA backend."""
+    source = cached_wheel(cuda, archs) if kit is None else None  # refused before any toolchain is fetched
     root = toolchain(cuda, python=python)
     site = rag_home() / "cuda" / f"cu{cuda}" / "check-site"
     if kit is not None:
         manifest = install_kit(kit, site, python=python)
         source, mib = kit / manifest["archive"], manifest["mib"]
     else:
-        source = cached_wheel(cuda, archs)
         _install([source], site, python=python, offline=True)
         mib = round(source.stat().st_size / 2**20, 1)
         # the pure-Python wheels the kit carries too, so the import works with any interpreter here
