@@ -30,22 +30,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.dev.synthetic import write_moe_model  # noqa: E402
 from pipeline.engine import _llama  # noqa: E402
 from pipeline.engine._llama import composing as mem  # noqa: E402
-from pipeline.engine.compose import Piece, Seams, compose  # noqa: E402
-
-
-class Memory:
-    def __init__(self):
-        self.data = {}
-
-    def restore(self, piece, model, seq, start):
-        data = self.data.get(piece.tokens)
-        return data is not None and mem.restore_state_bytes(model, data, seq)
-
-    def store(self, piece, model, seq, start):
-        self.data[piece.tokens] = mem.state_bytes(model, seq)
-
-    def why(self, piece):
-        return "no state yet"
+from pipeline.engine.compose import Piece, Seams, StatesInMemory, compose  # noqa: E402
 
 
 def decode(model, tokens, pos):
@@ -66,7 +51,7 @@ def run(ctx: int, k: int, r: int, threads: int) -> dict:
         path = write_moe_model(Path(tmp) / "moe.gguf", n_ctx_train=ctx)
         m = _llama.load(path, n_ctx=ctx, n_batch=2048, n_ubatch=512, threads=threads, flash_attn=True, n_seq_max=2)
         try:
-            states = Memory()
+            states = StatesInMemory()
             t0 = time.perf_counter()
             for p in pieces:  # each section's state, computed on its own after the head
                 m.clear()

@@ -51,7 +51,7 @@ from pipeline.ask.prompt import Layout, render_section  # noqa: E402
 from pipeline.engine import _llama  # noqa: E402
 from pipeline.engine._llama import composing as mem  # noqa: E402
 from pipeline.engine._llama import state_format as kv_state  # noqa: E402
-from pipeline.engine.compose import Piece, Seams, compose  # noqa: E402
+from pipeline.engine.compose import Piece, Seams, StatesInMemory, compose  # noqa: E402
 from pipeline.records import Section  # noqa: E402
 
 MODELS = {"smollm2": "builtin:SmolLM2-135M-Instruct", "gemma3": "builtin:gemma-3-270m"}
@@ -168,23 +168,6 @@ def samples(doc: Doc, texts: list[str], *, k: int, n: int, seed: int) -> list[tu
 
 
 # --------------------------------------------------------------------------- running one prompt
-
-
-class MemoryStates:
-    """Section states kept as bytes (the benchmark's store)."""
-
-    def __init__(self):
-        self.data: dict[tuple[int, ...], bytes] = {}
-
-    def restore(self, piece, model, seq, start):
-        data = self.data.get(piece.tokens)
-        return data is not None and mem.restore_state_bytes(model, data, seq)
-
-    def store(self, piece, model, seq, start):
-        self.data[piece.tokens] = mem.state_bytes(model, seq)
-
-    def why(self, piece):
-        return "no state yet"
 
 
 class Runner:
@@ -427,7 +410,7 @@ def main(argv=None) -> int:
         results = []
         for cname, doc in docs.items():
             secs = sections(doc, run.model, args.ctx // 4)  # (piece, starts, text)
-            states = MemoryStates()  # one state per section, shared by the corpus's prompts
+            states = StatesInMemory()  # one state per section, shared by the corpus's prompts
             for j, (q, idx) in enumerate(samples(doc, [t for *_, t in secs], k=args.sections,
                                                  n=args.questions, seed=args.seed)):
                 t0 = time.perf_counter()

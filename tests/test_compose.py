@@ -18,30 +18,10 @@ from pipeline.engine import _llama
 from pipeline.engine._llama import composing as mem
 from pipeline.engine._llama import state_format as kv_state
 from pipeline.engine.compose import Piece, Seams, compose, runs, seam_positions
+from pipeline.engine.compose import StatesInMemory as Memory
 from pipeline.errors import EngineError
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class Memory:
-    """Section states as bytes, keyed by tokens (what the benchmark uses; the disk store is tested apart)."""
-
-    def __init__(self):
-        self.data, self.restored, self.stored = {}, 0, 0
-
-    def restore(self, piece, model, seq, start):
-        data = self.data.get(piece.tokens)
-        if data is None:
-            return False
-        self.restored += 1
-        return mem.restore_state_bytes(model, data, seq)
-
-    def store(self, piece, model, seq, start):
-        self.stored += 1
-        self.data[piece.tokens] = mem.state_bytes(model, seq)
-
-    def why(self, piece):
-        return "no state yet"
 
 
 @pytest.fixture(scope="module")

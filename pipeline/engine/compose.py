@@ -59,6 +59,30 @@ class States(Protocol):
         """Why ``piece`` had no usable state ("no state yet", "evicted"...)."""
 
 
+class StatesInMemory:
+    """Section states kept as bytes in this process, never evicted: for measurements and tests of
+    composition apart from the disk store (:class:`.section_states.SectionStates`). Counts what
+    it restored and stored."""
+
+    def __init__(self):
+        self.data: dict[tuple[int, ...], bytes] = {}
+        self.restored = self.stored = 0
+
+    def restore(self, piece: Piece, model, seq: int, start: int) -> bool:
+        data = self.data.get(piece.tokens)
+        if data is None or not mem.restore_state_bytes(model, data, seq):
+            return False
+        self.restored += 1
+        return True
+
+    def store(self, piece: Piece, model, seq: int, start: int) -> None:
+        self.stored += 1
+        self.data[piece.tokens] = mem.state_bytes(model, seq)
+
+    def why(self, piece: Piece) -> str:
+        return "no state yet"
+
+
 @dataclass
 class Composed:
     """What :func:`compose` did."""
@@ -199,4 +223,5 @@ def _decode_span(model, tokens: Sequence[int], pos: int, seq: int) -> None:
         mem.decode_outputs(model, arr[lo:lo + step], pos + lo, seq=seq)
 
 
-__all__ = ["Composed", "Piece", "compute", "STRATEGIES", "Seams", "States", "compose", "runs", "seam_positions"]
+__all__ = ["Composed", "Piece", "compute", "STRATEGIES", "Seams", "States", "StatesInMemory", "compose", "runs",
+           "seam_positions"]
