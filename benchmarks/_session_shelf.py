@@ -68,6 +68,8 @@ def passages_sources(work: Path, env: dict, questions: list[str]) -> list[list[d
 
     overrides = {"store.path": env["RAG_STORE_PATH"], "store.collection": env["RAG_STORE_COLLECTION"],
                  "cache.enabled": False, "ask.max_tokens": int(env["RAG_ASK_MAX_TOKENS"])}
+    if "RAG_CHUNKING_SECTION_TOKENS" in env:
+        overrides["chunking.section_tokens"] = int(env["RAG_CHUNKING_SECTION_TOKENS"])
     with Pipeline.from_config(overrides=overrides) as rag:
         return [rag.prompt(q, mode="passages").sources for q in questions]
 
@@ -81,14 +83,17 @@ def rag_process(env: dict, *args: str) -> dict:
     return json.loads(out.stdout)
 
 
-def run_composed_case(work: Path, *, quick: bool) -> dict:
-    """Case (c): new processes over a collection larger than the context, composed from section states."""
+def run_composed_case(work: Path, *, quick: bool, section_tokens: int | None = None) -> dict:
+    """Case (c): new processes over a collection larger than the context, composed from section states
+    (``section_tokens``: the sections' size, ``chunking.section_tokens``; None: the default)."""
     pages, manual_pages = (12, 20) if quick else (40, 40)  # about 4x the context in all (2x quick)
     shelf_corpus(work / "shelf", pages=pages, manual_pages=manual_pages)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
     env.update({"RAG_HOME": os.environ.get("RAG_HOME", ""), "RAG_STORE_PATH": str(work / "store"),
                 "RAG_STORE_COLLECTION": "session-c", "RAG_CACHE_PATH": str(work / "cache-c"),
                 "RAG_ASK_COMPOSE": "auto", "RAG_ASK_MAX_TOKENS": "16", "RAG_CACHE_MAX_GB": "32"})
+    if section_tokens:
+        env["RAG_CHUNKING_SECTION_TOKENS"] = str(section_tokens)
     env = {k: v for k, v in env.items() if v != ""}
     ingest = rag_process(env, "ingest", str(work / "shelf"))
     _, manual_qs = _corpora.manual_pages(manual_pages)
@@ -129,7 +134,9 @@ def run_composed_case(work: Path, *, quick: bool) -> dict:
                    page_cited_passages=page_cited(passages, document, page))
     med = statistics.median(r["ttft_engine"] for r in rows)
     cited, cited_passages = (sum(r[k] for r in rows) for k in ("page_cited", "page_cited_passages"))
-    out = {"model": "SmolLM2-135M-Instruct, n_ctx 8192, ask.compose = auto", "ingest_tokens": ingest["tokens"],
+    out = {"model": "SmolLM2-135M-Instruct, n_ctx 8192, ask.compose = auto"
+                    + (f", chunking.section_tokens = {section_tokens}" if section_tokens else ""),
+           "ingest_tokens": ingest["tokens"],
            "cold": cold, "warm": warm, "rows": rows, "ttft_cold": cold["ttft_engine"], "ttft_median": med,
            "speedup": cold["ttft_engine"] / med, "target": 10, "page_cited": cited,
            "page_cited_passages": cited_passages}
