@@ -83,9 +83,11 @@ def rag_process(env: dict, *args: str) -> dict:
     return json.loads(out.stdout)
 
 
-def run_composed_case(work: Path, *, quick: bool, section_tokens: int | None = None) -> dict:
+def run_composed_case(work: Path, *, quick: bool, section_tokens: int | None = None,
+                      recompute: int | None = None) -> dict:
     """Case (c): new processes over a collection larger than the context, composed from section states
-    (``section_tokens``: the sections' size, ``chunking.section_tokens``; None: the default)."""
+    (``section_tokens``: the sections' size, ``chunking.section_tokens``; ``recompute``: the tokens
+    recomputed at each seam, ``ask.compose_recompute``; None: the defaults)."""
     pages, manual_pages = (12, 20) if quick else (40, 40)  # about 4x the context in all (2x quick)
     shelf_corpus(work / "shelf", pages=pages, manual_pages=manual_pages)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
@@ -94,6 +96,8 @@ def run_composed_case(work: Path, *, quick: bool, section_tokens: int | None = N
                 "RAG_ASK_COMPOSE": "auto", "RAG_ASK_MAX_TOKENS": "16", "RAG_CACHE_MAX_GB": "32"})
     if section_tokens:
         env["RAG_CHUNKING_SECTION_TOKENS"] = str(section_tokens)
+    if recompute is not None:
+        env["RAG_ASK_COMPOSE_RECOMPUTE"] = str(recompute)
     env = {k: v for k, v in env.items() if v != ""}
     ingest = rag_process(env, "ingest", str(work / "shelf"))
     _, manual_qs = _corpora.manual_pages(manual_pages)
@@ -135,7 +139,8 @@ def run_composed_case(work: Path, *, quick: bool, section_tokens: int | None = N
     med = statistics.median(r["ttft_engine"] for r in rows)
     cited, cited_passages = (sum(r[k] for r in rows) for k in ("page_cited", "page_cited_passages"))
     out = {"model": "SmolLM2-135M-Instruct, n_ctx 8192, ask.compose = auto"
-                    + (f", chunking.section_tokens = {section_tokens}" if section_tokens else ""),
+                    + (f", chunking.section_tokens = {section_tokens}" if section_tokens else "")
+                    + (f", ask.compose_recompute = {recompute}" if recompute is not None else ""),
            "ingest_tokens": ingest["tokens"],
            "cold": cold, "warm": warm, "rows": rows, "ttft_cold": cold["ttft_engine"], "ttft_median": med,
            "speedup": cold["ttft_engine"] / med, "target": 10, "page_cited": cited,

@@ -376,6 +376,7 @@ def main(argv=None) -> int:
     ap.add_argument("--questions", type=int, default=4, help="questions per corpus")
     ap.add_argument("--ctx", type=int, default=8192, help="the context the prompts are sized for")
     ap.add_argument("--sections", type=int, default=3, help="sections per prompt")
+    ap.add_argument("--section-tokens", type=int, help="each section's size (default: a quarter of --ctx)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=22)
     ap.add_argument("--json", type=Path)
@@ -409,7 +410,7 @@ def main(argv=None) -> int:
         layout = layout_for(run, path)
         results = []
         for cname, doc in docs.items():
-            secs = sections(doc, run.model, args.ctx // 4)  # (piece, starts, text)
+            secs = sections(doc, run.model, args.section_tokens or args.ctx // 4)  # (piece, starts, text)
             states = StatesInMemory()  # one state per section, shared by the corpus's prompts
             for j, (q, idx) in enumerate(samples(doc, [t for *_, t in secs], k=args.sections,
                                                  n=args.questions, seed=args.seed)):

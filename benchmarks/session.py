@@ -172,6 +172,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--quick", action="store_true", help="4 questions; a 20K-token corpus for (b)")
     ap.add_argument("--section-tokens", type=int, help="case (c): the sections' size (chunking.section_tokens)")
+    ap.add_argument("--recompute", type=int, help="case (c): tokens recomputed per seam (ask.compose_recompute)")
     ap.add_argument("--arch", default="qwen3moe", help="case (b)'s generated models: a comma list of "
                     f"{', '.join(ARCHS)}, or all")
     args = ap.parse_args(argv)
@@ -185,7 +186,8 @@ def main(argv=None) -> int:
             sys.path.insert(0, str(ROOT / "benchmarks"))
             import _session_shelf
 
-            composed = _session_shelf.run_composed_case(work, quick=args.quick, section_tokens=args.section_tokens)
+            composed = _session_shelf.run_composed_case(work, quick=args.quick, section_tokens=args.section_tokens,
+                                                        recompute=args.recompute)
         for name in (["a", "b"] if args.case == "all" else [args.case] if args.case != "c" else []):
             for arch in (archs if name == "b" else ["-"]):
                 key = name if arch in ("-", "qwen3moe") else f"{name}-{arch}"
