@@ -405,8 +405,9 @@ def main(argv=None) -> int:
     report: dict = {"ctx": args.ctx, "sections": args.sections, "answer_tokens": ANSWER, "models": {}}
     for mname in args.models.split(","):
         path = resolve(MODELS[mname], home=resolve_home(), fetch=True)
-        run = Runner(path, ctx=args.ctx + 512, threads=threads)
-        reference = Runner(path, ctx=args.ctx + 512, threads=threads, kv="q8_0") if args.reference else None
+        room = max(args.ctx, args.sections * (args.section_tokens or args.ctx // 4) * 5 // 4) + 512  # sections vary
+        run = Runner(path, ctx=room, threads=threads)
+        reference = Runner(path, ctx=room, threads=threads, kv="q8_0") if args.reference else None
         layout = layout_for(run, path)
         results = []
         for cname, doc in docs.items():

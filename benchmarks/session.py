@@ -173,6 +173,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="4 questions; a 20K-token corpus for (b)")
     ap.add_argument("--section-tokens", type=int, help="case (c): the sections' size (chunking.section_tokens)")
     ap.add_argument("--recompute", type=int, help="case (c): tokens recomputed per seam (ask.compose_recompute)")
+    ap.add_argument("--question-set", type=int, choices=[1, 2], default=1,
+                    help="case (c): the 8 questions asked (2: others, to check settings chosen on 1)")
     ap.add_argument("--arch", default="qwen3moe", help="case (b)'s generated models: a comma list of "
                     f"{', '.join(ARCHS)}, or all")
     args = ap.parse_args(argv)
@@ -187,7 +189,7 @@ def main(argv=None) -> int:
             import _session_shelf
 
             composed = _session_shelf.run_composed_case(work, quick=args.quick, section_tokens=args.section_tokens,
-                                                        recompute=args.recompute)
+                                                        recompute=args.recompute, question_set=args.question_set)
         for name in (["a", "b"] if args.case == "all" else [args.case] if args.case != "c" else []):
             for arch in (archs if name == "b" else ["-"]):
                 key = name if arch in ("-", "qwen3moe") else f"{name}-{arch}"
