@@ -20,6 +20,14 @@ def test_default_toml_is_the_embedded_default():
     assert load_config(ROOT / "configs" / "default.toml", environ={}) == Config()
 
 
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.toml")))
+def test_every_bundled_recipe_loads(name):
+    """A recipe with a misspelt or removed setting would fail its user at the first command."""
+    config = load_config(ROOT / "configs" / name, environ={})
+    if name == "shelf-composed-8k.toml":
+        assert (config.ask.compose, config.ask.compose_recompute, config.chunking.section_tokens) == ("auto", 8, 1024)
+
+
 def test_layers_apply_in_order(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('[retrieval]\ntop_k = 3\ncandidates = 50\n[store]\ncollection = "file"\n')
