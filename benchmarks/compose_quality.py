@@ -417,6 +417,11 @@ def main(argv=None) -> int:
                                                  n=args.questions, seed=args.seed)):
                 t0 = time.perf_counter()
                 pieces = [with_focus(p, text, starts, q.keyword) for p, starts, text in (secs[i] for i in idx)]
+                n = sum(len(p) for p in pieces) + len(layout.head_tokens) + 64 + ANSWER
+                if n > room:  # sections follow pages, so a few run long
+                    print(f"  {mname} {cname:9} skipped: its {args.sections} sections need {n:,} of {room:,} cells",
+                          flush=True)
+                    continue
                 r = run_prompt(run, layout, pieces, q.text, states, whole=j == 0, reference=reference,
                                expected=q.answer)
                 r.update(corpus=cname, question=q.text, placed=idx)
@@ -424,7 +429,7 @@ def main(argv=None) -> int:
                 c = r["configs"]
                 print(f"  {mname} {cname:9} {r['tokens']:>5} tok {time.perf_counter() - t0:5.0f} s  "
                       + "  ".join(f"{n}: {c[n]['top1']:.0%}/{c[n]['kl']:.3f}" for n in
-                                  ("none", "first 32", "last 32", "deviation 32", "whole") if n in c), flush=True)
+                                  [name for name, _ in configs()] if n in c), flush=True)
         run.model.close()
         if reference is not None:
             reference.model.close()
