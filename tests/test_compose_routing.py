@@ -9,17 +9,13 @@ import pytest
 
 from pipeline.concurrency import EnginePool
 from pipeline.config import EngineConfig
-from pipeline.dev.synthetic import write_moe_model
 from pipeline.engine.cache.store import PrefixCache
 from pipeline.engine.local import Engine
 from pipeline.engine.seams import Seams, Sections
 
+from test_compose_ask import moe  # noqa: F401 - a fixture
+
 SETTINGS = EngineConfig(n_ctx=2048, threads=1, n_batch=256, n_ubatch=256)
-
-
-@pytest.fixture(scope="module")
-def moe(tmp_path_factory):
-    return write_moe_model(tmp_path_factory.mktemp("moe") / "moe.gguf", n_ctx_train=8192)
 
 
 rng = np.random.default_rng(7)

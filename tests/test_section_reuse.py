@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.dev.synthetic import write_moe_model
 from pipeline.engine import _llama
 from pipeline.engine._llama import composing as mem
 from pipeline.engine.cache.store import PrefixCache
@@ -16,12 +15,7 @@ from pipeline.engine.reuse import Memory
 from pipeline.engine.section_reuse import SectionReuse, Sections
 from pipeline.engine.section_states import NO_STATE
 
-from test_compose import _decode, _prompt, answer
-
-
-@pytest.fixture(scope="module")
-def moe_path(tmp_path_factory):
-    return write_moe_model(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf", n_ctx_train=8192)
+from test_compose import _decode, _prompt, answer, moe_path  # noqa: F401 - moe_path is a fixture
 
 
 @pytest.fixture
