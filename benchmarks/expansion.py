@@ -114,7 +114,7 @@ def ranked(rag: Pipeline, store, query: str, variant: str, mv) -> tuple[list, fl
                 chunks[c.chunk_id] = c
         rankings["dense"] = sorted(((chunks[cid], s) for cid, s in scored.items() if cid in chunks),
                                    key=lambda e: -e[1])[: r.candidates]
-    weight = AdaptiveFusion(r.lexical_floor, r.lexical_full).weight(query, lexical[0][0], store) if lexical else 1.0
+    weight = AdaptiveFusion.from_config(r).weight(query, lexical[0][0], store, dense=dense) if lexical else 1.0
     weights = {"lexical": weight}
     if variant == "+ PRF":
         terms = feedback_terms(store, query, dense)

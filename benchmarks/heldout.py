@@ -158,7 +158,7 @@ USR_SHARE_DOC = [Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf
 def corpora(pdfs: dict[str, Path]) -> dict[str, list[Path]]:
     """Store label -> the paths ingested into it."""
     return {"dev": [ROOT / "samples", EVAL / "generated"], "usr-share-doc": USR_SHARE_DOC,
-            "heldout": [pdfs["gnuplot-doc"], pdfs["asymptote-doc"]]}
+            "manpages": [EVAL / "manpages"], "heldout": [pdfs["gnuplot-doc"], pdfs["asymptote-doc"]]}
 
 
 #: (set name, question file, store label, development set?)
@@ -167,6 +167,7 @@ QUESTION_SETS = [
     ("usr-share-doc", EVAL / "outside.jsonl", "usr-share-doc", True),
     ("usr-share-doc-paraphrased", EVAL / "outside-paraphrased.jsonl", "usr-share-doc", True),
     ("dev-paraphrased", EVAL / "devset-paraphrased.jsonl", "dev", True),
+    ("manpages", EVAL / "manpages.jsonl", "manpages", True),
     ("gnuplot", SETS["gnuplot-doc"], "heldout", False),
     ("asymptote", SETS["asymptote-doc"], "heldout", False),
 ]

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.retrieval.fusion import TermStats, lexical_strength, lexical_weight, words
+from pipeline.retrieval.fusion import AdaptiveFusion, TermStats, dense_doubt, lexical_strength, lexical_weight, words
 from servers import pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 # Words that mean the same thing share a coordinate: what a real embedder learns and BM25 cannot.
@@ -142,7 +142,7 @@ def test_the_weight_follows_the_idf_share_the_best_hit_matched(shelf):
 
 
 def test_a_floor_of_zero_and_full_of_zero_is_plain_fusion(shelf):
-    rag = shelf(retrieval__lexical_floor=0.0, retrieval__lexical_full=0.0)
+    rag = shelf(retrieval__lexical_floor=0.0, retrieval__lexical_full=0.0, retrieval__lexical_sure=0.0)
     assert top(rag, PARAPHRASE) == top(rag, PARAPHRASE, fusion="rrf") == "intro.md"
 
 
@@ -159,6 +159,39 @@ def test_strength_and_weight_arithmetic():
     assert words("Naïve CAFÉ naive_x, café") == ["naive", "cafe", "naive_x"]
 
 
+PARTIAL = "How often should I check the brakes of the car?"  # "brakes" is rare, "check", "car" and the rest are not
+
+
+def test_a_partial_match_counts_only_while_the_dense_side_is_unsure(shelf):
+    """Below ``lexical_sure`` the lexical weight follows the dense side's doubt: a sure dense side
+    (its first hit far ahead of its fifth) keeps a partial BM25 match out, an unsure one lets it in;
+    a match that holds most of the query's rare weight counts whatever the dense side says."""
+    rag = shelf()
+    fusion = AdaptiveFusion.from_config(rag.config.retrieval)
+    with rag.store(create=False) as store:
+        best = store.lexical(PARTIAL, limit=1)[0][0]
+        assert best.source.endswith("brakes.md")
+        stats, matched = store.catalog.term_stats(store.name, PARTIAL, best.chunk_id)
+        strength = lexical_strength(stats, matched)
+        assert fusion.full <= strength < fusion.sure  # a partial match: full weight without the dense side's say
+        sure = [(best, s) for s in (0.90, 0.80, 0.79, 0.78, 0.77)]     # the first leads the fifth by 0.13
+        unsure = [(best, s) for s in (0.80, 0.79, 0.79, 0.78, 0.78)]   # by 0.02
+        between = [(best, s) for s in (0.80, 0.79, 0.78, 0.77, 0.75)]  # by 0.05: half way
+        assert fusion.weight(PARTIAL, best, store, dense=sure) == 0.0
+        assert fusion.weight(PARTIAL, best, store, dense=unsure) == 1.0
+        assert fusion.weight(PARTIAL, best, store, dense=between) == pytest.approx(0.5)
+        assert fusion.weight(PARTIAL, best, store) == 1.0  # no dense side: nothing to doubt
+        rare = store.lexical(RARE, limit=1)[0][0]
+        assert fusion.weight(RARE, rare, store, dense=sure) == 1.0  # an exact identifier always counts
+
+
+def test_dense_doubt_arithmetic():
+    assert dense_doubt([0.9, 0.8, 0.8, 0.8, 0.8], floor=0.04, full=0.06) == 0.0
+    assert dense_doubt([0.81, 0.8, 0.8, 0.8, 0.8], floor=0.04, full=0.06) == 1.0
+    assert dense_doubt([0.85, 0.8, 0.8, 0.8, 0.8], floor=0.04, full=0.06) == pytest.approx(0.5)
+    assert dense_doubt([0.9, 0.1], floor=0.04, full=0.06) == 1.0  # fewer than five hits: no evidence
+
+
 def test_fusion_settings_are_checked():
     from pipeline.config import load_config
     from pipeline.errors import ConfigError
@@ -167,6 +200,10 @@ def test_fusion_settings_are_checked():
         load_config(overrides={"retrieval.fusion": "weighted"})
     with pytest.raises(ConfigError, match="lexical_floor"):
         load_config(overrides={"retrieval.lexical_floor": 0.6, "retrieval.lexical_full": 0.5})
+    with pytest.raises(ConfigError, match="dense_gap_floor"):
+        load_config(overrides={"retrieval.dense_gap_floor": 0.1, "retrieval.dense_gap_full": 0.05})
+    with pytest.raises(ConfigError, match="lexical_sure"):
+        load_config(overrides={"retrieval.lexical_sure": 1.5})
 
 
 @pytest.mark.slow

@@ -175,10 +175,16 @@ class RetrievalConfig:
     """How each side's scores are scaled before combining: "max" (by the best) or "minmax" (to [0, 1])."""
     fusion: str = "adaptive"
     """How the sides combine: "adaptive" weighs BM25 per query by how much of its rare-word weight matched; "rrf" evenly."""
-    lexical_floor: float = 0.1
+    lexical_floor: float = 0.0
     """Adaptive fusion: a query whose best BM25 hit holds at most this share of its idf weight is ranked by dense alone."""
-    lexical_full: float = 0.5
+    lexical_full: float = 0.3
     """Adaptive fusion: from this share of the query's idf weight matched, BM25 counts fully (as with "rrf")."""
+    lexical_sure: float = 0.5
+    """Adaptive fusion: below this share of the query's idf weight matched, BM25 counts only while the dense side is unsure; 0 = always."""
+    dense_gap_floor: float = 0.04
+    """Adaptive fusion: the dense side is unsure while its first hit's similarity leads its fifth's by at most this."""
+    dense_gap_full: float = 0.06
+    """Adaptive fusion: from this lead of the dense side's first hit over its fifth, a partial BM25 match no longer counts."""
     hyde: bool = False
     """Embed each query with a short answer the generator writes first (HyDE); for a capable generator, one generation a query."""
     hyde_tokens: int = 96
@@ -204,6 +210,11 @@ class RetrievalConfig:
         if not 0.0 <= self.lexical_floor <= self.lexical_full <= 1.0:
             raise ConfigError("retrieval.lexical_floor and lexical_full must satisfy 0 <= floor <= full <= 1, got "
                               f"{self.lexical_floor} and {self.lexical_full}")
+        if not 0.0 <= self.lexical_sure <= 1.0:
+            raise ConfigError(f"retrieval.lexical_sure must be in [0, 1], got {self.lexical_sure}")
+        if not 0.0 <= self.dense_gap_floor <= self.dense_gap_full <= 2.0:
+            raise ConfigError("retrieval.dense_gap_floor and dense_gap_full must satisfy 0 <= floor <= full <= 2, got "
+                              f"{self.dense_gap_floor} and {self.dense_gap_full}")
         return self
 
 

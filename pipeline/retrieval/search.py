@@ -86,7 +86,7 @@ def search(query: str, *, store: Store, embedder: TextEmbedder | None, top_k: in
         clock.lap("lexical")
     lexical_weight = 1.0
     if fusion is not None and "dense" in rankings and rankings.get("lexical"):
-        lexical_weight = fusion.weight(query, rankings["lexical"][0][0], store)
+        lexical_weight = fusion.weight(query, rankings["lexical"][0][0], store, dense=rankings["dense"])
     fused = rrf(rankings, k=rrf_k, weights={"lexical": lexical_weight})
     clock.lap("fuse")
     if rerank is not None and len(rankings) > 1:
@@ -121,7 +121,7 @@ def retrieve(rt: "Runtime", store: Store, query: str, *, top_k: int, source: str
         rt.embedder.dim  # loads the model outside the timed stages
     reranker = make_reranker(r.rerank, candidates=max(r.rerank_candidates, top_k),
                              dense_weight=r.rerank_dense_weight, normalise=r.rerank_normalise)
-    fusion = AdaptiveFusion(r.lexical_floor, r.lexical_full) if r.fusion == "adaptive" else None
+    fusion = AdaptiveFusion.from_config(r) if r.fusion == "adaptive" else None
     dense_query = None
     if r.hyde and r.dense:
         from .expansion import hyde_query, hypothetical_passage
