@@ -1,6 +1,7 @@
 """Choosing the fusion rule on the development sets only: every candidate rule scored offline.
 
-Run from the repository root, after ``benchmarks/heldout.py run`` has built the stores::
+Run from the repository root (it ingests the development corpora into the stores
+``benchmarks/heldout.py run`` keeps, when that has not been done)::
 
     .venv/bin/python benchmarks/fusion_choice.py [--json OUT.json] [--top 15]
 
@@ -47,7 +48,7 @@ for p in (ROOT, ROOT / "benchmarks"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from heldout import QUESTION_SETS, cache_dir  # noqa: E402
+from heldout import QUESTION_SETS, cache_dir, corpora  # noqa: E402
 from pipeline import Pipeline  # noqa: E402
 from pipeline.retrieval import evaluate as ev  # noqa: E402
 from pipeline.retrieval.fusion import lexical_strength, lexical_weight  # noqa: E402
@@ -180,11 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     opened: dict[str, Pipeline] = {}
     try:
         for name, qfile, label in development:
-            path = cache_dir() / "stores" / label
-            if not path.exists():
-                print(f"{name}: no store at {path} (run benchmarks/heldout.py run --set {name} first)")
-                return 1
-            rag = opened.setdefault(label, Pipeline.from_config(overrides={"store.path": str(path)}))
+            if label not in opened:
+                path = cache_dir() / "stores" / label
+                opened[label] = Pipeline.from_config(overrides={"store.path": str(path)})
+                opened[label].ingest(corpora()[label])  # incremental: nothing to do once heldout.py built it
+            rag = opened[label]
             with rag.store(create=False) as store:
                 unreachable = {u["id"] for u in ev.unreachable(ev.load_questions(qfile), store)}
                 gathered[name] = [gather(rag, store, q) for q in ev.load_questions(qfile) if q.id not in unreachable]

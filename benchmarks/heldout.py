@@ -155,10 +155,13 @@ USR_SHARE_DOC = [Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf
                  Path("/usr/share/doc/libtasn1-doc/libtasn1.pdf")]
 
 
-def corpora(pdfs: dict[str, Path]) -> dict[str, list[Path]]:
-    """Store label -> the paths ingested into it."""
-    return {"dev": [ROOT / "samples", EVAL / "generated"], "usr-share-doc": USR_SHARE_DOC,
-            "manpages": [EVAL / "manpages"], "heldout": [pdfs["gnuplot-doc"], pdfs["asymptote-doc"]]}
+def corpora(pdfs: dict[str, Path] | None = None) -> dict[str, list[Path]]:
+    """Store label -> the paths ingested into it (the held-out shelf only when its ``pdfs`` are given)."""
+    out = {"dev": [ROOT / "samples", EVAL / "generated"], "usr-share-doc": USR_SHARE_DOC,
+           "manpages": [EVAL / "manpages"]}
+    if pdfs is not None:
+        out["heldout"] = [pdfs["gnuplot-doc"], pdfs["asymptote-doc"]]
+    return out
 
 
 #: (set name, question file, store label, development set?)

@@ -1,0 +1,65 @@
+"""The question sets under benchmarks/eval: each loads as `rag eval` reads it, and the held-out and
+man-page sets keep the promises the docs make of them (frozen with their date and passage; an
+evidence phrase that points at exactly one place of its manual)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.retrieval.evaluate import load_questions
+
+ROOT = Path(__file__).resolve().parent.parent
+EVAL = ROOT / "benchmarks" / "eval"
+SETS = sorted(EVAL.glob("*.jsonl"))
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+@pytest.fixture(scope="module")
+def heldout():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import heldout
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return heldout
+
+
+@pytest.mark.parametrize("path", SETS, ids=[p.name for p in SETS])
+def test_every_set_loads_with_unique_ids(path):
+    questions = load_questions(path)
+    ids = [q.id for q in questions]
+    assert len(ids) == len(set(ids)) and len(ids) >= 14
+
+
+def test_every_set_is_run_and_only_the_two_manuals_are_held_out(heldout):
+    listed = {qfile.name: development for _, qfile, _, development in heldout.QUESTION_SETS}
+    assert set(listed) == {p.name for p in SETS}
+    assert {name for name, dev in listed.items() if not dev} == {"heldout-gnuplot.jsonl", "heldout-asymptote.jsonl"}
+
+
+@pytest.mark.parametrize("name", ["heldout-gnuplot.jsonl", "heldout-asymptote.jsonl", "manpages.jsonl"])
+def test_frozen_sets_carry_their_date_and_passage(name):
+    for line in _lines(EVAL / name):
+        assert line["_written"][:4] == "2026" and line["_passage"].strip(), line["id"]
+
+
+def test_man_page_evidence_points_at_one_place_and_most_questions_are_paraphrased(heldout):
+    texts = {p.name: _norm(p.read_text(encoding="utf-8")) for p in (EVAL / "manpages").glob("*.txt")}
+    lines = _lines(EVAL / "manpages.jsonl")
+    for line in lines:
+        text = texts[line["source"]]
+        assert text.count(_norm(line["evidence"])) == 1, line["id"]
+        assert _norm(line["evidence"]) in _norm(line["_passage"]) and _norm(line["_passage"]) in text, line["id"]
+    shared = [heldout.content_words(x["question"]) & heldout.content_words(x["_passage"]) for x in lines]
+    assert sum(len(s) <= 1 for s in shared) >= len(lines) * 2 // 3
