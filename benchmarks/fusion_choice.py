@@ -81,10 +81,6 @@ class Rule:
         return out + (f", rerank dense {self.dense_weight:.2f}" if self.rerank else ", no rerank")
 
 
-#: the rule before this choice (adaptive fusion by the idf share alone)
-PREVIOUS = Rule(0.1, 0.5, True, 0.5)
-
-
 def shipped() -> Rule:
     """The rule the default configuration runs."""
     from pipeline.config import load_config
@@ -217,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     default, rows = shipped(), []
     for rule, s in scored:
         margin = min(s[n]["recall@5"] - best_single[n] for n in names)
-        rows.append({"rule": rule.name, "family": rule.family, "shipped": rule == default, "previous": rule == PREVIOUS,
+        rows.append({"rule": rule.name, "family": rule.family, "shipped": rule == default,
                      "worst_margin": round(margin, 4),
                      "mean_recall@5": round(statistics.fmean(v["recall@5"] for v in s.values()), 4),
                      "mean_mrr": round(statistics.fmean(v["mrr"] for v in s.values()), 4),
@@ -231,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.fmean(v['mrr'] for v in singles[side].values()):.3f} | "
               + " | ".join(f"{singles[side][n]['recall@5']:.3f}" for n in names) + " |")
     chosen = {families[f]["chosen"] for f in families}
-    shown = rows[:args.top] + [r for r in rows[args.top:] if r["shipped"] or r["previous"] or r["rule"] in chosen]
+    shown = rows[:args.top] + [r for r in rows[args.top:] if r["shipped"] or r["rule"] in chosen]
     for r in shown:
-        mark = " (the default)" if r["shipped"] else " (the previous default)" if r["previous"] else ""
+        mark = " (the default)" if r["shipped"] else ""
         print(f"| {r['rule']}{mark} | {r['worst_margin']:+.3f} | {r['mean_recall@5']:.3f} | {r['mean_mrr']:.3f} | "
               + " | ".join(f"{r['sets'][n]['recall@5']:.3f}" for n in names) + " |")
     print()
@@ -243,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     for f, d in families.items():
         print(f"| {f} | {d['rules']} | {d['chosen']} | " + " | ".join(f"{d['left_out_margins'][n]:+.3f}" for n in names)
               + f" | {d['left_out_mean']:+.3f} | {d['left_out_worst']:+.3f} |")
-    print(f"kept family: {kept}; chosen rule: {families[kept]['chosen']}")
+    print(f"on the development sets: family {kept}, rule {families[kept]['chosen']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"singles": singles, "families": families, "kept": kept, "rules": rows}, indent=2))

@@ -142,7 +142,7 @@ def test_the_weight_follows_the_idf_share_the_best_hit_matched(shelf):
 
 
 def test_a_floor_of_zero_and_full_of_zero_is_plain_fusion(shelf):
-    rag = shelf(retrieval__lexical_floor=0.0, retrieval__lexical_full=0.0, retrieval__lexical_sure=0.0)
+    rag = shelf(retrieval__lexical_floor=0.0, retrieval__lexical_full=0.0)
     assert top(rag, PARAPHRASE) == top(rag, PARAPHRASE, fusion="rrf") == "intro.md"
 
 
@@ -163,11 +163,12 @@ PARTIAL = "How often should I check the brakes of the car?"  # "brakes" is rare,
 
 
 def test_a_partial_match_counts_only_while_the_dense_side_is_unsure(shelf):
-    """Below ``lexical_sure`` the lexical weight follows the dense side's doubt: a sure dense side
+    """With ``lexical_sure`` on, below it the lexical weight follows the dense side's doubt: a sure dense side
     (its first hit far ahead of its fifth) keeps a partial BM25 match out, an unsure one lets it in;
     a match that holds most of the query's rare weight counts whatever the dense side says."""
-    rag = shelf()
+    rag = shelf(retrieval__lexical_floor=0.0, retrieval__lexical_full=0.3, retrieval__lexical_sure=0.5)
     fusion = AdaptiveFusion.from_config(rag.config.retrieval)
+    assert AdaptiveFusion.from_config(shelf().config.retrieval).sure == 0.0  # off by default
     with rag.store(create=False) as store:
         best = store.lexical(PARTIAL, limit=1)[0][0]
         assert best.source.endswith("brakes.md")

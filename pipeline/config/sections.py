@@ -175,12 +175,12 @@ class RetrievalConfig:
     """How each side's scores are scaled before combining: "max" (by the best) or "minmax" (to [0, 1])."""
     fusion: str = "adaptive"
     """How the sides combine: "adaptive" weighs BM25 per query by how much of its rare-word weight matched; "rrf" evenly."""
-    lexical_floor: float = 0.0
+    lexical_floor: float = 0.1
     """Adaptive fusion: a query whose best BM25 hit holds at most this share of its idf weight is ranked by dense alone."""
-    lexical_full: float = 0.3
+    lexical_full: float = 0.5
     """Adaptive fusion: from this share of the query's idf weight matched, BM25 counts fully (as with "rrf")."""
-    lexical_sure: float = 0.5
-    """Adaptive fusion: below this share of the query's idf weight matched, BM25 counts only while the dense side is unsure; 0 = always."""
+    lexical_sure: float = 0.0
+    """Adaptive fusion: below this share of the query's idf weight matched, BM25 counts only while the dense side is unsure; 0 = off."""
     dense_gap_floor: float = 0.04
     """Adaptive fusion: the dense side is unsure while its first hit's similarity leads its fifth's by at most this."""
     dense_gap_full: float = 0.06

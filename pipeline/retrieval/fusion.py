@@ -12,14 +12,14 @@ text); :func:`lexical_strength` is the share of that weight the best BM25 hit co
 :func:`lexical_weight` maps it to the lexical side's weight: 0 below ``floor`` (the hit matched
 only common words: dense alone decides), 1 from ``full`` up (even fusion), linear in between.
 
-A partial lexical match is worth something only where the dense side is unsure: a small embedder
-that is sure of a paraphrase puts its answer well ahead of its fifth hit, and a lexical hit on some
-of the question's words would only push it down. So below ``sure`` (a hit that holds at least that
-share of the query's weight, such as an exact identifier, always counts) the weight is also scaled
-by :func:`dense_doubt`: 1 while the dense side's first hit leads its fifth by at most ``gap_floor``
-in cosine similarity, 0 from ``gap_full`` up. Every threshold was chosen on the development sets
-only, among rules scored offline (``benchmarks/fusion_choice.py``, docs/retrieval.md); the gap
-thresholds are in the default embedder's similarity scale.
+Optionally (``sure`` > 0; off by default) a partial lexical match counts only where the dense side
+is unsure: a small embedder that is sure of a paraphrase puts its answer well ahead of its fifth hit,
+and a lexical hit on some of the question's words would only push it down. Below ``sure`` (a hit
+that holds at least that share of the query's weight, such as an exact identifier, always counts)
+the weight is then also scaled by :func:`dense_doubt`: 1 while the dense side's first hit leads its
+fifth by at most ``gap_floor`` in cosine similarity, 0 from ``gap_full`` up. Every threshold was
+chosen on the development sets only, among rules scored offline (``benchmarks/fusion_choice.py``,
+docs/retrieval.md); the gap thresholds are in the default embedder's similarity scale.
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ def dense_doubt(similarities: Sequence[float], *, floor: float, full: float) -> 
 class AdaptiveFusion:
     """The lexical side's weight for each query (``retrieval.fusion = "adaptive"``)."""
 
-    floor: float = 0.0
-    full: float = 0.3
-    sure: float = 0.5
+    floor: float = 0.1
+    full: float = 0.5
+    sure: float = 0.0
     gap_floor: float = 0.04
     gap_full: float = 0.06
 
