@@ -241,8 +241,19 @@ def main(argv: list[str] | None = None) -> int:
               + f" | {d['left_out_mean']:+.3f} | {d['left_out_worst']:+.3f} |")
     print(f"on the development sets: family {kept}, rule {families[kept]['chosen']}")
     if args.json:
+        from pipeline.dev.bench import document, row
+
+        best_rule = families[kept]["chosen"]
+        declared = [row(f"{f} left-out margin (mean)", d["left_out_mean"], "", family=f) for f, d in families.items()]
+        for r in rows:
+            if r["shipped"] or r["rule"] == best_rule:
+                who = "default" if r["shipped"] else "development choice"
+                declared.append(row(f"{who} worst margin", r["worst_margin"], "", rule=r["rule"]))
+                declared += [row(f"{who} {n} recall@5", v["recall@5"], "", rule=r["rule"], set=n)
+                             for n, v in r["sets"].items()]
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"singles": singles, "families": families, "kept": kept, "rules": rows}, indent=2))
+        args.json.write_text(json.dumps(document(declared, singles=singles, families=families, kept=kept, rules=rows),
+                                        indent=2))
     return 0
 
 
