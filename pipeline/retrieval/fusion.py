@@ -1,5 +1,5 @@
 """How strongly the lexical side counts, per query: how much of the query's rare-word weight its best
-hit matched, and how sure the dense side is of its own ranking.
+hit matched (and, optionally, how sure the dense side is of its own ranking).
 
 BM25 helps when a question shares rare words with the passage (a function name, a flag, an
 error code) and hurts when it shares only common ones: a paraphrased question ("how do I change my
