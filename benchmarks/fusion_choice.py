@@ -127,29 +127,7 @@ def gather(rag: Pipeline, store, q: ev.Question) -> dict:
         strength = lexical_strength(stats, matched)
     found = {cid: ev.targets_found(q, c.source, c.page, c.text) for cid, c in chunks.items()}
     return {"q": q, "chunks": chunks, "found": found, "dense": [c.chunk_id for c, _ in dense],
-            "lexical": [c.chunk_id for c, _ in lexical], "sims": sims, "bm25": bm25, "strength": strength,
-}
-
-
-class _Gathered:
-    """What :class:`ScoreRerank` asks of a store, answered from one question's gathered figures: a
-    candidate's "vector" is its similarity, so that ``vector @ query`` is that similarity for the query
-    vector ``[1]``."""
-
-    name = "gathered"
-
-    def __init__(self, data: dict):
-        self.data = data
-        self.catalog = self
-
-    def vectors(self, ids):
-        return {cid: np.array([self.data["sims"][cid]], dtype=np.float32) for cid in ids if cid in self.data["sims"]}
-
-    def bm25(self, collection, query, ids):
-        return {cid: self.data["bm25"][cid] for cid in ids if cid in self.data["bm25"]}
-
-
-_QUERY = np.array([1.0], dtype=np.float32)
+            "lexical": [c.chunk_id for c, _ in lexical], "sims": sims, "bm25": bm25, "strength": strength}
 
 
 def rank(data: dict, rule: Rule | None, *, side: str | None = None) -> list[str]:

@@ -6,7 +6,8 @@ synonyms (so the dense side bridges a paraphrase and the lexical side cannot):
 - BM25 must win: the query names a rare fault code that one chunk holds, while the dense side
   prefers a chunk about faults in general;
 - BM25 must not win: a paraphrased question shares only "how", "do", "I", "the" with a chunk
-  that repeats them, while the dense side finds the answer through synonyms.
+  that repeats them, while the dense side finds the answer through synonyms;
+- with the dense side's doubt on (opt-in), a partial match counts only while the dense side is unsure.
 """
 
 from __future__ import annotations
