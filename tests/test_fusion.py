@@ -169,7 +169,9 @@ def test_a_partial_match_counts_only_while_the_dense_side_is_unsure(shelf):
     a match that holds most of the query's rare weight counts whatever the dense side says."""
     rag = shelf(retrieval__lexical_floor=0.0, retrieval__lexical_full=0.3, retrieval__lexical_sure=0.5)
     fusion = AdaptiveFusion.from_config(rag.config.retrieval)
-    assert AdaptiveFusion.from_config(shelf().config.retrieval).sure == 0.0  # off by default
+    from pipeline.config import load_config
+
+    assert AdaptiveFusion.from_config(load_config().retrieval).sure == 0.0  # off by default
     with rag.store(create=False) as store:
         best = store.lexical(PARTIAL, limit=1)[0][0]
         assert best.source.endswith("brakes.md")
