@@ -6,7 +6,7 @@ check is on packing alone (no generation): the answer's ``sources`` in ``auto`` 
 (the pages of the packed passages), with the default models and context. Reported:
 how often the answer page is among the sources of the right document, per mode.
 
-The questions are ``benchmarks/eval/outside.jsonl`` (also ``rag eval``'s held-out set), over the two
+The questions are ``benchmarks/eval/outside.jsonl`` (a development set of ``rag eval``), over the two
 PDFs found on these machines under /usr/share/doc (Debian packages ``libtasn1-doc`` and
 ``shared-mime-info``); a PDF that is missing is skipped and said so.
 
@@ -27,11 +27,11 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline import Pipeline  # noqa: E402
 
-QUESTIONS = ROOT / "benchmarks" / "eval" / "outside.jsonl"  # also `rag eval`'s held-out set
+QUESTIONS = ROOT / "benchmarks" / "eval" / "outside.jsonl"  # also a `rag eval` development set
 
 
 def load_questions(path: Path = QUESTIONS) -> dict[str, list[tuple[str, int]]]:
-    """The held-out questions by PDF: (question, the page that holds its answer)."""
+    """The questions by PDF: (question, the page that holds its answer)."""
     out: dict[str, list[tuple[str, int]]] = {}
     for line in path.read_text().splitlines():
         if line.strip():

@@ -214,6 +214,9 @@ def run_sets(*, settings: list[tuple[str, str]] = ROWS, sets: list[str] | None =
 
                 summary = packed_summary(report.packed)
                 share, modes = summary["share"], summary["modes"]
+                prompt_shape = {"prompt_median_tokens": summary["median_tokens"],
+                                "prompt_mean_units": round(sum(r["units"] for r in report.packed)
+                                                           / max(1, len(report.packed)), 2)}
             for u in report.unreachable:
                 log(f"warning: {name} {u['id']}: {u['reason']}")
             for (row_name, _), result in zip(settings, report.settings):
@@ -222,7 +225,7 @@ def run_sets(*, settings: list[tuple[str, str]] = ROWS, sets: list[str] | None =
                              "questions": d["questions"], "recall@5": d["recall@5"], "recall@10": d["recall@10"],
                              "mrr": d["mrr"], "latency_ms": d["latency_ms"].get("total"),
                              "misses@5": [q["id"] for q in result.misses(5)],
-                             **({"page_in_prompt": share, "prompt_modes": modes}
+                             **({"page_in_prompt": share, "prompt_modes": modes, **prompt_shape}
                                 if share is not None and result.name == DEFAULT_SETTING else {})})
     finally:
         for rag in pipelines.values():

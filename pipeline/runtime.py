@@ -191,7 +191,8 @@ class Runtime:
     @property
     def section_tokens(self) -> int:
         """The size new documents' sections are cut to, in embedder tokens (``chunking.section_tokens``,
-        else a quarter of the generator's context; see :mod:`.ingest.sections`)."""
+        else a sixteenth of the generator's context, a quarter with ``ask.compose = "auto"``; see
+        :func:`.ingest.sections.target_tokens`)."""
         from .engine.local import Engine
         from .errors import RagError
         from .ingest.sections import target_tokens
@@ -208,7 +209,7 @@ class Runtime:
                 n_ctx = Engine(path, c.engine).n_ctx
             except RagError:
                 pass
-        return target_tokens(n_ctx, chunk_size=c.chunking.size)
+        return target_tokens(n_ctx, chunk_size=c.chunking.size, composed=c.ask.compose == "auto")
 
     def reserve(self, max_tokens: int | None = None) -> int:
         """The answer room every layout decision holds back (:func:`.ask.prompt.layout_reserve`)."""

@@ -204,6 +204,15 @@ def test_sections_are_fixed_at_ingest(make_pipeline, moe, tmp_path):
     assert again.stats.cached_tokens == boundaries(make_pipeline(**s), again.stats)[-1]  # the whole prefix
 
 
+def test_the_default_section_size_follows_the_context_and_the_compose_setting(make_pipeline):
+    """Read from the generator's header, nothing loaded: a sixteenth of its 8K context, a quarter
+    where prompts are composed from section states; an explicit size wins over both."""
+    plain = make_pipeline(engine__n_ctx=8192)
+    assert plain.section_tokens == 512 and not plain.runtime.has("engine")
+    assert make_pipeline(engine__n_ctx=8192, ask__compose="auto").section_tokens == 2048
+    assert make_pipeline(engine__n_ctx=8192, chunking__section_tokens=1024).section_tokens == 1024
+
+
 def test_warm_prepares_each_documents_leading_sections_when_the_collection_does_not_fit(
         make_pipeline, moe, tmp_path):
     docs = tmp_path / "warm"

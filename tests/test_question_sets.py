@@ -63,3 +63,40 @@ def test_man_page_evidence_points_at_one_place_and_most_questions_are_paraphrase
         assert _norm(line["evidence"]) in _norm(line["_passage"]) and _norm(line["_passage"]) in text, line["id"]
     shared = [heldout.content_words(x["question"]) & heldout.content_words(x["_passage"]) for x in lines]
     assert sum(len(s) <= 1 for s in shared) >= len(lines) * 2 // 3
+
+
+
+def test_the_section_size_benchmark_chooses_on_development_sets_and_recuts_from_stored_chunks(
+        heldout, make_pipeline, tmp_path):
+    """By default it runs only development sets (held-out ones are added to report, never to choose);
+    a store it copies loses its sections, and packing cuts them again at the size under test from the
+    stored chunks, while the original keeps its own."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import section_size
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert set(section_size.DEVELOPMENT) == {n for n, _, _, dev in heldout.QUESTION_SETS if dev}
+    assert set(section_size.HELD_OUT) == {"gnuplot", "asymptote"}
+    assert not set(section_size.DEVELOPMENT) & set(section_size.HELD_OUT)
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "manual.md").write_text("# Pump manual\n\n" + "\n\n".join(
+        f"Paragraph {i}: pump unit {i} reports a pressure of {i * 7} bar after the morning check." for i in range(120)))
+    small = {"store__path": str(tmp_path / "store"), "chunking__size": 64, "chunking__overlap": 8,
+             "chunking__section_tokens": 256, "cache__enabled": False}
+
+    def targets(store_path):
+        with make_pipeline(**{**small, "store__path": str(store_path)}).store() as store:
+            found = store.catalog.sections(store.name, [(s, d.content_hash) for s, d in store.documents().items()])
+        return {x.target for secs in found.values() for x in secs}
+
+    make_pipeline(**small).ingest([docs])
+    assert targets(tmp_path / "store") == {256}
+    section_size.recut_copy(tmp_path / "store", tmp_path / "copy")
+    assert targets(tmp_path / "copy") == set()
+    copy = make_pipeline(**{**small, "store__path": str(tmp_path / "copy"), "chunking__section_tokens": 512})
+    prompt = copy.prompt("What pressure does pump unit 7 report?")
+    assert prompt.sections and {p.section.target for p in prompt.sections} == {512}
+    assert targets(tmp_path / "copy") == {512} and targets(tmp_path / "store") == {256}

@@ -29,8 +29,18 @@ def test_sections_are_balanced_cut_at_chunk_boundaries_and_prefer_page_starts():
     assert secs[0].first == 0 and secs[-1].last == 29
     assert [(s.first, s.last) for s in cut("a", "h", chunks(3), target=1000)] == [(0, 2)]
     assert cut("a", "h", [], target=100) == []
-    assert target_tokens(8192, chunk_size=256) == 2048
-    assert target_tokens(65536, chunk_size=256) == 4096 and target_tokens(512, chunk_size=256) == 256
+
+
+def test_default_section_size_is_a_sixteenth_of_the_context_or_a_quarter_when_composing():
+    """About sixteen sections a prompt (a question's hits in different places each find room),
+    about four where every extra section is a recomputed seam; one chunk to 4,096 either way."""
+    assert target_tokens(8192, chunk_size=256) == 512
+    assert target_tokens(32768, chunk_size=256) == 2048
+    assert target_tokens(65536, chunk_size=256) == 4096 and target_tokens(262144, chunk_size=256) == 4096
+    assert target_tokens(2048, chunk_size=256) == 256  # never below one chunk
+    assert target_tokens(8192, chunk_size=256, composed=True) == 2048
+    assert target_tokens(65536, chunk_size=256, composed=True) == 4096
+    assert target_tokens(512, chunk_size=256, composed=True) == 256
 
 
 def _shelf(n_docs=4, per_doc=3, words_per=60):

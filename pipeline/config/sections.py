@@ -44,8 +44,8 @@ class ChunkingConfig:
     title and heading path in front (never shown in passages); changing it needs a
     re-ingest into a fresh collection to take effect on stored chunks. Sections (runs
     of chunks that prompts are built from) are cut once per document version;
-    ``section_tokens = 0`` sizes them from the context length (a quarter of
-    ``engine.n_ctx``, at most 4096).
+    ``section_tokens = 0`` sizes them from the context length (a sixteenth of
+    ``engine.n_ctx``, a quarter with ``ask.compose = "auto"``; one chunk to 4096).
     """
 
     size: int = 256
@@ -55,7 +55,7 @@ class ChunkingConfig:
     contextual: bool = True
     """Embed and index each chunk with its title and heading path in front (never shown in passages)."""
     section_tokens: int = 0
-    """Section length in embedder tokens (runs of chunks prompts are built from); 0 = n_ctx / 4, at most 4096."""
+    """Section length in embedder tokens (runs of chunks prompts are built from); 0 = n_ctx / 16 (n_ctx / 4 when composing), at most 4096."""
     doc2query: int = 0
     """Questions the generator writes per chunk at ingest, indexed and embedded with it (doc2query); 0 = off (slow)."""
 

@@ -10,8 +10,10 @@ measured in. Cutting needs no second model, and a collection keeps its sections 
 the generator changes (they depend only on the document and the target). The packer
 never trusts these sizes for its budget: it counts each section's rendered text in the
 generator's own tokens before placing it. The generator's tokenizer matters only in
-the target, which comes from the context length (``n_ctx // 4``, between one chunk and
-:data:`MAX_TOKENS`): a few sections fit one prompt whatever the tokenizer's ratio.
+the target, which comes from the context length (:func:`target_tokens`): about sixteen
+sections fit one prompt whatever the tokenizer's ratio, so a question's best hits in
+different places of a shelf larger than the context each find room; where prompts are
+composed from section states, about four, so that few seams are recomputed.
 
 Cuts are balanced (a 2,800-token document at a 2,048 target gives two sections of about
 1,400, not 2,048 + 752) and, within an eighth of the target of the ideal cut, land
@@ -29,6 +31,12 @@ from ..records import Section
 MAX_TOKENS = 4096
 """The largest section target: bigger sections would make retrieval too coarse at 64K contexts."""
 
+PER_PROMPT = 16
+"""Sections a prompt holds at the default size: the share of a 64K context one 4,096-token section takes."""
+
+PER_COMPOSED_PROMPT = 4
+"""Sections a composed prompt holds at the default size: each one past the first is a seam recomputed."""
+
 
 class _ChunkLike(Protocol):
     index: int
@@ -36,9 +44,17 @@ class _ChunkLike(Protocol):
     page: int | None
 
 
-def target_tokens(n_ctx: int, *, chunk_size: int) -> int:
-    """The section size for a context of ``n_ctx`` tokens: a quarter of it, one chunk to 4,096."""
-    return max(chunk_size, min(MAX_TOKENS, n_ctx // 4))
+def target_tokens(n_ctx: int, *, chunk_size: int, composed: bool = False) -> int:
+    """The section size for a context of ``n_ctx`` tokens, one chunk to 4,096: a sixteenth of it,
+    or a quarter where prompts are ``composed`` from section states.
+
+    With a quarter, an 8K prompt holds three sections and the answer's page is in it for fewer
+    questions (0.729 against 0.854 on the man-page development set, ``benchmarks/section_size.py``);
+    a composed prompt pays for each extra section with a recomputed seam and a little agreement
+    with exact prefill (docs/packing.md, "Composed prompts").
+    """
+    per_prompt = PER_COMPOSED_PROMPT if composed else PER_PROMPT
+    return max(chunk_size, min(MAX_TOKENS, n_ctx // per_prompt))
 
 
 def cut(source: str, content_hash: str, chunks: Sequence[_ChunkLike], *, target: int) -> list[Section]:
