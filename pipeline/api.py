@@ -187,6 +187,18 @@ class Pipeline:
         """Delete the collection; False if it did not exist."""
         return collection.drop(self.runtime)
 
+    def sections(self) -> "collection.SectionsReport":
+        """How the collection's documents are cut into sections (the units prompts are packed from),
+        against the size the settings cut new documents to (:attr:`section_tokens`)."""
+        return collection.sections(self.runtime)
+
+    def recut_sections(self, *, progress: Callable[[int, int], None] | None = None) -> "collection.SectionsReport":
+        """Cut again, from the stored chunks, every document whose sections have another size than
+        the settings' (after a change of ``chunking.section_tokens``, of the generator's context, or of
+        the default); nothing is embedded. Prompts over the new sections prefill again once.
+        ``progress(done, total)`` follows the documents."""
+        return collection.sections(self.runtime, recut=True, progress=progress)
+
     # -- retrieval (see .retrieval) -----------------------------------------------------------
 
     def search(self, query: str, *, top_k: int | None = None,

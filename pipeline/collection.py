@@ -1,7 +1,9 @@
-"""Building and keeping a collection: ingest with the configured settings, what it holds, dropping it.
+"""Building and keeping a collection: ingest with the configured settings, what it holds, its
+sections, dropping it.
 
 The operations behind :meth:`Pipeline.ingest <pipeline.api.Pipeline.ingest>`,
-:meth:`~pipeline.api.Pipeline.status` and :meth:`~pipeline.api.Pipeline.drop`, over a
+:meth:`~pipeline.api.Pipeline.status`, :meth:`~pipeline.api.Pipeline.sections`,
+:meth:`~pipeline.api.Pipeline.recut_sections` and :meth:`~pipeline.api.Pipeline.drop`, over a
 :class:`~pipeline.runtime.Runtime`. The work itself is :mod:`pipeline.ingest` and
 :mod:`pipeline.store`; this maps the settings onto it.
 """
@@ -10,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from .errors import redact
+from .errors import StoreError, redact
 from .ingest.run import IngestReport, Progress, ingest as ingest_scanned
 from .ingest.scan import scan
 
@@ -98,6 +100,82 @@ def status(rt: "Runtime") -> CollectionStatus:
             collections=tuple(store.catalog.collections()), generator=generator, sources=sources)
 
 
+@dataclass(frozen=True)
+class SectionsReport:
+    """How a collection's documents are cut into sections, against the size new documents get.
+
+    ``by_target`` maps each size sections were cut to (embedder tokens) to
+    ``(documents, sections)``; ``target`` is the size the settings cut new documents to now
+    (``chunking.section_tokens``, or the default for the generator's context). Documents
+    committed before sections existed have none yet (``uncut``): packing cuts theirs at
+    ``target`` the first time it needs them.
+    """
+
+    collection: str
+    target: int
+    documents: int
+    sections: int
+    by_target: dict[int, tuple[int, int]]
+    uncut: int = 0
+    recut: int = 0  # documents cut again by this call (recut_sections)
+
+    @property
+    def stale(self) -> int:
+        """Documents whose sections were cut to another size than ``target``."""
+        return sum(d for t, (d, _) in self.by_target.items() if t != self.target)
+
+    def to_dict(self) -> dict:
+        return {"collection": self.collection, "target": self.target, "documents": self.documents,
+                "sections": self.sections, "uncut": self.uncut, "stale": self.stale, "recut": self.recut,
+                "by_target": [{"target": t, "documents": d, "sections": n}
+                              for t, (d, n) in sorted(self.by_target.items())]}
+
+
+def sections(rt: "Runtime", *, recut: bool = False,
+             progress: Callable[[int, int], None] | None = None) -> SectionsReport:
+    """:meth:`Pipeline.sections <pipeline.api.Pipeline.sections>` and, with ``recut``,
+    :meth:`~pipeline.api.Pipeline.recut_sections`: how the collection is cut, after cutting every
+    document whose sections have another size than the settings' again from its stored chunks
+    (nothing is embedded). Each document's sections are replaced in one transaction, and only
+    while the document is still the version they were cut from, so a concurrent ingest or
+    question sees each document's old sections or its new ones, never a mix of both. Prompts built from the new
+    sections differ from the old ones: their saved prefix and section states go unused (the
+    cache evicts them in time), and the first question over them prefills again.
+    ``progress(done, total)`` is called after each document looked at.
+    """
+    from .ingest.sections import cut
+
+    target = rt.section_tokens
+    name = rt.config.store.collection
+    if not _exists(rt):
+        raise StoreError(f"collection '{name}' does not exist in {rt.config.store_path}; run `rag ingest PATH` first")
+    recut_docs = 0
+    with rt.store(create=False) as store:
+        store.require()
+        docs = store.documents()
+        cut_now = store.catalog.sections(store.name, [(s, d.content_hash) for s, d in docs.items()])
+        order = sorted(docs)
+        for i, source in enumerate(order, 1):
+            old = cut_now.get(source, [])
+            if recut and old and any(x.target != target for x in old):
+                new = cut(source, docs[source].content_hash, store.catalog.chunks(store.name, source), target=target)
+                if not store.catalog.backfill_sections(store.name, new):
+                    raise StoreError(f"could not write the sections of {source} to {store.where} "
+                                     "(is the store read-only?); nothing else was changed after it")
+                cut_now[source] = new
+                recut_docs += 1
+            if progress is not None:
+                progress(i, len(order))
+    by_target: dict[int, tuple[int, int]] = {}
+    for secs in cut_now.values():
+        for t in {x.target for x in secs}:
+            d, n = by_target.get(t, (0, 0))
+            by_target[t] = (d + 1, n + sum(1 for x in secs if x.target == t))
+    return SectionsReport(collection=name, target=target, documents=len(docs),
+                          sections=sum(len(v) for v in cut_now.values()), by_target=by_target,
+                          uncut=sum(1 for s in docs if not cut_now.get(s)), recut=recut_docs)
+
+
 def drop(rt: "Runtime") -> bool:
     """:meth:`Pipeline.drop <pipeline.api.Pipeline.drop>`: delete the collection; False if it did not exist."""
     if not _exists(rt):
@@ -109,4 +187,4 @@ def drop(rt: "Runtime") -> bool:
         return True
 
 
-__all__ = ["CollectionStatus", "drop", "ingest", "status"]
+__all__ = ["CollectionStatus", "SectionsReport", "drop", "ingest", "sections", "status"]

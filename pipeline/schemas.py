@@ -92,6 +92,10 @@ SCHEMAS: dict[str, dict] = {
          "failed": {"type": "array", "items": _obj({"source": _str, "error": _str})},
          "skipped": {"type": "array", "items": _obj({"source": _str, "error": _str})},
          "prefill_tokens": _int, "cached_tokens": _int, "decode_tokens": _int, "seconds": _num})),
+    "sections": _versioned(_obj(
+        {"collection": _str, "target": _int, "documents": _int, "sections": _int, "uncut": _int, "stale": _int,
+         "recut": _int, "by_target": {"type": "array", "items": _obj(
+             {"target": _int, "documents": _int, "sections": _int}, closed=True)}}, closed=True)),
     "error": ERROR,
 }
 

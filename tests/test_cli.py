@@ -160,3 +160,49 @@ def test_python_dash_m_works(tmp_store):
 
     out = subprocess.run([sys.executable, "-m", "pipeline", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "ingest" in out.stdout
+
+
+@pytest.mark.slow
+def test_sections_shows_the_sizes_and_recut_cuts_the_others_again_from_the_stored_chunks(store_dir, tmp_path):
+    """After a change of size, `rag sections` names the documents cut to another one, and --recut cuts
+    them again (nothing embedded: the chunks stay); prompts then pack the new sections; a second
+    --recut has nothing to do; a missing collection is an error, not a traceback."""
+    from pipeline import Pipeline
+    from pipeline.schemas import validate
+
+    docs = tmp_path / "shelf"
+    docs.mkdir()
+    for name, topic in [("a.md", "pump"), ("b.md", "valve")]:
+        (docs / name).write_text("\n\n".join(
+            f"Paragraph {i} of the {topic} manual: the {topic} unit {i} reports level {i * 7}." for i in range(60)))
+    runner = CliRunner()
+    small = {"RAG_CHUNKING_SIZE": "64", "RAG_CHUNKING_OVERLAP": "8", "RAG_CHUNKING_SECTION_TOKENS": "512"}
+    assert runner.invoke(cli, ["ingest", str(docs)], env=small).exit_code == 0
+    chunks_before = Pipeline.from_config(overrides={"chunking.size": 64}).status().chunks
+
+    smaller = {**small, "RAG_CHUNKING_SECTION_TOKENS": "128"}
+    shown = runner.invoke(cli, ["sections"], env=smaller)
+    assert shown.exit_code == 0, shown.output
+    assert "cut at 512 tokens" in shown.output and "another size than the settings'" in shown.output
+    assert "`rag sections --recut` cuts the other 2 documents again at 128 tokens" in shown.output
+
+    before = json.loads(runner.invoke(cli, ["sections", "--json"], env=smaller).stdout)
+    recut = runner.invoke(cli, ["sections", "--recut", "--json"], env=smaller)
+    assert recut.exit_code == 0, recut.output
+    after = json.loads(recut.stdout)
+    validate("sections", before)
+    validate("sections", after)
+    assert before["stale"] == 2 and [t["target"] for t in before["by_target"]] == [512]
+    assert after["recut"] == 2 and after["stale"] == 0 and [t["target"] for t in after["by_target"]] == [128]
+    assert after["sections"] > before["sections"] and after["documents"] == before["documents"] == 2
+
+    with Pipeline.from_config(overrides={"chunking.size": 64, "chunking.section_tokens": 128}) as rag:
+        assert rag.status().chunks == chunks_before
+        prompt = rag.prompt("What level does pump unit 7 report?")
+        assert {p.section.target for p in prompt.sections} == {128}
+    again = runner.invoke(cli, ["sections", "--recut"], env=smaller)
+    assert again.exit_code == 0 and "nothing to cut again" in again.output
+
+    missing = runner.invoke(cli, ["sections", "--recut", "--collection", "nope"], env=smaller)
+    assert missing.exit_code == 4 and "collection 'nope' does not exist" in missing.output
+    assert "Traceback" not in missing.output

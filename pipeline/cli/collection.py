@@ -1,4 +1,4 @@
-"""Building and keeping a collection: ``rag ingest``, ``rag warm``, ``rag cache``, ``rag status``, ``rag drop``."""
+"""Building and keeping a collection: ``rag ingest``, ``rag warm``, ``rag cache``, ``rag status``, ``rag sections``, ``rag drop``."""
 
 from __future__ import annotations
 
@@ -308,3 +308,53 @@ def drop(ctx, collection, store_path, yes):
         if not rag.drop():
             raise UserError(missing)
         click.echo(f"dropped collection '{name}'")
+
+
+@cli.command()
+@store_options
+@click.option("--recut", is_flag=True,
+              help="Cut again, from the stored chunks, every document whose sections have another size than "
+                   "the settings' (nothing is embedded; prompts over them prefill again once).")
+@json_option
+@click.pass_context
+@handles_errors
+def sections(ctx, collection, store_path, recut, as_json):
+    """Show how the collection's documents are cut into sections (the units prompts are packed from
+    when the documents do not fit the context), against the size new documents get; --recut cuts
+    the others again at that size."""
+    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
+        if recut:
+            bar = None
+            if not as_json and sys.stderr.isatty():
+                bar = click.progressbar(length=1, label="documents", file=sys.stderr, show_pos=True)
+
+            def advance(done: int, total: int) -> None:
+                bar.length = max(total, 1)
+                bar.update(done - bar.pos)
+
+            try:
+                report = rag.recut_sections(progress=advance if bar is not None else None)
+            finally:
+                if bar is not None:
+                    bar.render_finish()
+        else:
+            report = rag.sections()
+    if as_json:
+        echo_json(report.to_dict())
+        return
+    def count(n: int, what: str) -> str:
+        return f"{n:,} {what}" + ("" if n == 1 else "s")
+
+    click.echo(f"collection '{report.collection}': {count(report.documents, 'document')}, "
+               f"{count(report.sections, 'section')}")
+    for target, (docs, n) in sorted(report.by_target.items(), reverse=True):
+        mark = "" if target == report.target else "  (another size than the settings')"
+        click.echo(f"  cut at {target:,} tokens: {count(n, 'section')} in {count(docs, 'document')}{mark}")
+    if report.uncut:
+        click.echo(f"  not cut yet: {count(report.uncut, 'document')} (cut when first packed)")
+    click.echo(f"new documents are cut at {report.target:,} tokens (chunking.section_tokens; 0 = from the context)")
+    if recut:
+        click.echo(f"cut {count(report.recut, 'document')} again" if report.recut else "nothing to cut again")
+    elif report.stale:
+        click.echo(f"`rag sections --recut` cuts the other {count(report.stale, 'document')} again "
+                   f"at {report.target:,} tokens")

@@ -587,6 +587,7 @@ def _config_cases() -> list[tuple[str, dict, list[str], set[int]]]:
         ("args.collection-short", {}, ["status", "--collection", "ab"], {2}),
         ("args.collection-newline", {}, ["status", "--collection", "a\nb"], {2}),
         ("args.drop-missing", {}, ["drop", "--collection", "nope", "--yes"], {2}),
+        ("args.sections-missing", {}, ["sections", "--recut", "--collection", "nope"], {4}),
         ("args.config-missing", {}, ["--config", "/nonexistent.toml", "status"], {2}),
         ("args.unknown-command", {}, ["serach", "x"], {2}),
         ("args.models-pull-unknown", {}, ["models", "pull", "builtin:nope"], {3}),
