@@ -177,6 +177,10 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
         notes.append(f"the selection ({sum(s.tokens for s in shelf.sections):,} tokens) does not fit the "
                      f"context of {engine.n_ctx:,}: packed {len(prompt.sections)} of its "
                      f"{len(shelf.sections)} sections, the most relevant, in document order")
+        other = sorted({p.section.target for p in prompt.sections} - {rt.section_tokens})
+        if other:
+            notes.append(f"these sections were cut at {', '.join(f'{t:,}' for t in other)} tokens and the settings "
+                         f"cut {rt.section_tokens:,} now: `rag sections --recut` cuts them again")
     if remember:
         rt.pack_history.record(namespace, shelf.collection, [p.section.key for p in prompt.sections])
     previous = history[0] if history else None
