@@ -8,8 +8,8 @@ ingests them there first when they are missing)::
 
 Sections are cut at ingest, so comparing sizes would need one ingest per size. They are cut
 from the stored chunks alone, though: for each size every store is copied to a temporary
-folder, its sections are dropped, and packing cuts them again at that size
-(``chunking.section_tokens``) the first time it reads each document. Nothing is embedded again.
+folder and its sections are cut again at that size (``chunking.section_tokens``), as
+``rag sections --recut`` does. Nothing is embedded again.
 Then ``rag eval --packed`` for the default configuration: for each question, whether the page
 that answers it is inside the prompt ``rag ask`` builds, with the prompt's median length and how
 many sections it holds on average.
@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import sqlite3
 import sys
 import tempfile
 import time
@@ -52,11 +51,13 @@ def ensure_stores(labels: set[str], root: Path, *, log=print) -> None:
                 log(f"ingested {label}: {report.chunks} chunks")
 
 
-def recut_copy(source: Path, dest: Path) -> None:
-    """A copy of the store at ``source`` whose sections are cut again when next read."""
+def recut_copy(source: Path, dest: Path, size: int) -> None:
+    """A copy of the store at ``source`` with its sections cut again at ``size`` embedder tokens."""
+    from pipeline import Pipeline
+
     shutil.copytree(source, dest)
-    with sqlite3.connect(dest / "catalog.sqlite") as db:
-        db.execute("DELETE FROM sections")
+    with Pipeline.from_config(overrides={"store.path": str(dest), "chunking.section_tokens": size}) as rag:
+        rag.recut_sections()
 
 
 def measure(sizes: list[int], *, sets: list[str], n_ctx: int, overrides: dict | None = None,
@@ -68,7 +69,7 @@ def measure(sizes: list[int], *, sets: list[str], n_ctx: int, overrides: dict | 
     for size in sizes:
         with tempfile.TemporaryDirectory(prefix=f"rag-sections-{size}-") as tmp:
             for label in labels:
-                recut_copy(stores / label, Path(tmp) / label)
+                recut_copy(stores / label, Path(tmp) / label, size)
             found = heldout.run_sets(settings=[("default", heldout.DEFAULT_SETTING)], sets=sets,
                                      store_root=Path(tmp), packed=True, log=log,
                                      overrides={**(overrides or {}), "engine.n_ctx": n_ctx,

@@ -69,8 +69,8 @@ def test_man_page_evidence_points_at_one_place_and_most_questions_are_paraphrase
 def test_the_section_size_benchmark_chooses_on_development_sets_and_recuts_from_stored_chunks(
         heldout, make_pipeline, tmp_path):
     """By default it runs only development sets (held-out ones are added to report, never to choose);
-    a store it copies loses its sections, and packing cuts them again at the size under test from the
-    stored chunks, while the original keeps its own."""
+    a store it copies has its sections cut again at the size under test from the stored chunks, and
+    packing uses them, while the original keeps its own."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         import section_size
@@ -94,8 +94,8 @@ def test_the_section_size_benchmark_chooses_on_development_sets_and_recuts_from_
 
     make_pipeline(**small).ingest([docs])
     assert targets(tmp_path / "store") == {256}
-    section_size.recut_copy(tmp_path / "store", tmp_path / "copy")
-    assert targets(tmp_path / "copy") == set()
+    section_size.recut_copy(tmp_path / "store", tmp_path / "copy", 512)
+    assert targets(tmp_path / "copy") == {512}
     copy = make_pipeline(**{**small, "store__path": str(tmp_path / "copy"), "chunking__section_tokens": 512})
     prompt = copy.prompt("What pressure does pump unit 7 report?")
     assert prompt.sections and {p.section.target for p in prompt.sections} == {512}
