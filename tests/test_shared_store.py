@@ -127,6 +127,10 @@ def test_postgres_catalog_behaves_like_sqlite(fake_pipeline, corpus, pg_url, tmp
         docs = store.documents()
         sections = store.catalog.sections(store.name, [(s, d.content_hash) for s, d in docs.items()])
         assert set(sections) == set(docs)
+    # Sections cut again at another size (`rag sections --recut`) in PostgreSQL as in SQLite.
+    recut = fake_pipeline(store__catalog_url=pg_url, chunking__section_tokens=96).recut_sections()
+    assert recut.recut == recut.documents == 4 and set(recut.by_target) == {96} and recut.stale == 0
+    assert rag.sections().stale == 4  # against rag's own settings, they are another size now
     status = rag.status()
     assert status.exists and status.documents == 4 and status.dense_chunks == status.chunks
     # A re-run changes nothing; a changed file replaces its chunks; --prune removes.
