@@ -138,9 +138,9 @@ def sections(rt: "Runtime", *, recut: bool = False,
     document whose sections have another size than the settings' again from its stored chunks
     (nothing is embedded). Each document's sections are replaced in one transaction, and only
     while the document is still the version they were cut from, so a concurrent ingest or
-    question sees each document's old sections or its new ones, never a mix of both. Prompts built from the new
-    sections differ from the old ones: their saved prefix and section states go unused (the
-    cache evicts them in time), and the first question over them prefills again.
+    question sees each document's old sections or its new ones, never a mix of both. Prompts
+    built from the new sections differ from the old ones: their saved prefix and section states
+    go unused (the cache evicts them in time), and the first question over them prefills again.
     ``progress(done, total)`` is called after each document looked at.
     """
     from .ingest.sections import cut
@@ -160,8 +160,8 @@ def sections(rt: "Runtime", *, recut: bool = False,
             if recut and old and any(x.target != target for x in old):
                 new = cut(source, docs[source].content_hash, store.catalog.chunks(store.name, source), target=target)
                 if not store.catalog.backfill_sections(store.name, new):
-                    raise StoreError(f"could not write the sections of {source} to {store.where} "
-                                     "(is the store read-only?); nothing else was changed after it")
+                    raise StoreError(f"could not write the sections of {source} to {store.where} (is the "
+                                     f"store read-only?); {recut_docs} documents before it were cut again")
                 cut_now[source] = new
                 recut_docs += 1
             if progress is not None:

@@ -342,6 +342,7 @@ def sections(ctx, collection, store_path, recut, as_json):
     if as_json:
         echo_json(report.to_dict())
         return
+
     def count(n: int, what: str) -> str:
         return f"{n:,} {what}" + ("" if n == 1 else "s")
 
