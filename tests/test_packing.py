@@ -202,7 +202,8 @@ def test_sections_are_fixed_at_ingest(make_pipeline, moe, tmp_path):
     again = make_pipeline(**{**s, "chunking__section_tokens": 512}).ask("What does pump unit 3 report?")
     assert again.stats.sections == first.stats.sections
     assert first.stats.mode == "sections" and not any("rag sections --recut" in n for n in first.notes or [])
-    assert any("cut at 128 tokens and the settings cut 512 now: `rag sections --recut`" in n for n in again.notes)
+    assert any("cut at 128 tokens and the settings cut 512 for a 2,048-token context: "
+               "`rag sections --recut --ctx 2048`" in n for n in again.notes)
     assert again.stats.cache == "disk" and again.stats.reuse_lost == ""
     assert again.stats.cached_tokens == boundaries(make_pipeline(**s), again.stats)[-1]  # the whole prefix
 

@@ -180,7 +180,8 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
         other = sorted({p.section.target for p in prompt.sections} - {rt.section_tokens})
         if other:
             notes.append(f"these sections were cut at {', '.join(f'{t:,}' for t in other)} tokens and the settings "
-                         f"cut {rt.section_tokens:,} now: `rag sections --recut` cuts them again")
+                         f"cut {rt.section_tokens:,} for a {engine.n_ctx:,}-token context: `rag sections --recut "
+                         f"--ctx {engine.n_ctx}` cuts them again")
     if remember:
         rt.pack_history.record(namespace, shelf.collection, [p.section.key for p in prompt.sections])
     previous = history[0] if history else None

@@ -315,14 +315,16 @@ def drop(ctx, collection, store_path, yes):
 @click.option("--recut", is_flag=True,
               help="Cut again, from the stored chunks, every document whose sections have another size than "
                    "the settings' (nothing is embedded; prompts over them prefill again once).")
+@click.option("--ctx", "n_ctx", type=click.IntRange(min=0),
+              help="Context length in tokens (engine.n_ctx) the default size is derived from, as `rag ask --ctx`.")
 @json_option
 @click.pass_context
 @handles_errors
-def sections(ctx, collection, store_path, recut, as_json):
+def sections(ctx, collection, store_path, recut, n_ctx, as_json):
     """Show how the collection's documents are cut into sections (the units prompts are packed from
     when the documents do not fit the context), against the size new documents get; --recut cuts
     the others again at that size."""
-    with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
+    with open_pipeline(ctx, **store_overrides(collection, store_path), **{"engine.n_ctx": n_ctx}) as rag:
         if recut:
             bar = None
             if not as_json and sys.stderr.isatty():
