@@ -10,7 +10,9 @@ cannot hit reliably. These places are marked:
   (``RAG_TEST_KILL_AFTER_COMMITS``), so a job stops mid-map, mid-reduce or between documents;
 - ``SECTION_SAVED`` (:mod:`pipeline.engine.section_states`): a section's state was saved
   (``rag warm --sections``, or a composed prompt computing a section);
-- ``COMPOSING`` (:mod:`pipeline.engine.compose`): a section was placed in a prompt being composed.
+- ``COMPOSING`` (:mod:`pipeline.engine.compose`): a section was placed in a prompt being composed;
+- ``SECTIONS_RECUT`` (:mod:`pipeline.collection`): one document's sections were cut again and
+  committed (``rag sections --recut``), the next not yet.
 
 With no such variable set a crash point costs one environment lookup. It has no other use.
 """

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from ._testhooks import crash_point
 from .errors import StoreError, redact
 from .ingest.run import IngestReport, Progress, ingest as ingest_scanned
 from .ingest.scan import scan
@@ -164,6 +165,7 @@ def sections(rt: "Runtime", *, recut: bool = False,
                                      f"store read-only?); {recut_docs} documents before it were cut again")
                 cut_now[source] = new
                 recut_docs += 1
+                crash_point("SECTIONS_RECUT")
             if progress is not None:
                 progress(i, len(order))
     by_target: dict[int, tuple[int, int]] = {}

@@ -155,3 +155,41 @@ def test_second_process_waits_then_stops_with_a_clear_message(make_pipeline, tmp
     # A process that waits long enough gets in once the first is done.
     assert make_pipeline(store__wait=30).status().documents == N_DOCS
 
+
+
+def test_kill_9_mid_recut_leaves_whole_documents_and_a_rerun_finishes_it(store_dir, tmp_path, monkeypatch):
+    """`rag sections --recut` killed after its first document: that document has its new sections,
+    the others their old ones, none a mix; a rerun cuts the rest and ends where an uninterrupted
+    re-cut ends."""
+    import json
+    import shutil
+
+    from pipeline import Pipeline
+
+    root = _corpus(tmp_path / "docs", n=4)
+    monkeypatch.setenv("RAG_CHUNKING_SECTION_TOKENS", "512")
+    with Pipeline.from_config() as rag:
+        rag.ingest([root])
+    shutil.copytree(store_dir, tmp_path / "clean-store")
+    monkeypatch.setenv("RAG_CHUNKING_SECTION_TOKENS", "128")
+
+    def sections(*extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pipeline", "sections", "--json", *extra],
+                              capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=300)
+
+    killed = sections("--recut", env={"RAG_TEST_KILL_SECTIONS_RECUT": "1"})
+    assert killed.returncode == -signal.SIGKILL
+    after_kill = json.loads(sections().stdout)
+    assert after_kill["stale"] == 3 and {t["target"]: t["documents"] for t in after_kill["by_target"]} == {512: 3, 128: 1}
+    rerun = json.loads(sections("--recut").stdout)
+    assert rerun["recut"] == 3 and rerun["stale"] == 0
+    clean = json.loads(sections("--recut", env={"RAG_STORE_PATH": str(tmp_path / "clean-store")}).stdout)
+    assert clean["recut"] == 4 and clean["by_target"] == rerun["by_target"]
+
+    def cut(path: Path) -> dict:
+        with Pipeline.from_config(overrides={"store.path": str(path)}) as rag, rag.store(create=False) as store:
+            docs = store.documents()
+            found = store.catalog.sections(store.name, [(s, d.content_hash) for s, d in docs.items()])
+        return {s: [(x.first, x.last, x.target) for x in v] for s, v in found.items()}
+
+    assert cut(store_dir) == cut(tmp_path / "clean-store")
