@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import random
 import statistics
 import sys
 from dataclasses import dataclass
@@ -247,8 +248,6 @@ def main(argv: list[str] | None = None) -> int:
     singles = {side: score(gathered, None, side) for side in ("dense", "lexical")}
     best_single = {n: max(singles["dense"][n]["recall@5"], singles["lexical"][n]["recall@5"]) for n in gathered}
     names = list(gathered)
-    import random
-
     every = rules()
     sample = [shipped(), *random.Random(0).sample(every, 24)]
     print(f"{check(gathered, sample):,} rankings compared with the product's fusion and reranker: all equal",

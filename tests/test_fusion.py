@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipeline.config import load_config
 from pipeline.retrieval.fusion import AdaptiveFusion, TermStats, dense_doubt, lexical_strength, lexical_weight, words
 from servers import pg_cluster, pg_url  # noqa: F401  (fixtures)
 
@@ -169,8 +170,6 @@ def test_a_partial_match_counts_only_while_the_dense_side_is_unsure(shelf):
     a match that holds most of the query's rare weight counts whatever the dense side says."""
     rag = shelf(retrieval__lexical_floor=0.0, retrieval__lexical_full=0.3, retrieval__lexical_sure=0.5)
     fusion = AdaptiveFusion.from_config(rag.config.retrieval)
-    from pipeline.config import load_config
-
     assert AdaptiveFusion.from_config(load_config().retrieval).sure == 0.0  # off by default
     with rag.store(create=False) as store:
         best = store.lexical(PARTIAL, limit=1)[0][0]

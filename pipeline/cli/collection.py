@@ -122,20 +122,25 @@ def warm(ctx, collection, store_path, purpose, sections, as_json):
         echo_json(report)
 
 
-def _warm_sections(rag, *, quiet: bool) -> dict:
-    bar = None
-    if not quiet and sys.stderr.isatty():
-        bar = click.progressbar(length=1, label="section states", file=sys.stderr, show_pos=True)
+def _counted(call, *, label: str, quiet: bool):
+    """``call(progress=...)`` with a progress bar on a terminal's stderr, driven by the library's
+    ``progress(done, total)`` callback; none when ``quiet`` or stderr is not a terminal."""
+    if quiet or not sys.stderr.isatty():
+        return call(progress=None)
+    bar = click.progressbar(length=1, label=label, file=sys.stderr, show_pos=True)
 
     def advance(done: int, total: int) -> None:
         bar.length = max(total, 1)
         bar.update(done - bar.pos)
 
     try:
-        report = rag.warm_sections(progress=advance if bar is not None else None)
+        return call(progress=advance)
     finally:
-        if bar is not None:
-            bar.render_finish()
+        bar.render_finish()
+
+
+def _warm_sections(rag, *, quiet: bool) -> dict:
+    report = _counted(rag.warm_sections, label="section states", quiet=quiet)
     if not quiet:
         _say_sections(report)
     return report
@@ -325,22 +330,8 @@ def sections(ctx, collection, store_path, recut, n_ctx, as_json):
     when the documents do not fit the context), against the size new documents get; --recut cuts
     the others again at that size."""
     with open_pipeline(ctx, **store_overrides(collection, store_path), **{"engine.n_ctx": n_ctx}) as rag:
-        if recut:
-            bar = None
-            if not as_json and sys.stderr.isatty():
-                bar = click.progressbar(length=1, label="documents", file=sys.stderr, show_pos=True)
-
-            def advance(done: int, total: int) -> None:
-                bar.length = max(total, 1)
-                bar.update(done - bar.pos)
-
-            try:
-                report = rag.recut_sections(progress=advance if bar is not None else None)
-            finally:
-                if bar is not None:
-                    bar.render_finish()
-        else:
-            report = rag.sections()
+        report = (_counted(rag.recut_sections, label="documents", quiet=as_json) if recut
+                  else rag.sections())
     if as_json:
         echo_json(report.to_dict())
         return
