@@ -154,6 +154,40 @@ def overlap(path: Path) -> list[tuple[str, set[str]]]:
 USR_SHARE_DOC = [Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf"),
                  Path("/usr/share/doc/libtasn1-doc/libtasn1.pdf")]
 
+#: Man pages put on the shelf beside the five of ``benchmarks/eval/manpages/`` so that the shelf is
+#: ten times a 64K context: the man-page questions against about 700K embedder tokens of other
+#: tools' manuals, where the section size at large contexts can be told apart (development only).
+SHELF_MANPAGES = ("git-config", "curl", "gpg", "ld.bfd", "git-log", "top", "as", "zip", "systemctl", "find",
+                  "less", "xz", "dash", "git-rebase", "ssh", "ssh_config", "openssl-req",
+                  "tar", "grep", "perf-record", "strace", "journalctl", "ps", "lsof")
+
+
+def man_shelf(*, cache: Path | None = None, log=print) -> Path:
+    """The folder of :data:`SHELF_MANPAGES` rendered to text as ``benchmarks/eval/manpages/`` was
+    (``MANWIDTH=100 man --nh --nj -P cat NAME | col -bx``), rendering them the first time. Pages this
+    system lacks are left out with a warning, so the shelf is only comparable between machines
+    that render the same pages (the run logs how many it holds)."""
+    folder = (cache or cache_dir()) / "manshelf"
+    done = folder / ".complete"
+    if done.is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    missing = []
+    for name in SHELF_MANPAGES:
+        try:
+            text = subprocess.run(f"MANWIDTH=100 man --nh --nj -P cat {name} 2>/dev/null | col -bx", shell=True,
+                                  capture_output=True, text=True, check=True).stdout
+        except subprocess.CalledProcessError:
+            text = ""
+        if len(text) < 1000:
+            missing.append(name)
+            continue
+        (folder / f"{name}.txt").write_text(text)
+    if missing:
+        log(f"warning: man pages not on this system, left off the shelf: {', '.join(missing)}")
+    done.write_text("\n".join(sorted(f.name for f in folder.glob("*.txt"))) + "\n")
+    return folder
+
 
 def corpora(pdfs: dict[str, Path] | None = None) -> dict[str, list[Path]]:
     """Store label -> the paths ingested into it (the held-out shelf only when its ``pdfs`` are given)."""
@@ -164,6 +198,13 @@ def corpora(pdfs: dict[str, Path] | None = None) -> dict[str, list[Path]]:
     return out
 
 
+def corpus(label: str, pdfs: dict[str, Path] | None = None) -> list[Path]:
+    """The paths ingested into the store ``label`` (the man-page shelf is rendered the first time)."""
+    if label == "manshelf":
+        return [EVAL / "manpages", man_shelf()]
+    return corpora(pdfs)[label]
+
+
 #: (set name, question file, store label, development set?)
 QUESTION_SETS = [
     ("dev", EVAL / "devset.jsonl", "dev", True),
@@ -171,6 +212,7 @@ QUESTION_SETS = [
     ("usr-share-doc-paraphrased", EVAL / "outside-paraphrased.jsonl", "usr-share-doc", True),
     ("dev-paraphrased", EVAL / "devset-paraphrased.jsonl", "dev", True),
     ("manpages", EVAL / "manpages.jsonl", "manpages", True),
+    ("manpages-shelf", EVAL / "manpages.jsonl", "manshelf", True),
     ("gnuplot", SETS["gnuplot-doc"], "heldout", False),
     ("asymptote", SETS["asymptote-doc"], "heldout", False),
 ]
@@ -202,7 +244,7 @@ def run_sets(*, settings: list[tuple[str, str]] = ROWS, sets: list[str] | None =
             if label not in pipelines:
                 rag = Pipeline.from_config(overrides={"store.path": str(store_root / label), **(overrides or {})})
                 pipelines[label] = rag
-                report = rag.ingest(corpora(pdfs)[label])
+                report = rag.ingest(corpus(label, pdfs))
                 if report.chunks:
                     log(f"ingested {label}: {report.chunks} chunks, {report.tokens:,} tokens in {report.seconds:.1f} s "
                         f"({1000 * report.seconds / report.chunks:.1f} s per 1,000 chunks)")

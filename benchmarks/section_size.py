@@ -46,7 +46,7 @@ def ensure_stores(labels: set[str], root: Path, *, log=print) -> None:
     pdfs = heldout.fetch(log=log) if "heldout" in labels else None
     for label in sorted(labels):
         with Pipeline.from_config(overrides={"store.path": str(root / label)}) as rag:
-            report = rag.ingest(heldout.corpora(pdfs)[label])
+            report = rag.ingest(heldout.corpus(label, pdfs))
             if report.chunks:
                 log(f"ingested {label}: {report.chunks} chunks")
 

@@ -191,8 +191,8 @@ class Runtime:
     @property
     def section_tokens(self) -> int:
         """The size new documents' sections are cut to, in embedder tokens (``chunking.section_tokens``,
-        else a sixteenth of the generator's context, a quarter with ``ask.compose = "auto"``; see
-        :func:`.ingest.sections.target_tokens`)."""
+        else derived from the generator's context: 512 from 8K up, a quarter of it with
+        ``ask.compose = "auto"``; see :func:`.ingest.sections.target_tokens`)."""
         from .engine.local import Engine
         from .errors import RagError
         from .ingest.sections import target_tokens

@@ -209,7 +209,7 @@ def test_sections_are_fixed_at_ingest(make_pipeline, moe, tmp_path):
 
 
 def test_the_default_section_size_follows_the_context_and_the_compose_setting(make_pipeline):
-    """Read from the generator's header, nothing loaded: a sixteenth of its 8K context, a quarter
+    """Read from the generator's header, nothing loaded: 512 at its 8K context, a quarter
     where prompts are composed from section states; an explicit size wins over both."""
     plain = make_pipeline(engine__n_ctx=8192)
     assert plain.section_tokens == 512 and not plain.runtime.has("engine")
@@ -292,3 +292,16 @@ def test_document_and_question_text_cannot_inject_control_tokens(model_home, mod
         assert prompt.tokens.count(tid) == template_only.count(tid), marker
     assert evil in eng.llm.detokenize(prompt.tokens).decode("utf-8", "replace")  # the text is all there
     eng.close()
+
+
+def test_sections_are_ranked_by_as_many_hits_as_sections_fit_the_context(make_pipeline):
+    """Small sections in a large context: the packer must see enough hits to fill the prompt with
+    sections that hold some, not stop at a fixed depth with most of the context empty."""
+    from pipeline.ask.flow import packing_depth
+
+    small = make_pipeline(engine__n_ctx=8192)
+    assert packing_depth(small.runtime) == 2 * small.config.retrieval.candidates == 80  # 16 sections fit
+    large = make_pipeline(engine__n_ctx=65536, engine__rope_scaling="linear")
+    assert large.section_tokens == 512 and packing_depth(large.runtime) == 128
+    assert packing_depth(make_pipeline(engine__n_ctx=65536, engine__rope_scaling="linear",
+                                       chunking__section_tokens=4096).runtime) == 80

@@ -100,3 +100,14 @@ def test_the_section_size_benchmark_chooses_on_development_sets_and_recuts_from_
     prompt = copy.prompt("What pressure does pump unit 7 report?")
     assert prompt.sections and {p.section.target for p in prompt.sections} == {512}
     assert targets(tmp_path / "copy") == {512} and targets(tmp_path / "store") == {256}
+
+
+def test_the_man_page_shelf_renders_once_and_names_what_it_left_off(heldout, tmp_path, monkeypatch):
+    monkeypatch.setattr(heldout, "SHELF_MANPAGES", ("ls", "no-such-page-anywhere"))
+    said = []
+    folder = heldout.man_shelf(cache=tmp_path, log=said.append)
+    assert [f.name for f in folder.glob("*.txt")] == ["ls.txt"]
+    assert "--all" in (folder / "ls.txt").read_text() and "\b" not in (folder / "ls.txt").read_text()
+    assert said == ["warning: man pages not on this system, left off the shelf: no-such-page-anywhere"]
+    monkeypatch.setattr(heldout, "SHELF_MANPAGES", ("cp",))
+    assert heldout.man_shelf(cache=tmp_path, log=said.append) == folder and not (folder / "cp.txt").exists()

@@ -31,15 +31,18 @@ def test_sections_are_balanced_cut_at_chunk_boundaries_and_prefer_page_starts():
     assert cut("a", "h", [], target=100) == []
 
 
-def test_default_section_size_is_a_sixteenth_of_the_context_or_a_quarter_when_composing():
-    """About sixteen sections a prompt (a question's hits in different places each find room),
-    about four where every extra section is a recomputed seam; one chunk to 4,096 either way."""
+def test_default_section_size_is_512_from_8k_up_or_a_quarter_of_the_context_when_composing():
+    """Small sections whatever the context (a question's hits in different places each find room),
+    a sixteenth of the context below 8K; a quarter where every extra section is a recomputed seam,
+    up to 4,096; never below one chunk."""
     assert target_tokens(8192, chunk_size=256) == 512
-    assert target_tokens(32768, chunk_size=256) == 2048
-    assert target_tokens(65536, chunk_size=256) == 4096 and target_tokens(262144, chunk_size=256) == 4096
+    assert target_tokens(32768, chunk_size=256) == 512 and target_tokens(262144, chunk_size=256) == 512
+    assert target_tokens(4096, chunk_size=256) == 256 and target_tokens(4096, chunk_size=128) == 256
     assert target_tokens(2048, chunk_size=256) == 256  # never below one chunk
+    assert target_tokens(65536, chunk_size=1024) == 1024
     assert target_tokens(8192, chunk_size=256, composed=True) == 2048
     assert target_tokens(65536, chunk_size=256, composed=True) == 4096
+    assert target_tokens(262144, chunk_size=256, composed=True) == 4096
     assert target_tokens(512, chunk_size=256, composed=True) == 256
 
 

@@ -148,6 +148,12 @@ def selected_sources(store: Store, doc: Sequence, source: Sequence) -> list[str]
     return sorted(chosen)
 
 
+def packing_depth(rt: "Runtime") -> int:
+    """Hits that rank sections for packing: twice the retrieval candidates, or as many as sections
+    fit the context where more do (small sections in a large context), so that the prompt can fill."""
+    return max(2 * rt.config.retrieval.candidates, rt.engine.n_ctx // max(1, rt.section_tokens))
+
+
 def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, timings: dict[str, float],
                      *, remember: bool = True) -> Built | None:
     """Whole documents or the best fixed sections (:func:`.packing.plan`); None where not even the
@@ -157,8 +163,7 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
     history = rt.pack_history.recent(namespace, rt.config.store.collection) if remember else []
     with _reading(rt) as store:
         selection = selected_sources(store, request.doc, request.source)
-        hits = retrieve(rt, store, request.query, top_k=2 * rt.config.retrieval.candidates, source=selection,
-                        timings=timings)
+        hits = retrieve(rt, store, request.query, top_k=packing_depth(rt), source=selection, timings=timings)
         shelf = packing.gather(store, sources=selection, target=rt.section_tokens, hits=hits,
                                fetch_tokens=3 * engine.n_ctx, also={key for p in history[:16] for key in p})
     shelf.fixed_numbers = a.compose == "auto"  # a section's tokens, so its state, the same in every pack

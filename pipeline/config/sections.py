@@ -45,7 +45,8 @@ class ChunkingConfig:
     re-ingest into a fresh collection to take effect on stored chunks. Sections (runs
     of chunks that prompts are built from) are cut once per document version;
     ``section_tokens = 0`` sizes them from the context length (a sixteenth of
-    ``engine.n_ctx``, a quarter with ``ask.compose = "auto"``; one chunk to 4096).
+    ``engine.n_ctx`` up to 512, so 512 from an 8K context up; a quarter of it up to 4096 with
+    ``ask.compose = "auto"``; never below one chunk).
     """
 
     size: int = 256
@@ -55,7 +56,7 @@ class ChunkingConfig:
     contextual: bool = True
     """Embed and index each chunk with its title and heading path in front (never shown in passages)."""
     section_tokens: int = 0
-    """Section length in embedder tokens (runs of chunks prompts are built from); 0 = n_ctx / 16 (n_ctx / 4 when composing), at most 4096."""
+    """Section length in embedder tokens (runs of chunks prompts are built from); 0 = n_ctx / 16 up to 512 (n_ctx / 4 up to 4096 when composing)."""
     doc2query: int = 0
     """Questions the generator writes per chunk at ingest, indexed and embedded with it (doc2query); 0 = off (slow)."""
 

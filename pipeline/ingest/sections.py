@@ -9,11 +9,10 @@ Sizes are in the embedder's tokens, the unit every chunk of a collection is alre
 measured in. Cutting needs no second model, and a collection keeps its sections when
 the generator changes (they depend only on the document and the target). The packer
 never trusts these sizes for its budget: it counts each section's rendered text in the
-generator's own tokens before placing it. The generator's tokenizer matters only in
-the target, which comes from the context length (:func:`target_tokens`): about sixteen
-sections fit one prompt whatever the tokenizer's ratio, so a question's best hits in
-different places of a shelf larger than the context each find room; where prompts are
-composed from section states, about four, so that few seams are recomputed.
+generator's own tokens before placing it. The default target (:func:`target_tokens`) is small,
+512 tokens from an 8K context up, so that a question's best hits in different places of a
+shelf larger than the context each find room; where prompts are composed from section states
+it is a quarter of the context, so that few seams are recomputed.
 
 Cuts are balanced (a 2,800-token document at a 2,048 target gives two sections of about
 1,400, not 2,048 + 752) and, within an eighth of the target of the ideal cut, land
@@ -28,11 +27,15 @@ from typing import Protocol, Sequence
 
 from ..records import Section
 
-MAX_TOKENS = 4096
-"""The largest section target: bigger sections would make retrieval too coarse at 64K contexts."""
+MAX_TOKENS = 512
+"""The largest default section where prompts are prefilled whole: small sections let a question's
+hits in many places each find room, and adjacent chosen sections still read as one run of text."""
+
+MAX_COMPOSED_TOKENS = 4096
+"""The largest default section where prompts are composed from section states."""
 
 PER_PROMPT = 16
-"""Sections a prompt holds at the default size: the share of a 64K context one 4,096-token section takes."""
+"""Sections a prompt holds at least, at the default size, in contexts under 8K."""
 
 PER_COMPOSED_PROMPT = 4
 """Sections a composed prompt holds at the default size: each one past the first is a seam recomputed."""
@@ -45,16 +48,20 @@ class _ChunkLike(Protocol):
 
 
 def target_tokens(n_ctx: int, *, chunk_size: int, composed: bool = False) -> int:
-    """The section size for a context of ``n_ctx`` tokens, one chunk to 4,096: a sixteenth of it,
-    or a quarter where prompts are ``composed`` from section states.
+    """The section size for a context of ``n_ctx`` tokens: a sixteenth of it up to 512 tokens (two
+    chunks), whatever the context above 8K; where prompts are ``composed`` from section states, a
+    quarter of it up to 4,096. Never below one chunk.
 
-    With a quarter, an 8K prompt holds three sections and the answer's page is in it for fewer
-    questions (0.729 against 0.854 on the man-page development set, ``benchmarks/section_size.py``);
-    a composed prompt pays for each extra section with a recomputed seam and a little agreement
-    with exact prefill (docs/packing.md, "Composed prompts").
+    The answer's page is in the prompt more often the more sections the prompt holds, at every
+    context measured: on the man-page development shelf (29 tools, ten times a 64K context) 0.771 /
+    0.875 / 0.896 / 0.958 at 32K with 4,096 / 2,048 / 1,024 / 512-token sections, 0.917 against
+    0.958 at 64K with 4,096 against 512 (``benchmarks/section_size.py``). A composed prompt pays for
+    each extra section with a recomputed seam and a little agreement with exact prefill
+    (docs/packing.md, "Composed prompts"), so it keeps few large ones.
     """
-    per_prompt = PER_COMPOSED_PROMPT if composed else PER_PROMPT
-    return max(chunk_size, min(MAX_TOKENS, n_ctx // per_prompt))
+    if composed:
+        return max(chunk_size, min(MAX_COMPOSED_TOKENS, n_ctx // PER_COMPOSED_PROMPT))
+    return max(chunk_size, min(MAX_TOKENS, n_ctx // PER_PROMPT))
 
 
 def cut(source: str, content_hash: str, chunks: Sequence[_ChunkLike], *, target: int) -> list[Section]:
