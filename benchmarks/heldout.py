@@ -6,16 +6,18 @@ Run from the repository root::
     .venv/bin/python benchmarks/heldout.py overlap    # content words each question shares with its passage
     .venv/bin/python benchmarks/heldout.py run [--json OUT.json]   # every setting x every set (the default)
 
-``run`` ingests four corpora into stores kept under the cache folder (ingest is incremental, so
+``run`` ingests five corpora into stores kept under the cache folder (ingest is incremental, so
 a second run embeds nothing): the development corpus (``samples/`` and
 ``benchmarks/eval/generated/``), the two manuals these machines carry under ``/usr/share/doc``,
-the man pages in ``benchmarks/eval/manpages/``, and the held-out shelf (both fetched manuals in one collection, so each question is searched
+the man pages in ``benchmarks/eval/manpages/``, the man-page shelf (those five among the system's
+man pages of 24 other tools, :data:`SHELF_MANPAGES`, rendered into the cache folder the first time),
+and the held-out shelf (both fetched manuals in one collection, so each question is searched
 against both). It then runs every question set through every retrieval setting and prints one
 table: recall@5 and recall@10 by page, MRR, and for the default configuration the share of
 questions whose answer page is inside the prompt ``rag ask`` builds (``rag eval --packed``; the
 generator's tokenizer loads for it, ``--no-packed`` skips it). Development sets (``dev``,
-``dev-paraphrased``, ``usr-share-doc``, ``usr-share-doc-paraphrased``, ``manpages``) are marked as
-such: settings were chosen on them.
+``dev-paraphrased``, ``usr-share-doc``, ``usr-share-doc-paraphrased``, ``manpages``,
+``manpages-shelf``) are marked as such: settings were chosen on them.
 
 Two real manuals no one on the project wrote, from Debian documentation packages: ``gnuplot.pdf``
 (``gnuplot-doc``) and ``asymptote.pdf`` (``asymptote-doc``). They are fetched with ``apt-get
