@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator
@@ -17,12 +18,26 @@ def connect(path: str | Path, *, timeout: float = 30.0, check_same_thread: bool 
     """A connection with no implicit transactions (:func:`transaction` opens them), WAL journal."""
     db = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=check_same_thread)
     try:
-        db.execute("PRAGMA journal_mode=WAL")
+        _wal(db, timeout)
         db.execute("PRAGMA synchronous=NORMAL")
     except BaseException:
         db.close()
         raise
     return db
+
+
+def _wal(db: sqlite3.Connection, timeout: float) -> None:
+    """Switch ``db`` to WAL, waiting up to ``timeout`` seconds: SQLite answers "database is locked"
+    at once, without its busy wait, when other connections switch a new file at the same moment."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from .._sqlite import connect
 from ..records import DocumentRecord, Key, Prompt
 from .prompt import label
 
@@ -39,9 +40,7 @@ class PackHistory:
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                self._db = sqlite3.connect(path, timeout=5, isolation_level=None, check_same_thread=False)
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=NORMAL")  # a hint: losing the last one costs nothing
+                self._db = connect(path, timeout=5, check_same_thread=False)  # a hint: NORMAL sync is plenty
                 self._db.execute("CREATE TABLE IF NOT EXISTS packs (namespace TEXT NOT NULL, collection TEXT "
                                  "NOT NULL, keys TEXT NOT NULL, used REAL NOT NULL, "
                                  "PRIMARY KEY (namespace, collection, keys))")

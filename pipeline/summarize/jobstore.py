@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
+from .._sqlite import connect, transaction
 from .._testhooks import crash_point
 from ..errors import StoreError
 
@@ -157,18 +158,26 @@ class SQLiteJobStore:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
-            self.db.executescript(_SCHEMA)
-            row = self.db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-            if row is None:
-                self.db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) > SCHEMA_VERSION:
+            self.db = connect(self.path)
+        except (sqlite3.DatabaseError, OSError) as exc:
+            raise StoreError(f"cannot open the job database {self.path}: {exc}") from None
+        try:
+            # One write transaction, taken before anything is read: processes opening a new job
+            # database at once wait their turn instead of racing to create it.
+            with transaction(self.db):
+                for statement in filter(str.strip, _SCHEMA.split(";")):
+                    self.db.execute(statement)
+                self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                row = self.db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+            if int(row[0]) > SCHEMA_VERSION:
                 raise StoreError(f"{self.path} was written by a newer version (job schema {row[0]}, "
                                  f"this one reads {SCHEMA_VERSION}): upgrade rag or use another store")
         except (sqlite3.DatabaseError, OSError) as exc:
+            self.db.close()
             raise StoreError(f"cannot open the job database {self.path}: {exc}") from None
+        except StoreError:
+            self.db.close()
+            raise
 
     def close(self) -> None:
         self.db.close()
