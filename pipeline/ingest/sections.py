@@ -28,8 +28,9 @@ from typing import Protocol, Sequence
 from ..records import Section
 
 MAX_TOKENS = 512
-"""The largest default section where prompts are prefilled whole: small sections let a question's
-hits in many places each find room, and adjacent chosen sections still read as one run of text."""
+"""The largest default section where prompts are prefilled exactly (not composed): small sections
+let a question's hits in many places each find room, and adjacent chosen sections still read as
+one run of text."""
 
 MAX_COMPOSED_TOKENS = 4096
 """The largest default section where prompts are composed from section states."""
