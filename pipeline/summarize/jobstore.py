@@ -162,13 +162,15 @@ class SQLiteJobStore:
         except (sqlite3.DatabaseError, OSError) as exc:
             raise StoreError(f"cannot open the job database {self.path}: {exc}") from None
         try:
-            # One write transaction, taken before anything is read: processes opening a new job
-            # database at once wait their turn instead of racing to create it.
-            with transaction(self.db):
-                for statement in filter(str.strip, _SCHEMA.split(";")):
-                    self.db.execute(statement)
-                self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-                row = self.db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+            row = self._schema_row()
+            if row is None:
+                # A new database: created in one write transaction, so that processes creating it at
+                # the same moment wait their turn; the schema row is written last, with the tables.
+                with transaction(self.db):
+                    for statement in filter(str.strip, _SCHEMA.split(";")):
+                        self.db.execute(statement)
+                    self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+                row = self._schema_row()
             if int(row[0]) > SCHEMA_VERSION:
                 raise StoreError(f"{self.path} was written by a newer version (job schema {row[0]}, "
                                  f"this one reads {SCHEMA_VERSION}): upgrade rag or use another store")
@@ -177,6 +179,15 @@ class SQLiteJobStore:
             raise StoreError(f"cannot open the job database {self.path}: {exc}") from None
         except StoreError:
             self.db.close()
+            raise
+
+    def _schema_row(self) -> tuple | None:
+        """The schema version row; None in a database not created yet (opening one needs no write)."""
+        try:
+            return self.db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
             raise
 
     def close(self) -> None:
