@@ -191,20 +191,17 @@ def man_shelf(*, cache: Path | None = None, log=print) -> Path:
     return folder
 
 
-def corpora(pdfs: dict[str, Path] | None = None) -> dict[str, list[Path]]:
-    """Store label -> the paths ingested into it (the held-out shelf only when its ``pdfs`` are given)."""
-    out = {"dev": [ROOT / "samples", EVAL / "generated"], "usr-share-doc": USR_SHARE_DOC,
-           "manpages": [EVAL / "manpages"]}
-    if pdfs is not None:
-        out["heldout"] = [pdfs["gnuplot-doc"], pdfs["asymptote-doc"]]
-    return out
-
-
 def corpus(label: str, pdfs: dict[str, Path] | None = None) -> list[Path]:
-    """The paths ingested into the store ``label`` (the man-page shelf is rendered the first time)."""
+    """The paths ingested into the store ``label``: the held-out shelf needs the fetched ``pdfs``;
+    the man-page shelf is rendered the first time."""
+    if label == "heldout":
+        if pdfs is None:
+            raise ValueError("the held-out shelf needs the fetched PDFs (fetch())")
+        return [pdfs["gnuplot-doc"], pdfs["asymptote-doc"]]
     if label == "manshelf":
         return [EVAL / "manpages", man_shelf()]
-    return corpora(pdfs)[label]
+    return {"dev": [ROOT / "samples", EVAL / "generated"], "usr-share-doc": USR_SHARE_DOC,
+            "manpages": [EVAL / "manpages"]}[label]
 
 
 #: (set name, question file, store label, development set?)
