@@ -5,6 +5,7 @@ ingests them there first when they are missing)::
 
     .venv/bin/python benchmarks/section_size.py [--sizes 2048,1024,512,256] [--ctx 8192]
         [--set NAME ...] [--heldout] [--set-config KEY=VALUE ...] [--json OUT.json] [--quick]
+        [--reuse N]
 
 Sections are cut at ingest, so comparing sizes would need one ingest per size. They are cut
 from the stored chunks alone, though: for each size every store is copied to a temporary
@@ -16,6 +17,12 @@ many sections it holds on average.
 
 By default only the development sets run: a section size is chosen on them. ``--heldout`` adds
 the two held-out manuals, to report the chosen default once, never to choose it.
+
+``--reuse N`` measures instead what each size costs in reuse with exact prefill: the first N
+questions of each set asked in a row through ``rag ask`` (real generation, 8 tokens each, a fresh
+prefix cache per size), and the share of each later question's prompt restored from the cache
+(median and mean over questions 2..N). It runs the generator over every prompt: minutes per
+question on a CPU at 16K.
 """
 
 from __future__ import annotations
@@ -84,6 +91,36 @@ def measure(sizes: list[int], *, sets: list[str], n_ctx: int, overrides: dict | 
     return rows
 
 
+def reuse(sizes: list[int], *, sets: list[str], n_ctx: int, questions: int, overrides: dict | None = None,
+          log=print) -> list[dict]:
+    """Questions asked in a row per size: how much of each later prompt was reused (see ``--reuse``)."""
+    import statistics
+
+    import session
+    from pipeline.retrieval.evaluate import load_questions
+
+    chosen = [s for s in heldout.QUESTION_SETS if s[0] in sets]
+    stores = heldout.cache_dir() / "stores"
+    ensure_stores({label for _, _, label, _ in chosen}, stores, log=log)
+    rows = []
+    for name, qfile, label, development in chosen:
+        asked = [q.question for q in load_questions(qfile)][:questions]
+        for size in sizes:
+            with tempfile.TemporaryDirectory(prefix=f"rag-reuse-{size}-") as tmp:
+                recut_copy(stores / label, Path(tmp) / label, size)
+                settings = {**(overrides or {}), "store.path": str(Path(tmp) / label), "engine.n_ctx": n_ctx,
+                            "chunking.section_tokens": size, "ask.max_tokens": 8, "cache.path": str(Path(tmp) / "cache")}
+                asks = session.session(settings, asked, "auto")
+            shares = [a["cached_tokens"] / a["prompt_tokens"] for a in asks[1:]]
+            rows.append({"set": name, "development": development, "section_tokens": size, "n_ctx": n_ctx,
+                         "questions": len(asks), "reuse_median": statistics.median(shares),
+                         "reuse_mean": statistics.mean(shares),
+                         "sections_mean": statistics.mean(a["sections"] for a in asks)})
+            log(f"{size:>5} {name}: reuse median {rows[-1]['reuse_median']:.1%}, mean {rows[-1]['reuse_mean']:.1%} "
+                f"({rows[-1]['sections_mean']:.1f} sections a prompt)")
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     sizes = sorted({r["section_tokens"] for r in rows}, reverse=True)
     names = list(dict.fromkeys(r["set"] for r in rows))
@@ -108,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a setting for every pipeline, e.g. engine.rope_scaling=linear above the trained context")
     ap.add_argument("--quick", action="store_true", help="sizes 2048 and 512, the man-page set only")
     ap.add_argument("--json", type=Path, default=None, help="write the rows to this file")
+    ap.add_argument("--reuse", type=int, default=0, metavar="N",
+                    help="instead: ask each set's first N questions in a row and report how much was reused")
     args = ap.parse_args(argv)
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
@@ -125,6 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     for item in args.set_config:
         key, _, value = item.partition("=")
         overrides[key] = json.loads(value) if value[:1] in "0123456789-tf[{\"" else value
+    if args.reuse:
+        if args.reuse < 2:
+            ap.error("--reuse needs at least 2 questions")
+        rows = reuse(sizes, sets=sets, n_ctx=args.ctx, questions=args.reuse, overrides=overrides)
+        print(f"load average at the end: {os.getloadavg()[0]:.1f}; {time.time() - started:.0f} s; context {args.ctx:,}")
+        for r in rows:
+            print(f"| {r['set']} | {r['section_tokens']:,} | {r['reuse_median']:.1%} | {r['reuse_mean']:.1%} |")
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(rows, indent=2))
+        return 0
     rows = measure(sizes, sets=sets, n_ctx=args.ctx, overrides=overrides)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}; {time.time() - started:.0f} s; context {args.ctx:,}")
     print(table(rows))
