@@ -156,7 +156,6 @@ def test_second_process_waits_then_stops_with_a_clear_message(make_pipeline, tmp
     assert make_pipeline(store__wait=30).status().documents == N_DOCS
 
 
-
 def test_kill_9_mid_recut_leaves_whole_documents_and_a_rerun_finishes_it(store_dir, tmp_path, monkeypatch):
     """`rag sections --recut` killed after its first document: that document has its new sections,
     the others their old ones, none a mix; a rerun cuts the rest and ends where an uninterrupted
