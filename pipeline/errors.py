@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 
 # user:password@ in any URL, and query parameters that carry credentials.
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#]*@")
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#\"']*@")
 _SECRET_QUERY = re.compile(
-    r"(?i)([?&](?:access_token|api_key|apikey|auth|key|password|secret|sig|signature|token)=)[^&#\s]+")
+    r"(?i)([?&](?:access_token|api_key|apikey|auth|key|password|secret|sig|signature|token)=)[^&#\s\"']+")
 
 
 def redact(text: str) -> str:

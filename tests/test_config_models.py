@@ -20,6 +20,18 @@ def test_default_toml_is_the_embedded_default():
     assert load_config(ROOT / "configs" / "default.toml", environ={}) == Config()
 
 
+def test_default_toml_lists_every_setting():
+    """It is the commented list of every setting the guide points to: none may be left out."""
+    import tomllib
+
+    from pipeline.settings_reference import settings
+
+    data = tomllib.loads((ROOT / "configs" / "default.toml").read_text())
+    listed = {f"{section}.{key}" if isinstance(values, dict) else section
+              for section, values in data.items() for key in (values if isinstance(values, dict) else [None])}
+    assert sorted({s.key for s in settings()} - listed) == []
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.toml")))
 def test_every_bundled_recipe_loads(name):
     """A recipe with a misspelt or removed setting would fail its user at the first command."""

@@ -103,6 +103,18 @@ def test_redact_hides_credentials_in_urls():
     assert redact("from https://user:p@ss@host:8/x?a=1&token=abc") == "from https://***@host:8/x?a=1&token=***"
     assert redact("plain text and http://host/path") == "plain text and http://host/path"
     assert str(ModelError("at https://u:secret@h/x")) == "at https://***@h/x"
+    assert redact('url = "postgresql://u:pw@db/rag?token=abc"') == 'url = "postgresql://***@db/rag?token=***"'
+
+
+def test_config_with_credentials_prints_toml_that_reads_back(tmp_path):
+    url = "postgresql://bob:pw@db/rag?sslmode=require&token=abc"
+    env = {k: None for k in os.environ if k.startswith("RAG_")} | {"RAG_HOME": str(tmp_path),
+                                                                    "RAG_STORE_CATALOG_URL": url}
+    out = run("config", env=env).output
+    assert "pw" not in out and "abc" not in out
+    cfg = tmp_path / "out.toml"
+    cfg.write_text(out)
+    assert load_config(cfg, environ={}).store.catalog_url == "postgresql://***@db/rag?sslmode=require&token=***"
 
 
 @pytest.mark.parametrize("endpoint", ["https://user:s3cret@127.0.0.1:9", "https://user:s3cret@host:notaport",
