@@ -125,7 +125,8 @@ def reuse_note(prompt: Prompt, *, cached_tokens: int, previous: Sequence[Key] | 
         return "the prefix cache is off (cache.enabled = false) and the KV memory held another prompt"
     if prefix_len < min_tokens:
         return f"the prefix ({prefix_len} tokens) is shorter than cache.min_tokens, so no state is saved"
-    return "its saved prefix state is gone (evicted past cache.max_gb, or damaged)"
+    return ("no state is saved for its prefix: evicted past cache.max_gb, damaged, or never saved "
+            "(shorter than cache.min_tokens when it was last packed)")
 
 
 def sections_note(lost: Sequence[str]) -> str:
