@@ -147,6 +147,47 @@ def test_bad_search_input_is_a_4xx_never_a_500(site, case):
     assert "Traceback" not in server.output()
 
 
+def _raw(server, head: bytes, *, close_after: float | None = None) -> bytes:
+    """What the server answers to bytes sent as they are (``close_after``: hang up that many seconds later)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        try:
+            s.sendall(head)
+        except (BrokenPipeError, ConnectionResetError):
+            return b"reset"
+        if close_after is not None:
+            time.sleep(close_after)
+            return b""
+        answer = b""
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+        except ConnectionResetError:  # refused while still sending: the server closed on unread bytes
+            return answer or b"reset"
+        return answer
+
+
+def test_repeated_guard_headers_huge_headers_and_a_half_sent_body_are_4xx_without_a_traceback(site):
+    server = site["server"]
+    own = f"127.0.0.1:{server.port}".encode()
+    twice = {  # the guard must not check one copy while the app reads the other
+        "host": b"Host: evil.example\r\nHost: " + own,
+        "origin": b"Host: " + own + b"\r\nOrigin: http://evil.example\r\nOrigin: http://" + own,
+    }
+    for name, headers in twice.items():
+        answer = _raw(server, b"GET /status HTTP/1.1\r\n" + headers + b"\r\nConnection: close\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400"), answer  # two Hosts: h11 refuses them before the guard
+        assert name == "host" or b"more than one Origin header" in answer, answer
+    big = b"GET /health HTTP/1.1\r\nHost: " + own + b"\r\nX-A: " + b"a" * (1 << 20) + b"\r\nConnection: close\r\n\r\n"
+    many = b"".join(b"X-%d: 1\r\n" % i for i in range(20_000))
+    for head in (big, b"GET /health HTTP/1.1\r\nHost: " + own + b"\r\n" + many + b"Connection: close\r\n\r\n"):
+        assert _raw(server, head).startswith((b"HTTP/1.1 400", b"reset"))  # never read whole, never a 200
+    _raw(server, b"POST /search HTTP/1.1\r\nHost: " + own + b"\r\nContent-Type: application/json\r\n"
+         b"Content-Length: 100\r\n\r\n{", close_after=1.0)
+    assert server.request("GET", "/health")[0] == 200
+    time.sleep(0.5)
+    assert "Traceback" not in server.output() and "Exception in ASGI" not in server.output()
+
+
 def _client(server, **kw):
     return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, **kw)
 

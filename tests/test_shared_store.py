@@ -11,6 +11,7 @@ from servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
 from pipeline.errors import StoreBusyError, StoreError
 from pipeline.retrieval.search import retrieve
 from pipeline.store.store import Store
+from pipeline.store.terms import MAX_QUERY_TERMS
 from pipeline.records import Chunk, DocumentRecord
 
 # Real servers (chroma run, a PostgreSQL cluster) and real processes: not the fakes-only fast subset.
@@ -172,6 +173,12 @@ def test_postgres_lexical_ranking_splits_at_punctuation_and_weights_rare_words_a
             assert store.lexical("x-midi libtasn1", limit=5) and store.lexical("gnu.org", limit=5)
             scores = store.catalog.bm25(store.name, question, [h.chunk_id for h, _ in hits])
             assert len(scores) == len(hits)
+            # A pasted book is searched by its first MAX_QUERY_TERMS distinct words, in both catalogs:
+            # bounded work for any query (a term costs a posting-list scan, and a subquery in PostgreSQL).
+            filler = " ".join(f"zq{i}" for i in range(20_000))
+            assert store.lexical("midi " + filler, limit=1)[0][0].source == str(docs / "mime.txt")
+            assert store.lexical(filler + " libtasn1", limit=1) == []  # past the bound: not searched
+            assert store.lexical(" ".join(f"zq{i}" for i in range(MAX_QUERY_TERMS - 1)) + " libtasn1", limit=1)
 
 
 def _snapshot_after_ingest(fake_pipeline, corpus) -> dict:

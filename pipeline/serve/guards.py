@@ -110,6 +110,10 @@ class Policy:
         return self.token is None or hmac.compare_digest(authorization.encode(), f"Bearer {self.token}".encode())
 
 
+# Headers the guard decides on: a second copy of one is refused, never resolved either way.
+_SINGLE = frozenset({"host", "origin", "authorization", "content-type", "content-length"})
+
+
 class Guard:
     """ASGI middleware applying a :class:`Policy` to every HTTP request."""
 
@@ -119,7 +123,17 @@ class Guard:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        headers: dict[str, str] = {}
+        repeated = None
+        for k, v in scope["headers"]:
+            name = k.decode("latin-1").lower()
+            if name in headers and name in _SINGLE:
+                repeated = name
+            headers[name] = v.decode("latin-1")
+        if repeated is not None:  # the guard and the app could read different values (RFC 9110 §5.3)
+            refusal = error_response(400, f"the request has more than one {repeated.title()} header",
+                                     "invalid_request_error", "repeated_header")
+            return await refusal(scope, receive, send)
         refusal, cors = self._check(scope, headers)
         await (refusal or self.app)(scope, receive, send if cors is None else _with_cors(send, cors))
 

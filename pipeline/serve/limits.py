@@ -11,6 +11,8 @@ from ..inputs import MAX_TOP_K
 DEFAULT_PORT = 8765
 DEFAULT_MAX_BODY = 1 << 20
 """Largest request body in bytes (``--max-body``)."""
+MAX_HEADER_BYTES = 64 << 10
+"""Largest request line and headers together, in bytes (a 400 past it: the body limit bounds the rest)."""
 MAX_PATHS = 1000
 """Most paths one ``POST /ingest`` may name."""
 MAX_TOKENS = 1_000_000
@@ -21,5 +23,5 @@ FINISHED_JOBS_KEPT = 100
 GRACEFUL_SHUTDOWN_SECONDS = 10
 """How long a stop (Ctrl-C, SIGTERM) waits for requests in flight before closing them."""
 
-__all__ = ["DEFAULT_PORT", "DEFAULT_MAX_BODY", "MAX_PATHS", "MAX_TOKENS", "MAX_TEMPERATURE", "MAX_TOP_K",
+__all__ = ["DEFAULT_PORT", "DEFAULT_MAX_BODY", "MAX_HEADER_BYTES", "MAX_PATHS", "MAX_TOKENS", "MAX_TEMPERATURE", "MAX_TOP_K",
            "FINISHED_JOBS_KEPT", "GRACEFUL_SHUTDOWN_SECONDS"]

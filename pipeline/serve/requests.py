@@ -44,11 +44,17 @@ class Body:
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             raise too_large
+        from starlette.requests import ClientDisconnect
+
         raw = bytearray()
-        async for part in request.stream():
-            raw += part
-            if len(raw) > limit:
-                raise too_large
+        try:
+            async for part in request.stream():
+                raw += part
+                if len(raw) > limit:
+                    raise too_large
+        except ClientDisconnect:  # nobody is left to answer; end the request without a traceback
+            raise HTTPError(400, "the client closed the connection before sending the whole body",
+                            code="client_disconnected") from None
         try:
             data = json.loads(bytes(raw) or b"null", parse_constant=_no_constant)
         except RecursionError:

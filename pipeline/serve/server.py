@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from ..errors import ConfigError, InputError
 from .folders import ReadableFolders
 from .guards import is_loopback
-from .limits import DEFAULT_MAX_BODY, DEFAULT_PORT, GRACEFUL_SHUTDOWN_SECONDS
+from .limits import DEFAULT_MAX_BODY, DEFAULT_PORT, GRACEFUL_SHUTDOWN_SECONDS, MAX_HEADER_BYTES
 
 if TYPE_CHECKING:
     from ..api import Pipeline
@@ -84,8 +84,10 @@ def run(rag: "Pipeline", *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, t
     log(f"serving {rag.config.store.collection!r} on {url} ({access}; {reads})")
     if not token and not is_loopback(host):
         log(f"warning: listening on {host} without {TOKEN_ENV} (--insecure): anyone who can reach it can use it")
+    # h11, not httptools: httptools accepts headers of any size, h11 refuses them past a bound.
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
+                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS, http="h11",
+                            h11_max_incomplete_event_size=MAX_HEADER_BYTES)
     with _signals_stop_the_server():
         uvicorn.Server(config).run(sockets=[sock])
     _drain(app.state.writer, log)

@@ -28,7 +28,7 @@ from typing import Iterable, Iterator, Sequence
 
 from ..errors import StoreError, redact
 from ..records import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
-from .terms import TermStats, words
+from .terms import TermStats, query_text, words
 from .pg_pool import advisory_key, pool
 from .pg_schema import LEXEMES, upgrade
 
@@ -231,7 +231,8 @@ class PostgresCatalog:
         """The collection's chunk count and, for each of the query's lexemes, the chunks holding it."""
         if not words(query):  # no word at all: nothing to ask the server
             return 0, {}
-        lexemes = [r[0] for r in self._rows("SELECT lexeme FROM unnest(" + LEXEMES.format("%s") + ")", (query,))
+        lexemes = [r[0] for r in self._rows("SELECT lexeme FROM unnest(" + LEXEMES.format("%s") + ")",
+                                            (query_text(query),))
                    if "'" not in r[0] and "\\" not in r[0]]
         if not lexemes:
             return 0, {}

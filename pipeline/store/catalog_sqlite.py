@@ -18,13 +18,13 @@ from .._sqlite import transaction
 from ..errors import StoreError
 from ..records import Chunk, CollectionInfo, DocumentRecord, StoredChunk
 from . import sections as _sections
-from .terms import TermStats, words
+from .terms import TermStats, query_terms, words
 from .failures import storage_error
 from .schema import upgrade
 
 def fts_query(text: str) -> str | None:
     """An FTS5 query matching any word of ``text``: quoted so that no user input is FTS syntax."""
-    terms = words(text)
+    terms = query_terms(text)
     if not terms:
         return None
     return " OR ".join('"' + w.replace('"', '""') + '"' for w in terms)
@@ -182,7 +182,7 @@ class SQLiteCatalog:
     def term_stats(self, collection: str, query: str, chunk_id: str) -> "tuple[TermStats, set[str]]":
         """The query's words with their document frequencies in the index (0 for words it does not
         hold), and those of them that the chunk ``chunk_id`` contains (see :mod:`pipeline.retrieval.fusion`)."""
-        terms = words(query)
+        terms = query_terms(query)
         if not terms:
             return TermStats(0, {}), set()
         self.db.execute("CREATE VIRTUAL TABLE IF NOT EXISTS temp.chunks_vocab USING fts5vocab(main, chunks_fts, 'row')")
