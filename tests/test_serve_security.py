@@ -200,6 +200,29 @@ def test_a_text_part_that_is_not_a_string_is_a_400_through_the_openai_client(sit
     assert "Traceback" not in site["server"].output()
 
 
+def test_openai_fields_it_cannot_honour_are_a_400_and_ignored_ones_are_still_type_checked(site):
+    server = site["server"]
+    ask = [{"role": "user", "content": "What guards the vault?"}]
+    refused = {"n": 2, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+               "tool_choice": "required", "logprobs": True, "top_logprobs": 2,
+               "response_format": {"type": "json_object"}}
+    for name, value in refused.items():
+        status, answer, _ = server.request("POST", "/v1/chat/completions",
+                                           json_body={"messages": ask, "max_tokens": 1, name: value})
+        assert status == 400 and answer["error"]["code"] == "unsupported_parameter", (name, answer)
+    wrong = {"presence_penalty": "x", "frequency_penalty": 3, "top_p": True, "seed": 1.5, "user": 7, "n": 0}
+    for name, value in wrong.items():
+        status, answer, _ = server.request("POST", "/v1/chat/completions",
+                                           json_body={"messages": ask, "max_tokens": 1, name: value})
+        assert status == 400 and f"'{name}'" in answer["error"]["message"], (name, answer)
+    fine = {"n": 1, "tool_choice": "none", "presence_penalty": 0.5, "frequency_penalty": 0, "top_p": 0.9,
+            "seed": 7, "user": "u-1", "logprobs": False, "response_format": {"type": "text"}, "logit_bias": {}}
+    status, answer, _ = server.request("POST", "/v1/chat/completions",
+                                       json_body={"messages": ask, "max_tokens": 1, **fine})
+    assert status == 200 and len(answer["choices"]) == 1, answer
+    assert "Traceback" not in server.output()
+
+
 @pytest.mark.parametrize("body", [
     b'{"messages": [{"role": "user", "content": "what \\ud800 is it"}]}',
     b'{"messages": [{"role": "user", "content": [{"type": "text", "text": "a \\udfff"}]}]}',

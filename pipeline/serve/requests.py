@@ -138,6 +138,7 @@ class ChatRequest:
 
 
 def chat_request(body: Body) -> ChatRequest:
+    _refuse_unsupported(body)
     turns = messages(body.value("messages", list, required=True))
     ask = AskRequest.make(turns[-1]["content"], history=turns[:-1] or None,
                           temperature=body.number("temperature", low=0.0, high=MAX_TEMPERATURE),
@@ -147,6 +148,33 @@ def chat_request(body: Body) -> ChatRequest:
     stream_options = body.value("stream_options", dict) or {}
     return ChatRequest(ask=ask, stream=body.flag("stream"),
                        include_usage=stream_options.get("include_usage") is True)
+
+
+def _unsupported(message: str) -> HTTPError:
+    return HTTPError(400, message, code="unsupported_parameter")
+
+
+def _refuse_unsupported(body: Body) -> None:
+    """OpenAI fields this server cannot honour are a 400 that says so, never silently ignored;
+    sampling fields it ignores are still type-checked, as the others are."""
+    if body.integer("n", low=1, high=2**31 - 1) not in (None, 1):
+        raise _unsupported("only 'n' = 1 is supported: one answer per request")
+    if body.value("tools", list) or body.value("functions", list):
+        raise _unsupported("tools and functions are not supported: answers come from the documents")
+    choice = body.value("tool_choice", (str, dict))
+    if choice not in (None, "none", "auto"):
+        raise _unsupported("'tool_choice' other than \"none\" or \"auto\" is not supported (no tools)")
+    if body.flag("logprobs") or body.value("top_logprobs", int) is not None:
+        raise _unsupported("log probabilities are not supported")
+    fmt = body.value("response_format", dict)
+    if fmt is not None and fmt.get("type") != "text":
+        raise _unsupported("only the \"text\" response format is supported")
+    for name in ("presence_penalty", "frequency_penalty"):  # accepted, as llama-server does; not applied
+        body.number(name, low=-2.0, high=2.0)
+    body.number("top_p", low=0.0, high=1.0)
+    body.integer("seed", low=-(2**63), high=2**64 - 1)
+    body.value("user", str)
+    body.value("logit_bias", dict)
 
 
 def messages(items: list) -> list[dict]:
