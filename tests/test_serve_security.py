@@ -367,3 +367,40 @@ def test_a_client_that_leaves_stops_its_answer(tmp_path, model_home):
     finally:
         server.stop()
     assert busy < 0.5, f"the server used {busy:.1f} CPU-s in 5 s after its client left"
+
+
+def test_a_stop_during_a_long_answer_gives_it_a_503_not_a_bare_500(tmp_path, model_home):
+    """SIGTERM while an answer is still prefilling: it is cancelled before uvicorn's grace period ends
+    and answers a JSON 503 the client can retry on; the server exits cleanly, without a traceback."""
+    import threading
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i in range(7):  # about 7,000 tokens packed whole: a prefill far longer than the grace period here
+        (docs / f"manual{i}.md").write_text(f"# Manual {i}\n\n" + " ".join(
+            f"Valve {i}-{j} opens at {j * 7 % 97} bar and closes after {j % 13} seconds." for j in range(90)))
+    env = serve_env(tmp_path, model_home, RAG_ENGINE_N_CTX="8192", RAG_CACHE_ENABLED="false")
+    subprocess.run([sys.executable, "-m", "pipeline", "ingest", str(docs)], env=env, check=True,
+                   capture_output=True, timeout=600)
+    server = RagServer(env, log=tmp_path / "serve.log").start()
+    got = {}
+
+    def ask() -> None:
+        got["answer"] = server.request("POST", "/v1/chat/completions", timeout=120, json_body={
+            "messages": [{"role": "user", "content": "When does valve 2-40 close?"}], "max_tokens": 8})
+
+    try:
+        assert server.request("POST", "/search", json_body={"query": "valve"})[0] == 200  # the embedder loads
+        asking = threading.Thread(target=ask)
+        asking.start()
+        time.sleep(2)  # retrieval done, prefill under way
+        started = time.monotonic()
+        code = server.stop(signal.SIGTERM, timeout=60)
+        asking.join(60)
+    finally:
+        server.stop(signal.SIGKILL)
+    status, answer, _ = got["answer"]
+    assert (status, answer["error"]["code"]) == (503, "server_stopping"), (status, answer)
+    assert code == 0 and time.monotonic() - started < 30, server.output()
+    for bad in ("Traceback", "Exception in ASGI", "Cancel 1 running task"):
+        assert bad not in server.output(), server.output()

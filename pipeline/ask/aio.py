@@ -111,7 +111,8 @@ class AsyncAnswerStream:
     async def result(self) -> "Answer":
         async for _ in self:
             pass
-        assert self.answer is not None
+        if self.answer is None:  # cancelled between two pieces
+            raise Cancelled("cancelled")
         return self.answer
 
 

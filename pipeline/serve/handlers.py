@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
-from ..errors import RagError, redact
+from ..errors import Cancelled, RagError, redact
 from . import completions as oa
 from .folders import ReadableFolders
 from .http_errors import HTTPError, status_for
@@ -35,9 +35,21 @@ class Served:
     max_body: int
     model_name: str = ""
     ids: Any = field(default_factory=lambda: itertools.count(1))
+    answers: set = field(default_factory=set)  # the answers in flight (AsyncAnswerStream)
+    stopping: bool = False
 
     def __post_init__(self) -> None:
         self.model_name = self.model_name or redact(str(self.rag.config.models.generator))
+
+    def stop_answers(self) -> None:
+        """The server is stopping: every answer in flight is cancelled, and ends with a 503 (or, once
+        streaming, an error event) instead of being cut off with the connection."""
+        self.stopping = True
+        for stream in list(self.answers):
+            stream.cancel()
+
+
+STOPPING = "the server is stopping: ask again when it is back"
 
 
 def served(request: "Request") -> Served:
@@ -107,16 +119,28 @@ async def chat_completions(request: "Request"):
 
     s = served(request)
     chat = chat_request(await Body.read(request, limit=s.max_body))
+    if s.stopping:
+        raise HTTPError(503, STOPPING, "server_error", "server_stopping")
     reply = _Reply(s, chat)
     stream = s.rag.aask_stream(chat.ask)
+    s.answers.add(stream)
+    streaming = False
     try:
         if not chat.stream:
             answer = await until_gone(request, stream.result(), stream.cancel)
             return JSONResponse(oa.completion(reply.id, reply.created, s.model_name, answer, reply.limit))
         # The first piece (or the error before it) is awaited here: bad input is a 4xx, not a broken stream.
         first = await until_gone(request, _first(stream), stream.cancel)
+        streaming = True
     except ClientGone:
         return Response(status_code=499)
+    except Cancelled:
+        if s.stopping:
+            raise HTTPError(503, STOPPING, "server_error", "server_stopping") from None
+        raise
+    finally:
+        if not streaming:
+            s.answers.discard(stream)
     return StreamingResponse(reply.events(stream, first), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -158,6 +182,7 @@ class _Reply:
     """One chat completion's identity and limit, and its stream of server-sent events."""
 
     def __init__(self, s: Served, chat: ChatRequest):
+        self.served = s
         self.model = s.model_name
         self.id = f"chatcmpl-{next(s.ids)}-{uuid.uuid4().hex[:8]}"
         self.created = int(time.time())
@@ -175,8 +200,12 @@ class _Reply:
                     yield oa.sse(self._chunk({"content": piece}))
         except RagError as err:
             code, kind = status_for(err)
+            if isinstance(err, Cancelled) and self.served.stopping:
+                code, kind, err = 503, "server_error", STOPPING
             yield oa.sse({"error": {"message": str(err), "type": kind, "code": code}})
             return
+        finally:
+            self.served.answers.discard(stream)
         answer = stream.answer
         final = self._chunk({}, finish=oa.finish_reason(answer, self.limit))
         if answer is not None:

@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from ..errors import ConfigError, InputError
 from .folders import ReadableFolders
 from .guards import is_loopback
-from .limits import DEFAULT_MAX_BODY, DEFAULT_PORT, GRACEFUL_SHUTDOWN_SECONDS, MAX_HEADER_BYTES
+from .limits import (ANSWERS_GRACE_SECONDS, DEFAULT_MAX_BODY, DEFAULT_PORT, GRACEFUL_SHUTDOWN_SECONDS,
+                     MAX_HEADER_BYTES)
 
 if TYPE_CHECKING:
     from ..api import Pipeline
+    from .handlers import Served
     from .writer import IngestWriter
 
 TOKEN_ENV = "RAG_SERVE_TOKEN"
@@ -89,8 +91,30 @@ def run(rag: "Pipeline", *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, t
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS, http="h11",
                             h11_max_incomplete_event_size=MAX_HEADER_BYTES)
     with _signals_stop_the_server():
-        uvicorn.Server(config).run(sockets=[sock])
+        _server(config, app.state.served).run(sockets=[sock])
     _drain(app.state.writer, log)
+
+
+def _server(config, served: "Served"):
+    """uvicorn's server, which also cancels the answers still running shortly before its grace period
+    ends: each then gets a 503 it can act on, where uvicorn would cut it off with a bare 500."""
+    import asyncio
+
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        loop = None
+
+        async def serve(self, sockets=None):
+            self.loop = asyncio.get_running_loop()
+            await super().serve(sockets)
+
+        def handle_exit(self, sig, frame) -> None:
+            if not self.should_exit and self.loop is not None:  # a signal handler: hand it to the loop
+                self.loop.call_soon_threadsafe(self.loop.call_later, ANSWERS_GRACE_SECONDS, served.stop_answers)
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 class _signals_stop_the_server:
