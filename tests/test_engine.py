@@ -133,3 +133,22 @@ def test_timing_model_for_the_gpu_benchmark_loads_and_prefills(tmp_path, qtype):
     gen.read()
     assert gen.stats.prefill_tokens == 390 and gen.stats.prefill_tokens_per_second > 0
     eng.close()
+
+
+def test_llama_cpp_warnings_stay_off_stderr_and_its_errors_reach_it(capfd):
+    """llama-cpp-python's callback reads the levels in an older order and printed every warning (Gemma's
+    "using full-size SWA cache" on each question); the process's callback is ours, and prints errors."""
+    import ctypes
+
+    import llama_cpp.llama_cpp as c
+
+    from pipeline.engine._llama import log
+
+    installed, data = c.llama_log_callback(), ctypes.c_void_p()
+    c.llama_log_get(ctypes.byref(installed), ctypes.byref(data))
+    assert ctypes.cast(installed, ctypes.c_void_p).value == ctypes.cast(log._default.callback, ctypes.c_void_p).value
+    log._default._on_log(log.LOG_WARN, b"llama_kv_cache_iswa: using full-size SWA cache\n", None)
+    log._default._on_log(log.LOG_CONT, b"(continued warning)\n", None)
+    log._default._on_log(log.LOG_ERROR, b"gguf_init: failed to read magic\n", None)
+    err = capfd.readouterr().err
+    assert "SWA" not in err and "continued" not in err and "failed to read magic" in err

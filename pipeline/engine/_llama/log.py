@@ -1,9 +1,12 @@
-"""llama.cpp's log, captured: every level (debug included), chained to the callback in place before."""
+"""llama.cpp's log: captured (every level, debug included) and, outside a capture, shown as a
+command-line tool should: errors on stderr, warnings and chatter only when llama-cpp-python is verbose."""
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +22,28 @@ _OVERRIDE_LINE = re.compile(r"tensor (\S+) \((.*?)\) buffer type overridden to (
 # One capture at a time across threads (the log callback is process-wide);
 # re-entrant so captures nest on one thread.
 _log_lock = threading.RLock()
+
+
+class _Default:
+    """The process's llama.cpp log callback. llama-cpp-python's own reads the levels in an older order
+    and so prints every warning as an error (Gemma's "using full-size SWA cache" on every question)."""
+
+    def __init__(self) -> None:
+        self.last = LOG_INFO
+        self.callback = _llama_cpp_c.llama_log_callback(self._on_log)  # referenced while installed
+
+    def _on_log(self, level: int, text: bytes | None, user_data: Any) -> None:
+        try:
+            self.last = level = self.last if level == LOG_CONT else level
+            verbose = logging.NOTSET < logging.getLogger("llama-cpp-python").level <= logging.DEBUG  # set_verbose(True)
+            if level == LOG_ERROR or verbose:
+                print((text or b"").decode("utf-8", errors="replace"), end="", flush=True, file=sys.stderr)
+        except Exception:  # never let an exception cross into C
+            pass
+
+
+_default = _Default()
+_llama_cpp_c.llama_log_set(_default.callback, ctypes.c_void_p(0))
 
 
 @dataclass(frozen=True)
