@@ -404,3 +404,31 @@ def test_a_stop_during_a_long_answer_gives_it_a_503_not_a_bare_500(tmp_path, mod
     assert code == 0 and time.monotonic() - started < 30, server.output()
     for bad in ("Traceback", "Exception in ASGI", "Cancel 1 running task"):
         assert bad not in server.output(), server.output()
+
+
+def test_a_body_that_stalls_is_a_408_and_frees_the_request(monkeypatch):
+    """A client that opens a body and then sends nothing cannot hold its connection (an in-process
+    request: the real bound is 30 seconds)."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from pipeline.serve import limits
+    from pipeline.serve.http_errors import HTTPError
+    from pipeline.serve.requests import Body
+
+    monkeypatch.setattr(limits, "BODY_STALL_SECONDS", 0.2)
+    sent = []
+
+    async def receive():
+        if not sent:
+            sent.append(1)
+            return {"type": "http.request", "body": b'{"query": ', "more_body": True}
+        await asyncio.sleep(3600)
+
+    request = Request({"type": "http", "method": "POST", "path": "/search", "headers": []}, receive)
+    started = time.monotonic()
+    with pytest.raises(HTTPError) as caught:
+        asyncio.run(Body.read(request, limit=1000))
+    assert caught.value.status == 408 and "stalled" in caught.value.message
+    assert time.monotonic() - started < 5

@@ -13,6 +13,9 @@ DEFAULT_MAX_BODY = 1 << 20
 """Largest request body in bytes (``--max-body``)."""
 MAX_HEADER_BYTES = 64 << 10
 """Largest request line and headers together, in bytes (a 400 past it: the body limit bounds the rest)."""
+BODY_STALL_SECONDS = 30.0
+"""Longest wait for the next piece of a request body (a 408 past it): a client cannot hold a
+connection open by sending nothing."""
 MAX_PATHS = 1000
 """Most paths one ``POST /ingest`` may name."""
 MAX_TOKENS = 1_000_000
@@ -25,5 +28,5 @@ GRACEFUL_SHUTDOWN_SECONDS = 10
 ANSWERS_GRACE_SECONDS = GRACEFUL_SHUTDOWN_SECONDS - 2
 """How long after a stop answers still running are cancelled (a 503), before the server closes them."""
 
-__all__ = ["DEFAULT_PORT", "DEFAULT_MAX_BODY", "MAX_HEADER_BYTES", "MAX_PATHS", "MAX_TOKENS", "MAX_TEMPERATURE",
+__all__ = ["DEFAULT_PORT", "DEFAULT_MAX_BODY", "MAX_HEADER_BYTES", "BODY_STALL_SECONDS", "MAX_PATHS", "MAX_TOKENS", "MAX_TEMPERATURE",
            "MAX_TOP_K", "FINISHED_JOBS_KEPT", "GRACEFUL_SHUTDOWN_SECONDS", "ANSWERS_GRACE_SECONDS"]

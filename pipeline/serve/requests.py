@@ -7,6 +7,7 @@ range, text that is not Unicode (a lone surrogate), JSON nested too deeply to pa
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from ..ask.request import AskRequest
 from ..errors import InputError
 from ..inputs import MAX_TOP_K, check_text
 from .http_errors import HTTPError
+from . import limits
 from .limits import MAX_PATHS, MAX_TEMPERATURE, MAX_TOKENS
 
 if TYPE_CHECKING:
@@ -47,14 +49,22 @@ class Body:
         from starlette.requests import ClientDisconnect
 
         raw = bytearray()
+        parts = request.stream().__aiter__()
         try:
-            async for part in request.stream():
+            while True:
+                try:
+                    part = await asyncio.wait_for(parts.__anext__(), limits.BODY_STALL_SECONDS)
+                except StopAsyncIteration:
+                    break
                 raw += part
                 if len(raw) > limit:
                     raise too_large
         except ClientDisconnect:  # nobody is left to answer; end the request without a traceback
             raise HTTPError(400, "the client closed the connection before sending the whole body",
                             code="client_disconnected") from None
+        except asyncio.TimeoutError:  # a client that holds the connection open without sending
+            raise HTTPError(408, f"the request body stalled for {limits.BODY_STALL_SECONDS:g} seconds",
+                            code="request_timeout") from None
         try:
             data = json.loads(bytes(raw) or b"null", parse_constant=_no_constant)
         except RecursionError:
