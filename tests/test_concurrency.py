@@ -379,3 +379,86 @@ def test_an_engine_pool_routes_a_question_to_the_engine_holding_its_documents(ma
     assert b.waiting == 0 and a.held(second.prompt.tokens, prefix_len=len(second.prompt.prefix_tokens)) == 0
     back = rag.ask("What does flash attention reduce?", doc=ingested / "guide.md")
     assert back.stats.cached_tokens >= len(first.prompt.prefix_tokens) > 0
+
+
+_CLOSE_UNDER_LOAD = r"""
+import os, sys, threading, time
+from pipeline import Pipeline
+from pipeline.errors import RagError
+
+report = os.dup(1)
+def devnull(fd):
+    a, b = os.fstat(fd), os.stat(os.devnull)
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+rag = Pipeline.from_config(overrides={"engine.n_ctx": 768, "ask.max_tokens": 4, "ask.top_k": 2})
+first = [threading.Thread(target=rag.search, args=("potassium",)), threading.Thread(target=rag.warm)]
+for t in first: t.start()
+for t in first: t.join()
+rag.close()
+stop, other = time.monotonic() + 10, []
+
+def searcher():
+    while time.monotonic() < stop:
+        try:
+            rag.search("potassium bananas " * 30, top_k=2)  # a long query: a long embedding
+        except RagError:
+            pass
+        except BaseException as exc:
+            other.append(repr(exc))
+
+threads = [threading.Thread(target=searcher)]
+for t in threads: t.start()
+closes = 0
+while time.monotonic() < stop:
+    time.sleep(0.02)
+    rag.close(); closes += 1
+for t in threads: t.join()
+rag.close()
+os.write(report, f"closes={closes} devnull={devnull(1)},{devnull(2)} other={other}\n".encode())
+"""
+
+
+def test_close_under_searches_and_two_first_loads_at_once_neither_crash_nor_silence_the_process(ingested):
+    """close() freed the embedder under a running search (a segfault), and two models loading at once
+    left fds 1 and 2 on /dev/null (llama-cpp-python silences each load by redirecting them)."""
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "-c", _CLOSE_UNDER_LOAD], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, (ran.returncode, ran.stdout[-2000:], ran.stderr[-3000:])
+    line = ran.stdout.strip().splitlines()[-1]
+    assert "devnull=False,False other=[]" in line and int(line.split()[0].split("=")[1]) > 10, line
+
+
+_CLOSE_DURING_EMBEDDING = r"""
+import threading, time
+import numpy as np
+from pipeline import Pipeline
+
+rag = Pipeline.from_config()
+embedder = rag.runtime.embedder
+seqs = [embedder.sequence("bananas are rich in potassium " * 40)] * 60  # a second or more of decoding
+alone = embedder.embed_tokens(seqs[:1])
+got = {}
+worker = threading.Thread(target=lambda: got.setdefault("v", embedder.embed_tokens(seqs)))
+worker.start()
+time.sleep(0.3)
+started = time.monotonic()
+embedder.close()  # waits for the decode above, then frees the model
+waited = time.monotonic() - started
+worker.join()
+print(f"waited={waited:.2f} same={bool(np.allclose(got['v'][0], alone[0], atol=1e-5))}")
+print(f"after={embedder.embed_tokens(seqs[:1]).shape}")  # a later call loads it again
+"""
+
+
+def test_closing_the_embedder_mid_decode_waits_for_it_instead_of_freeing_the_model_under_it(ingested):
+    import subprocess
+    import sys
+
+    ran = subprocess.run([sys.executable, "-c", _CLOSE_DURING_EMBEDDING], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, (ran.returncode, ran.stdout[-2000:], ran.stderr[-3000:])
+    waited, same = ran.stdout.split()[0:2]
+    assert float(waited.split("=")[1]) > 0.1 and same == "same=True", ran.stdout
+    assert "after=(1, 384)" in ran.stdout

@@ -11,9 +11,10 @@ per-decode overhead dominates and packing chunks up to a large micro-batch wins.
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np  # light (~0.1 s); llama_cpp loads only with the model
 
@@ -46,7 +47,9 @@ class Embedder(EmbedderBase):
         self.flash_attn = flash_attn
         self.gpu_layers = gpu_layers
         self._batch_tokens = batch_tokens
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one decode at a time
+        self._users = threading.Condition()  # guards _in_use, which close() waits on
+        self._in_use: dict[int, int] = {}  # id(model) -> calls using it now
 
     @cached_property
     def gpu(self) -> bool:
@@ -98,13 +101,37 @@ class Embedder(EmbedderBase):
         llm = self.llm
         return min(llm.n_ctx_train, llm.n_ubatch) - 2
 
+    @contextmanager
+    def _model(self) -> Iterator:
+        """The loaded model, held for one call: :meth:`close` frees it only once no call uses it."""
+        llm = self.llm
+        with self._users:
+            if self.__dict__.get("llm") is not llm:  # closed between the two lines: load again
+                llm = None
+            else:
+                self._in_use[id(llm)] = self._in_use.get(id(llm), 0) + 1
+        if llm is None:
+            with self._model() as llm:
+                yield llm
+            return
+        try:
+            yield llm
+        finally:
+            with self._users:
+                self._in_use[id(llm)] -= 1
+                if not self._in_use[id(llm)]:
+                    del self._in_use[id(llm)]
+                    self._users.notify_all()
+
     def tokenize(self, text: str) -> list[int]:
         """Content tokens of ``text`` (no special tokens): what chunk sizes are measured in."""
-        return self.llm.tokenize(text, add_bos=False, special=False)
+        with self._model() as llm:
+            return llm.tokenize(text, add_bos=False, special=False)
 
     def sequence(self, text: str) -> list[int]:
         """The tokens of one embedding input: [CLS] ``text`` [SEP], cut to :attr:`max_tokens` in between."""
-        tokens = self.llm.tokenize(text, add_bos=True, special=False)
+        with self._model() as llm:
+            tokens = llm.tokenize(text, add_bos=True, special=False)
         limit = self.max_tokens + 2
         if len(tokens) > limit:  # the encoder would abort the process, not raise
             tokens = tokens[: limit - 1] + tokens[-1:]
@@ -113,8 +140,8 @@ class Embedder(EmbedderBase):
     def embed_tokens(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
         out = np.empty((len(seqs), self.dim), dtype=np.float32)
         group_limit = self.group_tokens
-        n_seq_max = self.llm.n_seq_max
-        with self._lock:
+        with self._lock, self._model() as llm:
+            n_seq_max = llm.n_seq_max
             start = 0
             while start < len(seqs):
                 end, used = start + 1, len(seqs[start])
@@ -123,16 +150,13 @@ class Embedder(EmbedderBase):
                            and used + len(seqs[end]) <= group_limit):
                         used += len(seqs[end])
                         end += 1
-                out[start:end] = self._decode(seqs[start:end])
+                try:
+                    out[start:end] = llm.embed_sequences(seqs[start:end])
+                except EngineError as exc:
+                    raise EngineError(f"llama.cpp failed to embed a batch: {exc}") from None
                 start = end
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         return out / np.maximum(norms, 1e-12)
-
-    def _decode(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
-        try:
-            return self.llm.embed_sequences(seqs)
-        except EngineError as exc:
-            raise EngineError(f"llama.cpp failed to embed a batch: {exc}") from None
 
     @cached_property
     def identity(self) -> str:
@@ -141,7 +165,11 @@ class Embedder(EmbedderBase):
         return file_identity(self.model_path)
 
     def close(self) -> None:
-        llm = self.__dict__.pop("llm", None)
+        """Free the model once the calls using it have finished (a later call loads it again)."""
+        with self._users:
+            llm = self.__dict__.pop("llm", None)
+            while llm is not None and self._in_use.get(id(llm)):
+                self._users.wait()
         if llm is not None:
             llm.close()
 

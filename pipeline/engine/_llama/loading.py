@@ -26,6 +26,9 @@ from .model import Model
 from .overrides import TensorOverrides
 
 _MODEL_PARAM_FIELDS = {name for name, _ in _llama_cpp_c.llama_model_params._fields_}
+# llama-cpp-python silences a load by pointing the process's stdout and stderr (fds 1 and 2) at
+# /dev/null and back; two loads at once restore each other's /dev/null, and every later print is lost.
+_constructing = threading.Lock()
 _local = threading.local()  # .pending: dict of field -> value for this thread's next load
 _install_lock = threading.Lock()
 _original_load = None
@@ -136,7 +139,8 @@ def load(
     _local.applied = False
     _local.context = {"n_seq_max": n_seq_max, "kv_unified": True} if n_seq_max > 1 and not embedding else None
     try:
-        llm = llama_cpp.Llama(model_path=str(model_path), **kwargs)
+        with _constructing:
+            llm = llama_cpp.Llama(model_path=str(model_path), **kwargs)
     except (ValueError, RuntimeError) as exc:  # llama-cpp-python reports load failures as ValueError
         raise ModelLoadError(model_path, str(exc)) from exc
     finally:
