@@ -462,3 +462,40 @@ def test_closing_the_embedder_mid_decode_waits_for_it_instead_of_freeing_the_mod
     waited, same = ran.stdout.split()[0:2]
     assert float(waited.split("=")[1]) > 0.1 and same == "same=True", ran.stdout
     assert "after=(1, 384)" in ran.stdout
+
+
+def test_two_threads_creating_a_store_by_ingesting_both_succeed(tmp_path, model_home):
+    """The first ingests into a store that does not exist yet: one failed on "database is locked"
+    (the catalog's switch to WAL) or on a UNIQUE collection row, and its Chroma collection was
+    deleted under the other (threads of one process raced to create the collection)."""
+    from pipeline import Pipeline
+
+    for attempt in range(6):
+        base = tmp_path / str(attempt)
+        folders = []
+        for tag in ("alpha", "beta"):
+            (base / tag).mkdir(parents=True)
+            for i in range(2):
+                (base / tag / f"{tag}{i}.md").write_text(f"# {tag} {i}\n\nBananas are rich in potassium, {tag} {i}.\n")
+            folders.append(base / tag)
+        rag = Pipeline.from_config(overrides={"store.path": str(base / "store"), "cache.path": str(base / "cache")})
+        try:
+            rag.embedder.dim  # loaded first: only the store's creation races
+            outcomes: dict[str, str] = {}
+
+            def ingest(folder):
+                try:
+                    outcomes[folder.name] = f"{rag.ingest([folder]).count('new')} new"
+                except Exception as exc:  # noqa: BLE001 - reported below
+                    outcomes[folder.name] = repr(exc)
+
+            threads = [threading.Thread(target=ingest, args=(f,)) for f in folders]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            assert outcomes == {"alpha": "2 new", "beta": "2 new"}, (attempt, outcomes)
+            st = rag.status()
+            assert (st.documents, st.dense_chunks) == (4, 4)
+        finally:
+            rag.close()

@@ -9,18 +9,24 @@ refused in embedded mode).
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from .._sqlite import transaction
+from .._sqlite import connect, transaction
 from ..errors import StoreError
 from ..records import Chunk, CollectionInfo, DocumentRecord, StoredChunk
 from . import sections as _sections
 from .terms import TermStats, query_terms, words
 from .failures import storage_error
 from .schema import upgrade
+
+# One lock per catalog file, shared by every connection of this process (see collection_lock).
+_COLLECTION_LOCKS: dict[str, threading.RLock] = {}
+_COLLECTION_LOCKS_MU = threading.Lock()
+
 
 def fts_query(text: str) -> str | None:
     """An FTS5 query matching any word of ``text``: quoted so that no user input is FTS syntax."""
@@ -41,12 +47,12 @@ class SQLiteCatalog:
     def __init__(self, path: Path):
         self.path = path
         try:
-            self.db = sqlite3.connect(path, isolation_level=None, timeout=30)
+            self.db = connect(path, timeout=30)  # WAL, waiting out another connection switching a new file
+        except sqlite3.OperationalError as exc:
+            raise storage_error(exc, path.parent, doing="opening the catalog of") from None
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open the catalog {path}: {exc}") from None
         try:
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")
             self.migrated_from = upgrade(self.db, path=path)
         except BaseException as exc:
             self.db.close()
@@ -62,8 +68,12 @@ class SQLiteCatalog:
 
     @contextmanager
     def collection_lock(self, name: str) -> Iterator[None]:
-        """Held while a collection is created or dropped; the store lock already serialises processes."""
-        yield
+        """Held while a collection is created or dropped: the store lock serialises processes, this
+        the threads of one process (each with its own catalog connection)."""
+        with _COLLECTION_LOCKS_MU:
+            lock = _COLLECTION_LOCKS.setdefault(str(self.path.resolve()), threading.RLock())
+        with lock:
+            yield
 
     @contextmanager
     def document_lock(self, collection: str, source: str, *, wait: bool = True) -> Iterator[bool]:
