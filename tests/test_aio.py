@@ -123,3 +123,29 @@ def test_cancel_token_on_a_sync_call_and_errors_reach_the_awaiting_task(make_pip
         token = CancelToken()
         token.cancel()
         rag.ask(QUESTIONS[0], cancel=token)
+
+
+def test_leaving_an_async_for_or_an_async_with_early_cancels_the_call(make_pipeline, ingested):
+    """An abandoned stream used to decode to max_tokens while holding the engine, and every other
+    question waited behind it."""
+    import gc
+
+    rag = make_pipeline(**{**FAST, "ask__max_tokens": 600})
+
+    async def main():
+        stream = rag.aask_stream(QUESTIONS[0])
+        dropped, finished = stream.cancel_token, stream.finished
+        async for _ in stream:
+            break
+        del stream  # as `async for piece in rag.aask_stream(q): break` drops its stream
+        gc.collect()
+        async with rag.aask_stream(QUESTIONS[1]) as stream:
+            left = stream.cancel_token
+            async for _ in stream:
+                break
+        return dropped, finished, left, stream.finished
+
+    dropped, finished, left, left_finished = asyncio.run(main())
+    assert dropped.cancelled and left.cancelled
+    assert finished.wait(60) and left_finished.wait(60)  # both gave the engine back
+    assert rag.ask(QUESTIONS[2], max_tokens=4).text

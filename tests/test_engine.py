@@ -150,5 +150,10 @@ def test_llama_cpp_warnings_stay_off_stderr_and_its_errors_reach_it(capfd):
     log._default._on_log(log.LOG_WARN, b"llama_kv_cache_iswa: using full-size SWA cache\n", None)
     log._default._on_log(log.LOG_CONT, b"(continued warning)\n", None)
     log._default._on_log(log.LOG_ERROR, b"gguf_init: failed to read magic\n", None)
+    for cancelled in (b"process_ubatch: failed to compute graph, compute status: 1\n",
+                      b"llama_decode: failed to decode, ret = 2\n"):  # a cancel is not an error
+        log._default._on_log(log.LOG_ERROR, cancelled, None)
+    log._default._on_log(log.LOG_ERROR, b"llama_decode: failed to decode, ret = -1\n", None)
     err = capfd.readouterr().err
     assert "SWA" not in err and "continued" not in err and "failed to read magic" in err
+    assert "status: 1" not in err and "ret = 2" not in err and "ret = -1" in err

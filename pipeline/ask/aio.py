@@ -6,9 +6,10 @@ engine's FIFO queue; see :mod:`pipeline.concurrency`), and pieces come back to t
 executor: streams wait for the engine for as long as the queue is, and eight of them
 would exhaust a small executor that other work needs.
 
-Cancelling the awaiting task (or ``aclose()``, or leaving an ``async for`` early)
-cancels the call: one that waits for the engine leaves the queue, one that prefills
-or decodes stops within one micro-batch (llama.cpp's abort callback).
+Cancelling the awaiting task, ``aclose()``, leaving an ``async with`` block, or dropping an
+unfinished stream (leaving ``async for piece in pipeline.aask_stream(q)`` early drops it)
+cancels the call: one that waits for the engine leaves the queue, one that prefills or
+decodes stops within one micro-batch (llama.cpp's abort callback).
 """
 
 from __future__ import annotations
@@ -34,17 +35,18 @@ class AsyncAnswerStream:
         self._queue: asyncio.Queue | None = None
         self._thread: threading.Thread | None = None
         self._done = False
-        self._closed: BaseException | None = None  # the pipeline was closed under it: the next read says so
+        # The pipeline was closed under it: the next read says so. A box, not an attribute set by the
+        # worker thread, so that the thread holds no reference to the stream (see __del__).
+        self._closed: list[BaseException] = []
         self.finished = threading.Event()  # set when the worker thread has given the engine back
 
     def __aiter__(self) -> "AsyncAnswerStream":
         return self
 
     async def __anext__(self) -> str:
-        if self._closed is not None:
+        if self._closed:
             self._done = True
-            closed, self._closed = self._closed, None
-            raise closed
+            raise self._closed.pop()
         if self._done:
             raise StopAsyncIteration
         if self._queue is None:
@@ -63,14 +65,14 @@ class AsyncAnswerStream:
         if kind == "done":
             self.answer = value
             raise StopAsyncIteration
-        self._closed = None
+        self._closed.clear()
         raise value
 
     def _launch(self) -> None:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         self._queue = queue
-        token = self.cancel_token
+        token, start, closed, finished = self.cancel_token, self._start, self._closed, self.finished
 
         def put(item) -> None:
             try:
@@ -81,7 +83,7 @@ class AsyncAnswerStream:
         def work() -> None:
             try:
                 token.raise_if_cancelled()
-                stream = self._start(token)
+                stream = start(token)
                 put(("sources", stream.sources))
                 with stream:
                     for piece in stream:
@@ -90,12 +92,12 @@ class AsyncAnswerStream:
                         put(("piece", piece))
                 put(("done", stream.answer))
             except EngineClosed as exc:  # pieces not read yet are void: the next read raises
-                self._closed = exc
+                closed.append(exc)
                 put(("error", exc))
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
                 put(("error", exc))
             finally:
-                self.finished.set()
+                finished.set()
 
         self._thread = threading.Thread(target=work, name="rag-aask", daemon=True)
         self._thread.start()
@@ -107,6 +109,17 @@ class AsyncAnswerStream:
 
     async def aclose(self) -> None:
         self.cancel()
+
+    async def __aenter__(self) -> "AsyncAnswerStream":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self.answer is None:
+            self.cancel()
+
+    def __del__(self) -> None:
+        if self.answer is None and not self.cancel_token.cancelled:  # dropped unfinished: nobody will read it
+            self.cancel_token.cancel()
 
     async def result(self) -> "Answer":
         async for _ in self:

@@ -18,6 +18,10 @@ import llama_cpp.llama_cpp as _llama_cpp_c
 # has an older order, INFO=1 ... DEBUG=4, and so misclassifies every level.)
 LOG_NONE, LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_CONT = range(6)
 
+# What llama.cpp logs as errors when a decode was cancelled on purpose (its abort callback said so:
+# ggml status 1 = aborted, llama_decode 2 = aborted), and the memory clean-up that follows.
+_ABORTED = re.compile(r"compute status: 1\b|failed with error 1\b|failed to decode, ret = 2\b"
+                      r"|removing memory module entries")
 _OVERRIDE_LINE = re.compile(r"tensor (\S+) \((.*?)\) buffer type overridden to (\S+)")
 # One capture at a time across threads (the log callback is process-wide);
 # re-entrant so captures nest on one thread.
@@ -35,9 +39,10 @@ class _Default:
     def _on_log(self, level: int, text: bytes | None, user_data: Any) -> None:
         try:
             self.last = level = self.last if level == LOG_CONT else level
+            line = (text or b"").decode("utf-8", errors="replace")
             verbose = logging.NOTSET < logging.getLogger("llama-cpp-python").level <= logging.DEBUG  # set_verbose(True)
-            if level == LOG_ERROR or verbose:
-                print((text or b"").decode("utf-8", errors="replace"), end="", flush=True, file=sys.stderr)
+            if verbose or level == LOG_ERROR and not _ABORTED.search(line):
+                print(line, end="", flush=True, file=sys.stderr)
         except Exception:  # never let an exception cross into C
             pass
 
