@@ -58,3 +58,16 @@ def test_kill_9_while_replacing_documents_keeps_old_or_new_never_both(fake_pipel
     assert report.count("changed") >= 1 and report.count("changed") + report.count("unchanged") == N_DOCS
     _check_consistent(rag, root)
     assert all(" v2 " in h.text for h in rag.search("quick brown fox", top_k=30))
+
+
+def test_a_second_lock_in_the_same_process_names_this_process_not_another(tmp_path):
+    """Two Pipelines on one embedded store in one process: the second waits, then says who holds it."""
+    from pipeline.errors import StoreBusyError
+    from pipeline.store.lock import StoreLock
+
+    with StoreLock(tmp_path, wait=0.2):
+        with pytest.raises(StoreBusyError, match="another Pipeline in this process") as caught:
+            StoreLock(tmp_path, wait=0.2).acquire()
+    assert "another rag process" not in str(caught.value)
+    with StoreLock(tmp_path, wait=0.2):  # released: free again
+        pass

@@ -45,10 +45,12 @@ class StoreLock:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    holder = self._holder()
+                    pid, holder = self._holder()
                     os.close(fd)
+                    who = ("another Pipeline in this process (share one Pipeline between threads instead)"
+                           if pid == os.getpid() else f"another rag process{holder}")
                     raise StoreBusyError(
-                        f"the store {self.path.parent} is in use by another rag process{holder}; "
+                        f"the store {self.path.parent} is in use by {who}; "
                         f"waited {self.wait:g} s (raise store.wait or RAG_STORE_WAIT to wait longer)"
                     ) from None
                 time.sleep(self.poll)
@@ -60,15 +62,16 @@ class StoreLock:
         self._fd = fd
         return self
 
-    def _holder(self) -> str:
+    def _holder(self) -> tuple[int | None, str]:
+        """The holder's pid, and the words naming it (" (pid N: command)")."""
         try:
             info = json.loads(self.path.read_text() or "{}")
         except (OSError, ValueError):
-            return ""
-        if not info.get("pid"):
-            return ""
+            return None, ""
+        if not isinstance(info, dict) or not info.get("pid"):
+            return None, ""
         cmd = " ".join(Path(a).name if i == 0 else a for i, a in enumerate(info.get("argv") or []))
-        return f" (pid {info['pid']}{': ' + cmd if cmd else ''})"
+        return info["pid"], f" (pid {info['pid']}{': ' + cmd if cmd else ''})"
 
     def release(self) -> None:
         if self._fd is not None:
