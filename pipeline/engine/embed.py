@@ -102,7 +102,7 @@ class Embedder(EmbedderBase):
         return min(llm.n_ctx_train, llm.n_ubatch) - 2
 
     @contextmanager
-    def _model(self) -> Iterator:
+    def _borrowed(self) -> Iterator:
         """The loaded model, held for one call: :meth:`close` frees it only once no call uses it."""
         llm = self.llm
         with self._users:
@@ -111,7 +111,7 @@ class Embedder(EmbedderBase):
             else:
                 self._in_use[id(llm)] = self._in_use.get(id(llm), 0) + 1
         if llm is None:
-            with self._model() as llm:
+            with self._borrowed() as llm:
                 yield llm
             return
         try:
@@ -125,12 +125,12 @@ class Embedder(EmbedderBase):
 
     def tokenize(self, text: str) -> list[int]:
         """Content tokens of ``text`` (no special tokens): what chunk sizes are measured in."""
-        with self._model() as llm:
+        with self._borrowed() as llm:
             return llm.tokenize(text, add_bos=False, special=False)
 
     def sequence(self, text: str) -> list[int]:
         """The tokens of one embedding input: [CLS] ``text`` [SEP], cut to :attr:`max_tokens` in between."""
-        with self._model() as llm:
+        with self._borrowed() as llm:
             tokens = llm.tokenize(text, add_bos=True, special=False)
         limit = self.max_tokens + 2
         if len(tokens) > limit:  # the encoder would abort the process, not raise
@@ -140,7 +140,7 @@ class Embedder(EmbedderBase):
     def embed_tokens(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
         out = np.empty((len(seqs), self.dim), dtype=np.float32)
         group_limit = self.group_tokens
-        with self._lock, self._model() as llm:
+        with self._lock, self._borrowed() as llm:
             n_seq_max = llm.n_seq_max
             start = 0
             while start < len(seqs):
