@@ -118,8 +118,9 @@ class AsyncAnswerStream:
             self.cancel()
 
     def __del__(self) -> None:
-        if self.answer is None and not self.cancel_token.cancelled:  # dropped unfinished: nobody will read it
-            self.cancel_token.cancel()
+        token = getattr(self, "cancel_token", None)
+        if token is not None and getattr(self, "answer", None) is None and not token.cancelled:
+            token.cancel()  # dropped unfinished: nobody will read it
 
     async def result(self) -> "Answer":
         async for _ in self:
