@@ -55,15 +55,27 @@ WINDOW, STRIDE = 128, 64
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n\n")
 
 
-def extra_vectors(rag: Pipeline, store, path: Path) -> tuple[list[str], np.ndarray, np.ndarray, float]:
-    """(chunk ids, heading-path vectors, first-sentence vectors, seconds to embed them), cached at ``path``."""
+def _chunk_rows(store) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """The collection's (chunk id, header, text) rows in order, and their ids."""
     rows = store.catalog.db.execute("SELECT chunk_id, coalesce(context, ''), text FROM chunks WHERE collection = ?"
                                     " ORDER BY id", (store.name,)).fetchall()
-    ids = [r[0] for r in rows]
+    return rows, [r[0] for r in rows]
+
+
+def _cached(path: Path, ids: list[str]):
+    """The vectors saved at ``path`` for exactly these chunks, or None."""
     if path.exists():
         z = np.load(path, allow_pickle=False)
         if list(z["ids"]) == ids:
-            return ids, z["heads"], z["firsts"], float(z["seconds"])
+            return z
+    return None
+
+
+def extra_vectors(rag: Pipeline, store, path: Path) -> tuple[list[str], np.ndarray, np.ndarray, float]:
+    """(chunk ids, heading-path vectors, first-sentence vectors, seconds to embed them), cached at ``path``."""
+    rows, ids = _chunk_rows(store)
+    if (z := _cached(path, ids)) is not None:
+        return ids, z["heads"], z["firsts"], float(z["seconds"])
     heads = [c.split("\n")[0] for _, c, _ in rows]
     firsts = [_SENTENCE.split(t.strip(), maxsplit=1)[0][:400] for _, _, t in rows]
     started = time.perf_counter()
@@ -76,13 +88,9 @@ def extra_vectors(rag: Pipeline, store, path: Path) -> tuple[list[str], np.ndarr
 def window_vectors(rag: Pipeline, store, path: Path) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray, float]:
     """(chunk ids, window vectors, the row of each window's chunk, each window's start in STRIDE
     steps, seconds to embed them), cached at ``path``."""
-    rows = store.catalog.db.execute("SELECT chunk_id, coalesce(context, ''), text FROM chunks WHERE collection = ?"
-                                    " ORDER BY id", (store.name,)).fetchall()
-    ids = [r[0] for r in rows]
-    if path.exists():
-        z = np.load(path, allow_pickle=False)
-        if list(z["ids"]) == ids:
-            return ids, z["vectors"], z["owner"], z["step"], float(z["seconds"])
+    rows, ids = _chunk_rows(store)
+    if (z := _cached(path, ids)) is not None:
+        return ids, z["vectors"], z["owner"], z["step"], float(z["seconds"])
     texts, owner, step = [], [], []
     for i, (_, context, text) in enumerate(rows):
         words = text.split()
