@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from pipeline.dev.synthetic import write_moe_model  # noqa: E402
 from pipeline.engine import _llama  # noqa: E402
 from pipeline.engine._llama import composing as mem  # noqa: E402
-from pipeline.engine.compose import Piece, Seams, StatesInMemory, compose  # noqa: E402
+from pipeline.engine.reuse.compose import Piece, Seams, StatesInMemory, compose  # noqa: E402
 
 
 def decode(model, tokens, pos):

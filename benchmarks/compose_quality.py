@@ -4,7 +4,7 @@ For each question: a sections-mode prompt ``[head][S1]..[Sk][question]`` as the 
 lays it out (the chat template, the system prompt, sections rendered with their headers
 and page marks, in canonical order; the answer's section and k-1 others drawn at random),
 prefilled exactly, and the same prompt composed from section states computed on their own
-(:mod:`pipeline.engine.compose`) with each way of choosing the tokens recomputed at the seams:
+(:mod:`pipeline.engine.reuse.compose`) with each way of choosing the tokens recomputed at the seams:
 
   none                  nothing recomputed
   first r               the first r tokens of each moved section (EPIC's choice)
@@ -51,7 +51,7 @@ from pipeline.ask.prompt import Layout, render_section  # noqa: E402
 from pipeline.engine import _llama  # noqa: E402
 from pipeline.engine._llama import composing as mem  # noqa: E402
 from pipeline.engine._llama import state_format as kv_state  # noqa: E402
-from pipeline.engine.compose import Piece, Seams, StatesInMemory, compose  # noqa: E402
+from pipeline.engine.reuse.compose import Piece, Seams, StatesInMemory, compose  # noqa: E402
 from pipeline.records import Section  # noqa: E402
 
 MODELS = {"smollm2": "builtin:SmolLM2-135M-Instruct", "gemma3": "builtin:gemma-3-270m"}

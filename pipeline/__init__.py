@@ -23,7 +23,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Pipeline": "api", "CollectionStatus": "collection", "AskRequest": "ask.request",
     "Answer": "ask.answer", "AnswerStream": "ask.answer", "AskStats": "ask.answer",
-    "AskOptions": "ask.request", "AsyncAnswerStream": "ask.aio", "CancelToken": "concurrency",
+    "AskOptions": "ask.request", "AsyncAnswerStream": "ask.aio", "CancelToken": "engine.context_lock",
     "PrefillProgress": "ask.progress",
     "Config": "config", "load_config": "config",
     "Hit": "records", "Passage": "records",
@@ -41,8 +41,8 @@ if TYPE_CHECKING:
     from .ask.answer import Answer, AnswerStream, AskStats
     from .api import Pipeline
     from .collection import CollectionStatus
-    from .concurrency import CancelToken
     from .config import Config, load_config
+    from .engine.context_lock import CancelToken
     from .engine.contract import EngineStats, TextEmbedder, TextGenerator
     from .errors import (Cancelled, ConfigError, EngineClosed, EngineError, InputError, LoadError, ModelError,
                          RagError, StoreBusyError, StoreError)

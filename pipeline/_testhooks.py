@@ -8,9 +8,9 @@ cannot hit reliably. These places are marked:
   commit is not (``RAG_TEST_KILL_BEFORE_COMMIT``);
 - ``AFTER_COMMITS`` (the summarisation job stores): right after a unit or a result is committed
   (``RAG_TEST_KILL_AFTER_COMMITS``), so a job stops mid-map, mid-reduce or between documents;
-- ``SECTION_SAVED`` (:mod:`pipeline.engine.section_states`): a section's state was saved
+- ``SECTION_SAVED`` (:mod:`pipeline.engine.cache.sections`): a section's state was saved
   (``rag warm --sections``, or a composed prompt computing a section);
-- ``COMPOSING`` (:mod:`pipeline.engine.compose`): a section was placed in a prompt being composed;
+- ``COMPOSING`` (:mod:`pipeline.engine.reuse.compose`): a section was placed in a prompt being composed;
 - ``SECTIONS_RECUT`` (:mod:`pipeline.collection`): one document's sections were cut again and
   committed (``rag sections --recut``), the next not yet.
 

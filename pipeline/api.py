@@ -7,7 +7,7 @@ between calls. Each method is one operation, carried out where it belongs:
 :mod:`.ask` (answers, warming), :mod:`.retrieval` (search, evaluation),
 :mod:`.summarize`, :mod:`.collection` (ingest, status, drop), :mod:`.planner.front`.
 
-A pipeline is safe to share between threads: see :mod:`.concurrency` for what runs
+A pipeline is safe to share between threads: see :mod:`.engine.pool` for what runs
 at the same time (retrieval beside generation, generation one prompt at a time per
 engine, first come first served) and how calls are cancelled.
 """
@@ -23,7 +23,7 @@ from .ask import flow
 from .ask.answer import Answer, AnswerStream
 from .ask.request import AskRequest, Paths
 from .collection import CollectionStatus
-from .concurrency import CancelToken
+from .engine.context_lock import CancelToken
 from .config import Config, load_config
 from .runtime import Runtime
 
@@ -267,7 +267,7 @@ class Pipeline:
         (:class:`~pipeline.errors.Cancelled`); ``progress`` receives a
         :class:`~.ask.progress.PrefillProgress` after each prefilled piece. ``question`` may be an
         :class:`~.ask.request.AskRequest` holding all of these instead. Safe to call from many
-        threads (see :mod:`.concurrency`).
+        threads (see :mod:`.engine.pool`).
         """
         with self.ask_stream(question, doc=doc, source=source, mode=mode, top_k=top_k, temperature=temperature,
                              max_tokens=max_tokens, system_prompt=system_prompt, stop=stop, cancel=cancel,

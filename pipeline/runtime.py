@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from . import models
-from .concurrency import EnginePool, once
+from .engine.once import once
+from .engine.pool import EnginePool
 from .config import Config
 from .store.shared import SharedStore
 from .store.store import Store
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from .engine.cache.ram import RamStates
     from .engine.cache.store import PrefixCache
     from .engine.contract import TextEmbedder, TextGenerator
-    from .engine.seams import Seams
+    from .engine.reuse.seams import Seams
 
 #: The lazily built resources :meth:`Runtime.close` closes (those it made).
 RESOURCES = ("embedder", "engine", "prefix_cache", "ram_states", "pack_history")
@@ -127,14 +128,14 @@ class Runtime:
 
     def seams(self) -> "Seams | None":
         """The seams composed prompts recompute (``ask.compose_*``); None where composition is off."""
-        from .engine.seams import Seams
+        from .engine.reuse.seams import Seams
 
         a = self.config.ask
         return Seams(a.compose_seams, a.compose_recompute) if a.compose == "auto" else None
 
     def engine_settings(self, model_path: Path) -> "EngineConfig":
         """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""
-        from .profiles import tuned_engine
+        from .config.tuned import tuned_engine
 
         settings = self.config.engine
         if not settings.tuned:

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from pipeline.engine.contract import EmbedderBase, EngineStats, Generation, GeneratorBase
-from pipeline.engine.reuse import cuts as prompt_cuts
+from pipeline.engine.reuse.prefix import cuts as prompt_cuts
 
 _WORDS = re.compile(r"\w+|[^\w\s]")
 _PIECES = re.compile(r"\s+|\w+|[^\w\s]")

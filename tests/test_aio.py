@@ -79,7 +79,7 @@ def test_cancelling_a_stream_stops_its_prefill_within_one_micro_batch(make_pipel
             return [p async for p in stream]
 
         task = asyncio.create_task(consume())
-        while not rag.engine.turns.busy:  # retrieval done, the stream has the engine: prefill begins
+        while not rag.engine.lock.busy:  # retrieval done, the stream has the engine: prefill begins
             await asyncio.sleep(0.005)
         await asyncio.sleep(3 * per_ubatch)  # a few micro-batches into a prefill of dozens
         assert not task.done()
@@ -118,7 +118,7 @@ def test_cancel_token_on_a_sync_call_and_errors_reach_the_awaiting_task(make_pip
     got, again = asyncio.run(main())
     assert len(got) == 1 and again.text.startswith(got[0].strip())
     with pytest.raises(Cancelled):
-        from pipeline.concurrency import CancelToken
+        from pipeline.engine.context_lock import CancelToken
 
         token = CancelToken()
         token.cancel()

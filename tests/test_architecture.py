@@ -214,7 +214,7 @@ def _layer_rules():
     below_runtime = (*TOP, *OPERATIONS, "pipeline.runtime", "pipeline.planner")
     return [
         ("pipeline.records", ("pipeline.",)),  # the shared records import nothing of the package
-        ("pipeline.engine.", (*below_runtime, "pipeline.ingest", "pipeline.store", "pipeline.profiles")),
+        ("pipeline.engine.", (*below_runtime, "pipeline.ingest", "pipeline.store", "pipeline.config.tuned")),
         ("pipeline.store.", (*below_runtime, "pipeline.engine", "pipeline.ingest")),
         ("pipeline.ingest.", below_runtime),
         ("pipeline.runtime", (*TOP, *OPERATIONS, "pipeline.planner")),  # but the ask path's leaves
@@ -317,13 +317,13 @@ def test_no_module_imports_another_modules_private_names():
 def test_the_private_name_check_sees_each_form():
     source = ast.parse("from .config import _apply\nfrom . import models\nmodels._identity('x')\n"
                        "from .engine import _llama\nfrom ._sqlite import connect\n")
-    assert _private_names_imported("pipeline.profiles", source) == [
-        "pipeline.profiles: pipeline.config._apply", "pipeline.profiles: pipeline.engine._llama",
-        "pipeline.profiles: pipeline.models._identity"]
+    assert _private_names_imported("pipeline.runtime", source) == [
+        "pipeline.runtime: pipeline.config._apply", "pipeline.runtime: pipeline.engine._llama",
+        "pipeline.runtime: pipeline.models._identity"]
 
 
 def test_only_api_cli_and_profiles_use_the_planner():
-    users = {"pipeline.api", "pipeline.cli", "pipeline.profiles"}
+    users = {"pipeline.api", "pipeline.cli", "pipeline.config.tuned"}
     bad = sorted(f"{m} -> {o}" for m in MODULES
                  if m not in users and not m.startswith(("pipeline.planner.", "pipeline.dev.", "pipeline.cli."))
                  for n in _imports(m) if (o := _owner(n)) and o.startswith("pipeline.planner"))
@@ -331,8 +331,8 @@ def test_only_api_cli_and_profiles_use_the_planner():
 
 
 def test_answering_does_not_import_the_tuner():
-    """The runtime reads tuned profiles through pipeline.profiles, which needs no planner module at all."""
-    seen, todo = set(), ["pipeline.profiles"]
+    """The runtime reads tuned profiles through pipeline.config.tuned, which needs no planner module at all."""
+    seen, todo = set(), ["pipeline.config.tuned"]
     while todo:
         m = todo.pop()
         if m not in seen:
@@ -341,7 +341,7 @@ def test_answering_does_not_import_the_tuner():
     assert not any(m.startswith("pipeline.planner") for m in seen), seen
     runtime = MODULES["pipeline.runtime"].read_text(encoding="utf-8")
     engine_settings = runtime[runtime.index("def engine_settings"):runtime.index("def pool(")]
-    assert "planner" not in engine_settings and "profiles" in engine_settings
+    assert "planner" not in engine_settings and "config.tuned" in engine_settings
 
 
 #: Modules whose split by concept is still under way, exempt from the size rules until it lands.

@@ -1,4 +1,4 @@
-"""Ending streams when the pipeline closes, with fakes (no model): :class:`~pipeline.engine.turns.Revocable`
+"""Ending streams when the pipeline closes, with fakes (no model): :class:`~pipeline.engine.context_lock.Revocable`
 and the asyncio stream. The real-model checks are in test_concurrency.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from pipeline.ask.aio import AsyncAnswerStream
-from pipeline.engine.turns import FairLock, Revocable
+from pipeline.engine.context_lock import FairLock, Revocable
 from pipeline.errors import Cancelled, EngineClosed
 
 

@@ -1,4 +1,4 @@
-"""Prompts composed from section states (pipeline.engine.compose): the plumbing is exact when nothing is
+"""Prompts composed from section states (pipeline.engine.reuse.compose): the plumbing is exact when nothing is
 approximated, a cached and an uncached composition are the same computation, composing needs no more KV
 cells than the prompt, and a model whose memory cannot shift is refused.
 
@@ -17,8 +17,8 @@ from pipeline.dev.synthetic import write_mamba_model, write_moe_model
 from pipeline.engine import _llama
 from pipeline.engine._llama import composing as mem
 from pipeline.engine._llama import state_format as kv_state
-from pipeline.engine.compose import Piece, Seams, compose, runs, seam_positions
-from pipeline.engine.compose import StatesInMemory as Memory
+from pipeline.engine.reuse.compose import Piece, Seams, compose, runs, seam_positions
+from pipeline.engine.reuse.compose import StatesInMemory as Memory
 from pipeline.errors import EngineError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,7 +10,7 @@ import pytest
 from fakes import HashEmbedder
 from pipeline import Pipeline
 from pipeline.dev.synthetic import write_model, write_moe_model
-from pipeline.engine.section_states import NO_STATE
+from pipeline.engine.cache.sections import NO_STATE
 
 TOPICS = [("a-pumps.md", "pump"), ("b-valves.md", "valve"), ("c-sensors.md", "sensor"), ("d-cables.md", "cable")]
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.concurrency import EnginePool
+from pipeline.engine.pool import EnginePool
 from pipeline.config import EngineConfig
 from pipeline.engine.cache.store import PrefixCache
 from pipeline.engine.local import Engine
-from pipeline.engine.seams import Seams, Sections
+from pipeline.engine.reuse.seams import Seams, Sections
 
 from test_compose_ask import moe  # noqa: F401 - a fixture
 

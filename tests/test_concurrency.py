@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pipeline.concurrency import CancelToken, FairLock
+from pipeline.engine.context_lock import CancelToken, FairLock
 from pipeline.errors import Cancelled
 from pipeline.ask.stops import until_stop
 
@@ -95,7 +95,7 @@ def test_an_abandoned_stream_gives_the_engine_back(make_pipeline, ingested):
     gc.disable()  # no cycle collection: dropping the last reference must be enough
     try:
         del stream
-        assert not rag.engine.turns.busy
+        assert not rag.engine.lock.busy
     finally:
         gc.enable()
     out = {}
@@ -316,7 +316,7 @@ def test_close_with_a_stream_paused_on_another_thread_ends_it_and_frees_the_mode
     rag.close()
     took = time.monotonic() - t0
     assert took < 10, f"close() waited {took:.1f} s for a paused stream"
-    assert "llm" not in engine.__dict__ and not engine.turns.busy  # the model is freed, the engine free
+    assert "llm" not in engine.__dict__ and not engine.lock.busy  # the model is freed, the engine free
     resume.set()
     th.join(30)
     assert not th.is_alive()
@@ -342,7 +342,7 @@ def test_close_with_an_aask_stream_waiting_behind_a_paused_stream_ends_both(make
         stream = rag.aask_stream("What do tomato plants need?")
         reading = asyncio.ensure_future(stream.__anext__())
         await asyncio.sleep(0.5)
-        while rag.engine.turns.queued == 0:  # its worker waits for the engine now
+        while rag.engine.lock.queued == 0:  # its worker waits for the engine now
             await asyncio.sleep(0.05)
         t0 = time.monotonic()
         await asyncio.to_thread(rag.close)

@@ -24,7 +24,7 @@ def test_default_toml_lists_every_setting():
     """It is the commented list of every setting the guide points to: none may be left out."""
     import tomllib
 
-    from pipeline.settings_reference import settings
+    from pipeline.config.reference import settings
 
     data = tomllib.loads((ROOT / "configs" / "default.toml").read_text())
     listed = {f"{section}.{key}" if isinstance(values, dict) else section

@@ -77,7 +77,7 @@ def test_anchor_rules():
 # -- the settings reference (docs/settings.md), generated from the settings dataclasses --
 
 def test_every_setting_has_a_one_line_docstring():
-    from pipeline.settings_reference import settings, undocumented
+    from pipeline.config.reference import settings, undocumented
 
     assert undocumented() == [], f"settings without an attribute docstring: {undocumented()}"
     long = [s.key for s in settings() if "\n" in s.doc]
@@ -85,7 +85,7 @@ def test_every_setting_has_a_one_line_docstring():
 
 
 def test_the_committed_settings_reference_is_the_generated_one():
-    from pipeline.settings_reference import reference_markdown
+    from pipeline.config.reference import reference_markdown
 
     committed = (ROOT / "docs" / "settings.md").read_text()
     assert committed == reference_markdown(), "docs/settings.md is stale: run `make docs` and commit it"
@@ -93,7 +93,7 @@ def test_the_committed_settings_reference_is_the_generated_one():
 
 def test_the_reference_lists_every_setting_with_its_variable_and_default():
     from pipeline.config import Config, env_names, toml_value
-    from pipeline.settings_reference import reference_markdown, settings
+    from pipeline.config.reference import reference_markdown, settings
 
     text = reference_markdown()
     listed = {s.key: s for s in settings()}
@@ -110,7 +110,7 @@ def test_rag_config_reference_prints_it():
     from click.testing import CliRunner
 
     from pipeline.cli import cli
-    from pipeline.settings_reference import reference_markdown
+    from pipeline.config.reference import reference_markdown
 
     result = CliRunner().invoke(cli, ["config", "--reference"], env={"RAG_ENGINE_N_CTX": "1024"})
     assert result.exit_code == 0, result.output
@@ -121,7 +121,7 @@ def test_field_docs_read_any_dataclass_wherever_it_is_defined():
     """The reader depends on no module layout: a class in another module, and its bases, are read too."""
     from dataclasses import dataclass
 
-    from pipeline.settings_reference import field_docs
+    from pipeline.config.reference import field_docs
 
     @dataclass
     class Base:

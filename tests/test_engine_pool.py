@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pipeline.concurrency import EnginePool
+from pipeline.engine.pool import EnginePool
 
 
 class HoldingEngine:

@@ -61,7 +61,7 @@ def test_tune_writes_a_profile_that_ask_picks_up(store_dir, tmp_path, monkeypatc
     path = resolve("builtin:SmolLM2-135M-Instruct", home=home, fetch=False)
     settings = rag.engine_settings(path)
     assert settings.n_ubatch == 64  # what the user set wins over the profile
-    from pipeline.profiles import read_profile
+    from pipeline.config.tuned import read_profile
 
     profile = read_profile(data["profile"])
     assert profile and all(k.startswith("engine.") for k in profile)

@@ -1,4 +1,4 @@
-"""The prefix-reuse policy (:mod:`pipeline.engine.reuse`) through its public API, with a fake model and
+"""The prefix-reuse policy (:mod:`pipeline.engine.reuse.prefix`) through its public API, with a fake model and
 store: what the memory holds, what a prompt reuses and from where, fallbacks, save points. The same
 policy on real llama.cpp is checked in test_cache.py and test_prefix_cache.py."""
 
@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from pipeline.engine.contract import EngineStats
-from pipeline.engine.reuse import Memory, ReusePolicy, common_prefix, cuts
+from pipeline.engine.reuse.prefix import Memory, ReusePolicy, common_prefix, cuts
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Section reuse (pipeline.engine.section_reuse): plans what a sections-mode prompt reuses, keeps sections the
+"""Section reuse (pipeline.engine.reuse.sections): plans what a sections-mode prompt reuses, keeps sections the
 memory holds composed, restores the others from their states, and reports it in the prompt's stats."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 from pipeline.engine import _llama
 from pipeline.engine._llama import composing as mem
 from pipeline.engine.cache.store import PrefixCache
-from pipeline.engine.compose import Seams
+from pipeline.engine.reuse.compose import Seams
 from pipeline.engine.contract import EngineStats
-from pipeline.engine.reuse import Memory
-from pipeline.engine.section_reuse import SectionReuse, Sections
-from pipeline.engine.section_states import NO_STATE
+from pipeline.engine.reuse.prefix import Memory
+from pipeline.engine.reuse.sections import SectionReuse, Sections
+from pipeline.engine.cache.sections import NO_STATE
 
 from test_compose import _decode, _prompt, answer, moe_path  # noqa: F401 - moe_path is a fixture
 

@@ -1,4 +1,4 @@
-"""Section states on disk (pipeline.engine.section_states): saved once, found by content and head, evicted
+"""Section states on disk (pipeline.engine.cache.sections): saved once, found by content and head, evicted
 with the prefix cache's LRU, and a damaged or missing state costs a recompute, never a different answer."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 
 from pipeline.engine._llama import composing as mem
 from pipeline.engine.cache.store import PrefixCache
-from pipeline.engine.compose import Seams, compose
-from pipeline.engine.section_states import EVICTED, NO_STATE, SectionStates, namespace
+from pipeline.engine.reuse.compose import Seams, compose
+from pipeline.engine.cache.sections import EVICTED, NO_STATE, SectionStates, namespace
 
 from test_compose import _decode, _prompt, answer, model, moe_path  # noqa: F401  (fixtures)
 

@@ -21,7 +21,7 @@ from pipeline.planner.result import Budget
 from pipeline.planner.spec import ModelSpec
 from pipeline.planner.measure import fit_cpu_curve
 from pipeline.planner.tune import TuneEvent, tune
-from pipeline.profiles import PROFILE_KEYS, profile_path, read_profile, tuned_engine, tuned_settings, write_profile
+from pipeline.config.tuned import PROFILE_KEYS, profile_path, read_profile, tuned_engine, tuned_settings, write_profile
 
 N_CTX, N_TOKENS = 2048, 512
 SETTINGS = EngineConfig(threads=1, threads_batch=1)

@@ -1,7 +1,7 @@
 """The pipeline from asyncio: answers and streams that never block the event loop.
 
 Each call runs in a thread of its own (retrieval and packing, then generation in the
-engine's FIFO queue; see :mod:`pipeline.concurrency`), and pieces come back to the loop with
+engine's FIFO queue; see :mod:`pipeline.engine.pool`), and pieces come back to the loop with
 ``call_soon_threadsafe``. A dedicated thread per stream, not the loop's default
 executor: streams wait for the engine for as long as the queue is, and eight of them
 would exhaust a small executor that other work needs.
@@ -18,7 +18,7 @@ import asyncio
 import threading
 from typing import TYPE_CHECKING, Callable
 
-from ..concurrency import CancelToken
+from ..engine.context_lock import CancelToken
 from ..errors import Cancelled, EngineClosed
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from ..concurrency import CancelToken
+from ..engine.context_lock import CancelToken
 from ..engine.contract import EngineStats
 
 if TYPE_CHECKING:

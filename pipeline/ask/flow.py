@@ -7,7 +7,7 @@ out whole documents or fixed sections in canonical order (:mod:`.packing`, the p
 layout in :mod:`.prompt`), or, when not even a section fits, retrieved passages; the
 generator then streams the answer (:mod:`.answer`), ended by the stops (:mod:`.stops`).
 Retrieval and packing run beside any generation; the engine is taken only when a stream
-is iterated (see :mod:`pipeline.concurrency`).
+is iterated (see :mod:`pipeline.engine.pool`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from ..concurrency import CancelToken
+from ..engine.context_lock import CancelToken
 from ..errors import InputError, StoreError
 from ..ingest.scan import source_names
 from ..retrieval.search import expand, retrieve, whole_document

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
-from ..engine.seams import Sections
+from ..engine.reuse.seams import Sections
 from ..errors import EngineError
 from ..records import PackedSection, Passage, Prompt, Section
 

@@ -21,7 +21,7 @@ from ..errors import InputError
 from ..inputs import check_text, check_top_k
 
 if TYPE_CHECKING:
-    from ..concurrency import CancelToken
+    from ..engine.context_lock import CancelToken
     from .progress import PrefillProgress
 
 Paths = "str | os.PathLike | Sequence[str | os.PathLike] | None"

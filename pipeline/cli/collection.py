@@ -262,7 +262,7 @@ def status(ctx, collection, store_path, as_json):
     """Show what a collection holds (documents, chunks, store path), then what a bug report needs:
     versions, the llama.cpp build (instruction sets or CUDA architectures), the models with their
     sizes and the prefix cache's size and hits."""
-    from ..system_report import system_report
+    from ..engine.system_report import system_report
 
     with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
         st = rag.status()

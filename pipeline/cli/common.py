@@ -124,7 +124,7 @@ def _version(ctx: click.Context, _param, value: bool) -> None:
     """``rag --version``: this package's and llama-cpp-python's versions (llama.cpp is not loaded)."""
     if not value or ctx.resilient_parsing:
         return
-    from ..system_report import llama_cpp_python_version, rag_version
+    from ..engine.system_report import llama_cpp_python_version, rag_version
 
     click.echo(f"rag {rag_version()} (llama-cpp-python {llama_cpp_python_version()}, "
                f"Python {sys.version.split()[0]})")

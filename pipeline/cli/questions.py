@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
+from typing import Iterator
 
 import click
 
@@ -131,7 +133,6 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
 
 def _answer(rag, request, *, live: bool):
     """One answer, streamed to stdout when ``live``."""
-    from ..concurrency import iterate_interruptibly
     from ..errors import Cancelled
 
     stream = rag.chat_stream(request) if request.chat_id else rag.ask_stream(request)
@@ -344,3 +345,44 @@ def serve(ctx, host, port, max_body, allow, allow_hosts, cors_origins, insecure,
     with open_pipeline(ctx, **overrides) as rag:
         run(rag, host=host, port=port, token=token, max_body=max_body, insecure=insecure,
             log=lambda m: click.echo(m, err=True))
+
+
+def iterate_interruptibly(stream) -> Iterator[str]:
+    """The pieces of an :class:`~pipeline.ask.answer.AnswerStream`, generated in a worker thread, so that
+    Ctrl-C in the main thread is seen at once (a signal reaches Python only between bytecodes,
+    never inside a ``llama_decode``) and cancels it: the decode stops within one micro-batch."""
+    import queue as queue_mod
+
+    q: queue_mod.Queue = queue_mod.Queue(maxsize=64)
+    end = object()
+
+    def work() -> None:
+        try:
+            with stream:
+                for piece in stream:
+                    q.put(piece)
+            q.put(end)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            q.put(exc)
+
+    worker = threading.Thread(target=work, name="rag-ask", daemon=True)
+    worker.start()
+    try:
+        while True:
+            try:
+                item = q.get(timeout=0.1)
+            except queue_mod.Empty:
+                continue
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    except (KeyboardInterrupt, GeneratorExit):
+        stream.cancel()
+        while worker.is_alive():  # drain so the worker is never stuck on a full queue
+            try:
+                q.get(timeout=0.05)
+            except queue_mod.Empty:
+                pass
+        raise

@@ -18,7 +18,7 @@ def show_config(ctx, reference):
     Credentials in URLs (``user:pass@``, ``?token=``) are printed as ``***``. With --reference,
     the settings reference (docs/settings.md) instead: defaults, not the effective values."""
     if reference:
-        from ..settings_reference import reference_markdown
+        from ..config.reference import reference_markdown
 
         click.echo(reference_markdown(), nl=False)
         return

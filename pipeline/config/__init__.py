@@ -6,7 +6,7 @@ Each ``[section]`` is a frozen dataclass that checks its own values (:mod:`.sect
 :mod:`.engine`); :meth:`Config.validate` runs the checks every setting of a type has,
 then each section's, once per settings object. How the layers are read (an unknown
 section or key is an error that names it and where it came from) is :mod:`.sources`;
-tuned engine profiles laid over these settings are :mod:`pipeline.profiles`.
+tuned engine profiles laid over these settings are :mod:`pipeline.config.tuned`.
 """
 
 from __future__ import annotations

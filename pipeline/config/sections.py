@@ -1,7 +1,7 @@
 """The ``[section]`` settings: one frozen dataclass per section, each checking its own values.
 
 Every field carries an attribute docstring (the string right after it), which is its
-line in the settings reference (``docs/settings.md``, :mod:`pipeline.settings_reference`).
+line in the settings reference (``docs/settings.md``, :mod:`pipeline.config.reference`).
 The ``[engine]`` section is :mod:`.engine`; :class:`~pipeline.config.Config` holds them all.
 """
 
@@ -16,7 +16,7 @@ from ..store.names import check_collection_name
 from ..store.vectors import check_store_urls
 
 ASK_MODES = ("auto", "passages")
-COMPOSE_SEAMS = ("first", "last", "whole", "none")  # (pipeline.engine.seams.STRATEGIES a prompt can use)
+COMPOSE_SEAMS = ("first", "last", "whole", "none")  # (pipeline.engine.reuse.seams.STRATEGIES a prompt can use)
 
 
 @dataclass(frozen=True)

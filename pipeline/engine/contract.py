@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtim
 if TYPE_CHECKING:
     import numpy as np
 
-    from .seams import Sections
-    from .turns import CancelToken
+    from .reuse.seams import Sections
+    from .context_lock import CancelToken
 
 
 @dataclass
@@ -148,7 +148,7 @@ class TextGenerator(Protocol):
     and section ends); the generator may reuse state up to one of them (in memory or
     from a saved state) and reports it in ``stats.cached_tokens``. Every generator takes
     ``stop_tokens`` (ids that end the answer), ``progress(done, total)`` (after each
-    prefilled piece) and ``cancel`` (a :class:`~.turns.CancelToken`); one that cannot
+    prefilled piece) and ``cancel`` (a :class:`~.context_lock.CancelToken`); one that cannot
     honour one of them says so in its ``generate``. ``sections`` is a sections-mode prompt's
     layout (head and section ends), which a generator may compose the prompt from section
     states by (the local engine, see :mod:`.section_reuse`); others ignore it.

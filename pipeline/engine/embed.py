@@ -20,7 +20,7 @@ import numpy as np  # light (~0.1 s); llama_cpp loads only with the model
 
 from .contract import EmbedderBase
 from .host import usable_cpus
-from .turns import once
+from .once import once
 from ..errors import EngineError, ModelError
 
 # Tokens per decode when chunks are packed on a GPU.

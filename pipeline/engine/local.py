@@ -4,9 +4,8 @@
 renders its chat template (:mod:`.templates`), and streams answers: it prefills a
 prompt in pieces split at its cuts, then samples and decodes token by token. What a
 prompt reuses (the KV memory's common prefix, or a state saved in the prefix cache)
-and where states are saved is the reuse policy's (:mod:`.reuse`); several prompts over
-one prefix decode together (:mod:`.multiseq`); prompts take turns on the one context
-(:mod:`.turns`).
+and where states are saved is the reuse policy's (:mod:`.reuse`); several prompts over one
+prefix decode together (:mod:`.multiseq`); prompts take turns on the context (:mod:`.context_lock`).
 """
 
 from __future__ import annotations
@@ -22,11 +21,12 @@ from . import offload
 from .contract import Completion, EngineStats, Generation, GeneratorBase
 from .gguf.info import ModelInfo
 from .loading import check_memory, load_generator, load_params, resolve_overrides
-from .reuse import Memory, Plan, ReusePolicy, cuts as prompt_cuts
-from .seams import Seams
-from .section_reuse import SectionReuse, Sections
+from .reuse.prefix import Memory, Plan, ReusePolicy, cuts as prompt_cuts
+from .reuse.seams import Seams
+from .reuse.sections import SectionReuse, Sections
 from .templates import render, render_chat
-from .turns import CancelToken, Turns, once
+from .context_lock import CancelToken, ContextLock
+from .once import once
 from ..config import EngineConfig
 from ..errors import Cancelled, EngineClosed, EngineError
 
@@ -39,7 +39,7 @@ class Engine(GeneratorBase):
 
     Safe to share between threads: prompts take turns on the one llama.cpp context, first
     come first served (a stream holds it from its first piece until it ends, is closed or
-    is garbage-collected; see :mod:`.turns`), and a thread that starts a second prompt while
+    is garbage-collected; see :mod:`.context_lock`), and a thread that starts a second prompt while
     it still reads the first gets an :class:`~pipeline.errors.EngineError` instead of a
     deadlock. A ``cancel`` token stops a waiting prompt, or a running one within one micro-batch.
 
@@ -67,7 +67,7 @@ class Engine(GeneratorBase):
         self.notes: list[str] = []  # about the model and settings: reported with every prompt
         # One llama.cpp context must never be used by two threads at once (llama.cpp aborts the
         # process): prompts take turns, each from its first token until its stream ends or closes.
-        self.turns = Turns(closed=_CLOSED)
+        self.lock = ContextLock(closed=_CLOSED)
         self._progress: Callable[[int], None] | None = None  # the running turn's prefill hook
 
     # -- model facts and settings ---------------------------------------------------------------
@@ -222,7 +222,7 @@ class Engine(GeneratorBase):
                 llm.decode(all_tokens[lo:hi], lo)
             except EngineError as exc:
                 self.memory.clear()
-                if self.turns.stopping:
+                if self.lock.stopping:
                     raise Cancelled(f"cancelled during the prefill, at token {lo:,}") from None
                 raise EngineError(f"llama.cpp failed during prefill at token {lo}: {exc}") from None
             held.extend(tokens[lo:hi])
@@ -255,8 +255,8 @@ class Engine(GeneratorBase):
         stats.prompt_tokens = len(tokens)
         sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
         cuts = prompt_cuts(len(tokens), prefix_len, boundaries)
-        pieces = self.turns.stream(self._run(list(tokens), max_tokens, sampling, stats, cuts,
-                                             frozenset(stop_tokens), progress, cancel, self.turns.epoch, sections))
+        pieces = self.lock.stream(self._run(list(tokens), max_tokens, sampling, stats, cuts,
+                                             frozenset(stop_tokens), progress, cancel, self.lock.epoch, sections))
         return Generation(pieces, stats)
 
     def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
@@ -269,9 +269,9 @@ class Engine(GeneratorBase):
                 started = self._start(tokens, cuts, stats, progress, sections)
                 yield from self._decode(max_tokens, sampling, stats, stop_tokens, started)
             except EngineError:
-                if self.turns.stopping:
+                if self.lock.stopping:
                     self.memory.clear()  # the aborted micro-batch left the memory unknown
-                    if self.turns.closing:
+                    if self.lock.closing:
                         raise EngineClosed(_CLOSED) from None
                     raise Cancelled("cancelled while generating") from None
                 raise
@@ -474,12 +474,12 @@ class Engine(GeneratorBase):
     # -- turns ----------------------------------------------------------------------------------
 
     def _turn(self, cancel: CancelToken | None = None, epoch: int | None = None):
-        return self.turns.hold(cancel, epoch, flag=lambda: self.llm.abort_flag())
+        return self.lock.hold(cancel, epoch, flag=lambda: self.llm.abort_flag())
 
     @property
     def waiting(self) -> int:
         """Prompts queued for this engine, the running one included (what a pool balances by)."""
-        return self.turns.queued + self.turns.busy
+        return self.lock.queued + self.lock.busy
 
     def close(self) -> None:
         """Free the model, ending this engine's unfinished streams first, on any thread: one paused
@@ -488,7 +488,7 @@ class Engine(GeneratorBase):
         :class:`~pipeline.errors.EngineClosed` (a :class:`~pipeline.errors.Cancelled`) at its next read.
         Called from inside a running turn of this thread (a progress callback), it cannot wait for
         that turn and leaves the model."""
-        self.turns.close(self._free, flag=self.llm.abort_flag() if "llm" in self.__dict__ else None)
+        self.lock.close(self._free, flag=self.llm.abort_flag() if "llm" in self.__dict__ else None)
 
     def _free(self) -> None:
         llm = self.__dict__.pop("llm", None)

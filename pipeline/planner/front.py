@@ -5,7 +5,7 @@ settings.
 :meth:`~pipeline.api.Pipeline.hardware` land here: the model to read (a GGUF, the configured
 generator, or published shapes), the hardware profile (a built-in name, a TOML file, or the one
 ``rag tune --measure-hardware`` saved), the budgets given on the command line, checked; then
-:mod:`.plan`, :mod:`.tune` and :mod:`pipeline.profiles` do the work.
+:mod:`.plan`, :mod:`.tune` and :mod:`pipeline.config.tuned` do the work.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def tune(config: Config, *, max_seconds: float = 120.0, n_tokens: int | None = N
          progress=None, log: Log | None = None):
     """:meth:`Pipeline.tune <pipeline.api.Pipeline.tune>`: candidate settings measured on this machine, the
     fastest saved as the configured generator's profile. Returns ``(TuneResult, profile path)``."""
-    from .. import profiles
+    from ..config import tuned as profiles
     from . import tune as tune_mod
 
     path = models.resolve(config.models.generator, home=config.home_path, what="generator", log=log)

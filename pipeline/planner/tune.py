@@ -24,7 +24,7 @@ micro-batch sizes, to which :func:`fit_cpu_curve` fits the CPU's FLOP/s and its
 micro-batch curve (see :mod:`pipeline.planner.speed`); the plans then use them.
 
 :meth:`TuneResult.profile_text` is the winner as an ``[engine]`` TOML table (with the
-measurements as comments); :mod:`pipeline.profiles` writes it where ``rag ask`` finds it.
+measurements as comments); :mod:`pipeline.config.tuned` writes it where ``rag ask`` finds it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Any, Callable, Literal, Sequence
 
 from ..config import EngineConfig, toml_value
 from ..errors import ConfigError, RagError
-from ..profiles import PROFILE_KEYS
+from ..config.tuned import PROFILE_KEYS
 from ..engine.host import detect_ram
 from ..engine.gguf.info import effective_n_ctx
 from .hardware import GiB, HardwareProfile

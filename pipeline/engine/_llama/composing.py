@@ -1,4 +1,4 @@
-"""The memory API for prompts composed from section states (:mod:`pipeline.engine.compose`).
+"""The memory API for prompts composed from section states (:mod:`pipeline.engine.reuse.compose`).
 
 A state restored into a scratch sequence is moved to its place with
 ``llama_memory_seq_add`` (llama.cpp re-rotates the RoPE keys at the next decode), joined

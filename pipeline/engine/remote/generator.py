@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Sequence
 from .client import RemoteRef, Retry, Server, TokenText, Transient, api_key, digest
 from .routing import HashRing, route_key
 from ..contract import EngineStats, Generation, GeneratorBase
-from ..turns import CancelToken
+from ..context_lock import CancelToken
 from ..templates import FALLBACK, render_chat
 from ...errors import EngineError, redact
 

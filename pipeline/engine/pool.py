@@ -1,11 +1,11 @@
-"""What may run at the same time inside one ``Pipeline``, and how waiting and cancelling work.
+"""A pool of engines for concurrent questions, and the policy of what may run at the same time inside one ``Pipeline``.
 
 The policy (also in docs/app.md, Threads):
 
 - **Generation is serialised per engine, first come first served.** One llama.cpp
   context must never run two prompts at once (llama.cpp aborts the process); every
   prefill, decode, warm-up and prefix-state restore holds the engine's turn
-  (:mod:`.engine.turns`), and waiters are served in arrival order. With
+  (:mod:`.context_lock`), and waiters are served in arrival order. With
   ``engine.parallel = N`` the pipeline keeps up to N engines (each its own context;
   loaded as concurrent questions need them) and gives each question the one whose
   memory holds the longest prefix of its prompt (ties, and none: the shortest queue).
@@ -20,20 +20,16 @@ The policy (also in docs/app.md, Threads):
 - **Cancelling** (:class:`CancelToken`) a call that waits for the engine takes it out
   of the queue; cancelling one that runs sets llama.cpp's abort flag, which stops the
   running decode within one micro-batch (:class:`~pipeline.errors.Cancelled` is raised).
-- **Models load once**, however many threads ask for them first (:class:`once`).
+- **Models load once**, however many threads ask for them first (:class:`.once.once`).
 """
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
-
-from .engine.turns import CancelToken, FairLock, once
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
-    from .engine.seams import Sections
-
-__all__ = ["CancelToken", "FairLock", "once", "EnginePool", "iterate_interruptibly"]
+    from .reuse.seams import Sections
 
 
 class EnginePool:
@@ -88,42 +84,4 @@ class EnginePool:
             e.close()
 
 
-def iterate_interruptibly(stream) -> Iterator[str]:
-    """The pieces of an :class:`~pipeline.ask.answer.AnswerStream`, generated in a worker thread, so that
-    Ctrl-C in the main thread is seen at once (a signal reaches Python only between bytecodes,
-    never inside a ``llama_decode``) and cancels it: the decode stops within one micro-batch."""
-    import queue as queue_mod
-
-    q: queue_mod.Queue = queue_mod.Queue(maxsize=64)
-    end = object()
-
-    def work() -> None:
-        try:
-            with stream:
-                for piece in stream:
-                    q.put(piece)
-            q.put(end)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            q.put(exc)
-
-    worker = threading.Thread(target=work, name="rag-ask", daemon=True)
-    worker.start()
-    try:
-        while True:
-            try:
-                item = q.get(timeout=0.1)
-            except queue_mod.Empty:
-                continue
-            if item is end:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    except (KeyboardInterrupt, GeneratorExit):
-        stream.cancel()
-        while worker.is_alive():  # drain so the worker is never stuck on a full queue
-            try:
-                q.get(timeout=0.05)
-            except queue_mod.Empty:
-                pass
-        raise
+__all__ = ["EnginePool"]

@@ -9,7 +9,7 @@ so a thread asking in a loop could starve the others). A :class:`CancelToken`
 takes a waiting call out of the queue, and stops a running one: the engine sets
 llama.cpp's abort flag, which ends the running decode within one micro-batch. A
 stream paused between two pieces runs nothing, so closing the engine ends its turn
-from the closing thread (:class:`Revocable`) instead of waiting for it. :class:`Turns`
+from the closing thread (:class:`Revocable`) instead of waiting for it. :class:`ContextLock`
 puts these together for one context: who holds it, its queue, its streams, closing it.
 """
 
@@ -20,8 +20,7 @@ import time
 import weakref
 from collections import deque
 from contextlib import contextmanager
-from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Callable, Generator, Iterator
 
 from ..errors import Cancelled, EngineClosed, EngineError
 
@@ -130,29 +129,6 @@ class FairLock:
             self.release()
 
 
-class once(cached_property):
-    """``functools.cached_property`` that computes its value once even when threads race for it.
-
-    (Python 3.12 dropped cached_property's lock.) The value lands in the instance's
-    ``__dict__``, so a value put there beforehand (an injected stage) wins, as before.
-    """
-
-    def __init__(self, func: Callable[[Any], Any]):
-        super().__init__(func)
-        self._mu = threading.RLock()
-
-    def __get__(self, instance, owner=None):
-        if instance is None:
-            return self
-        cache = instance.__dict__
-        if self.attrname in cache:
-            return cache[self.attrname]
-        with self._mu:
-            if self.attrname not in cache:
-                cache[self.attrname] = self.func(instance)
-            return cache[self.attrname]
-
-
 class Revocable:
     """The pieces of one turn (a generator holding the engine), which another thread may end while
     it is paused between two pieces: :meth:`revoke` closes the generator there and then (its
@@ -196,7 +172,7 @@ class Revocable:
         return True
 
 
-class Turns:
+class ContextLock:
     """Prompts taking turns on one llama.cpp context, and ending them all when it closes.
 
     A turn given a cancel token and the context's :class:`~._llama.AbortFlag` sets the flag

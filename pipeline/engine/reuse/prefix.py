@@ -42,11 +42,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Collection, Protocol, Sequence
 
-from .contract import EngineStats
+from ..contract import EngineStats
 
 if TYPE_CHECKING:
-    from ._llama import Model
-    from .cache.index import Entry
+    from .._llama import Model
+    from ..cache.index import Entry
 
 
 def cuts(n_tokens: int, prefix_len: int, boundaries: Sequence[int]) -> list[int]:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .config import PLANNED_KEYS, Config, EngineConfig, apply_settings, read_toml
+from . import PLANNED_KEYS, Config, EngineConfig, apply_settings, read_toml
 
 #: The ``[engine]`` keys a tuned profile sets (the context is part of the profile's name instead).
 PROFILE_KEYS = tuple(k for k in PLANNED_KEYS if k != "n_ctx")
@@ -37,7 +37,7 @@ def write_profile(text: str, path: str | os.PathLike[str]) -> Path:
 
 def read_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The dotted ``engine.*`` settings of a tuned profile (``{"engine.n_ubatch": 512, ...}``)."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     values = read_toml(Path(path))
     known = {f.name for f in dataclasses.fields(EngineConfig)}
@@ -51,7 +51,7 @@ def read_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def tuned_settings(home: Path, model_path: str | os.PathLike[str], n_ctx: int) -> dict[str, Any]:
     """The tuned profile's settings for this model file at ``n_ctx``, or ``{}`` where it was not tuned."""
-    from .models import file_identity
+    from ..models import file_identity
 
     path = profile_path(home, file_identity(Path(model_path)), n_ctx)
     return read_profile(path) if path.is_file() else {}
@@ -66,7 +66,7 @@ def tuned_engine(settings: EngineConfig, home: Path, model_path: str | os.PathLi
     whose keys do not go with the ones you set (a quantised V cache from the profile with flash
     attention you turned off, say) is not used, and the note says why.
     """
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     if not settings.tuned:
         return settings, {}, ""

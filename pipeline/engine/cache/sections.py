@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .._sqlite import connect, transaction
-from .._testhooks import crash_point
-from .cache.index import Entry
-from .cache.keys import full_hash, token_bytes
-from .cache.store import PrefixCache
-from .seams import Piece
+from ..._sqlite import connect, transaction
+from ..._testhooks import crash_point
+from .index import Entry
+from .keys import full_hash, token_bytes
+from .store import PrefixCache
+from ..reuse.seams import Piece
 
 SEEN_NAME = "sections.sqlite"
 NO_STATE, EVICTED = "no state yet", "evicted"

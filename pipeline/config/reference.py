@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from .config import ENV_PREFIX, Config, toml_value
+from . import ENV_PREFIX, Config, toml_value
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-from .._testhooks import crash_point
-from ..errors import EngineError
-from ._llama import composing as mem
+from ..._testhooks import crash_point
+from ...errors import EngineError
+from .._llama import composing as mem
 from .seams import STRATEGIES, Piece, Seams, runs, seam_positions
 
 

@@ -25,14 +25,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from .reuse import common_prefix
+from .prefix import common_prefix
 from .seams import Piece, Seams, Sections
-from .section_states import SectionStates
+from ..cache.sections import SectionStates
 
 if TYPE_CHECKING:
-    from .cache.store import PrefixCache
+    from ..cache.store import PrefixCache
     from .compose import Composed
-    from .contract import EngineStats
+    from ..contract import EngineStats
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class SectionReuse:
             return False
         if model is None:
             return not self.why_off(can_shift=None)
-        from ._llama import composing
+        from .._llama import composing
 
         return not self.why_off(can_shift=composing.can_shift(model))
 
@@ -103,7 +103,7 @@ class SectionReuse:
         on ``model``; where composition is on but cannot run, ``stats.sections_lost`` says why."""
         if sections is None or not self.enabled:
             return False
-        from ._llama import composing
+        from .._llama import composing
 
         why = self.why_off(can_shift=composing.can_shift(model))
         if why:
@@ -194,8 +194,8 @@ class SectionReuse:
         its own after ``head``, in order: what composed prompts restore. ``progress(done, total)``
         counts the sections' tokens. Leaves ``memory`` holding ``head``; raises EngineError where
         prompts are not composed (:meth:`why_off`)."""
-        from ..errors import EngineError
-        from ._llama import composing
+        from ...errors import EngineError
+        from .._llama import composing
         from .compose import compute
 
         why = self.why_off(can_shift=composing.can_shift(model))

@@ -13,8 +13,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import Config
-from .engine.build_info import BuildInfo, build_info
+from ..config import Config
+from .build_info import BuildInfo, build_info
 
 #: The engine settings that most often explain a speed or memory report.
 ENGINE_KEYS = ("n_ctx", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v", "gpu_layers", "threads",
@@ -79,7 +79,7 @@ class SystemReport:
 
 def rag_version() -> str:
     """This package's version."""
-    from . import __version__
+    from .. import __version__
 
     return __version__
 
@@ -96,9 +96,9 @@ def llama_cpp_python_version() -> str:
 
 def system_report(config: Config) -> SystemReport:
     """The report for these settings (see the module's docstring for what it never does)."""
-    from .engine.host import detect_ram, usable_cpus
-    from .errors import ConfigError
-    from .models import describe
+    from .host import detect_ram, usable_cpus
+    from ..errors import ConfigError
+    from ..models import describe
 
     try:
         memory: int | None = detect_ram()
@@ -124,8 +124,8 @@ def _build() -> BuildInfo:
 
 def cache_summary(config: Config) -> dict[str, Any]:
     """The prefix cache's size and hit counts; an absent cache directory is reported empty, not created."""
-    from .engine.cache.store import PrefixCache
-    from .engine.cache.index import INDEX_NAME
+    from .cache.store import PrefixCache
+    from .cache.index import INDEX_NAME
 
     directory = config.cache_path
     out: dict[str, Any] = {"enabled": config.cache.enabled, "directory": str(directory)}
