@@ -331,6 +331,24 @@ class Pipeline:
 
         return warm_sections(self.runtime, progress=progress)
 
+    def settle(self, *, cancel: bool = False, log: Callable[[str], None] | None = None) -> None:
+        """Wait for the work an answer left for afterwards: the composition calibration the first
+        answer over a collection larger than the context asks for (``ask.compose = "auto"``, at most
+        once per model and settings). It runs by itself in the background and gives way to any new
+        question; a command that exits right after an answer (``rag ask``) waits for it here, and
+        ``log`` is told when it does. ``cancel``: stop it instead (it is measured after a later answer)."""
+        if log is not None and self.runtime.settling and not cancel:
+            log("calibrating composition on this answer (once per model and settings; Ctrl-C skips it) ...")
+        self.runtime.settle(cancel=cancel)
+
+    def calibration(self) -> dict:
+        """The composition calibration of the configured generator, as ``rag status --json`` shows it
+        (``"composition"``): ``mode``, ``model``, ``kl``, ``top1``, ``tokens``, ``budget``, ``allowed``
+        (null figures where it is not measured yet)."""
+        from .collection import composition
+
+        return composition(self.runtime)
+
     # -- conversations (see .ask.chat) --------------------------------------------------------
 
     def chat(self, question: str, *, chat_id: str | None = None, history: Sequence[dict] | None = None,

@@ -72,6 +72,38 @@ def ingest(rt: "Runtime", paths: Iterable[str | Path], *, prune: bool = False, i
                               expand_chunker=expand, progress=progress)
 
 
+def composition(rt: "Runtime") -> dict:
+    """:meth:`Pipeline.calibration <pipeline.api.Pipeline.calibration>`: the configured generator's
+    composition calibration and what it decides, read without loading or fetching a model and
+    without creating anything."""
+    from . import models
+    from .engine.cache.calibrations import Calibrations
+    from .engine.local import Engine
+    from .errors import RagError
+    from .engine.reuse.budget import ComposeMode
+
+    policy = rt.compose_policy
+    ref = rt.config.models.generator
+    out = {"mode": policy.mode.value, "model": redact(ref), "seams": policy.seams.key, "kl": None, "top1": None,
+           "tokens": 0, "prompts": 0, "budget": policy.max_kl, "allowed": policy.mode is ComposeMode.ON}
+    if models.is_server(ref) or policy.mode is ComposeMode.OFF:
+        out["allowed"] = False  # a server reuses prefixes only
+        return out
+    try:
+        path = models.resolve(ref, home=rt.config.home_path, fetch=False, what="generator")
+        out["model"] = path.name
+        engine = rt.engine if rt.has("engine") and not rt.given("engine") else Engine(path, rt.engine_settings(path))
+        namespace = engine.namespace
+    except RagError:
+        return out
+    record = Calibrations(rt.config.cache_path if rt.config.cache.enabled else None).get(namespace, policy.seams.key)
+    if record is not None:
+        out.update(kl=round(record.kl, 5), top1=round(record.top1, 4), tokens=record.tokens, prompts=record.prompts,
+                   allowed=policy.mode is ComposeMode.ON or record.allowed(policy.max_kl),
+                   measured_at=record.measured_at)
+    return out
+
+
 def _exists(rt: "Runtime") -> bool:
     """Whether a store may exist where the settings point (an embedded store is a directory with a catalog)."""
     return bool(rt.config.store.catalog_url) or (rt.config.store_path / "catalog.sqlite").exists()

@@ -30,13 +30,14 @@ if TYPE_CHECKING:
     from .ask.prompt import Layout, SectionTokens
     from .ask.stops import Stops
     from .config import EngineConfig
+    from .engine.cache.calibrations import Calibrations
     from .engine.cache.ram import RamStates
     from .engine.cache.store import PrefixCache
     from .engine.contract import TextEmbedder, TextGenerator
-    from .engine.reuse.seams import Seams
+    from .engine.reuse.budget import ComposePolicy
 
 #: The lazily built resources :meth:`Runtime.close` closes (those it made).
-RESOURCES = ("embedder", "engine", "prefix_cache", "ram_states", "pack_history")
+RESOURCES = ("embedder", "engine", "prefix_cache", "ram_states", "pack_history", "calibrations")
 
 
 class Runtime:
@@ -54,6 +55,9 @@ class Runtime:
         self._given: set[str] = set()
         self._layouts: dict[str, "Layout"] = {}
         self._layouts_mu = threading.Lock()
+        self._background: threading.Thread | None = None  # a calibration after an answer
+        self._background_cancel = None
+        self._background_mu = threading.Lock()
         c = self.config.store
         self._stores = SharedStore(self.config.store_path, wait=c.wait, url=c.url, catalog_url=c.catalog_url,
                                    catalog_pool=c.catalog_pool, timeout=c.timeout)
@@ -124,14 +128,79 @@ class Runtime:
         return Engine(path, settings, log=self.log, cache=self.prefix_cache,
                       cache_min_tokens=self.config.cache.min_tokens,
                       boundary_states=self.config.cache.boundary_states, ram_states=self.ram_states,
-                      compose=self.seams())
+                      compose=self.compose_policy, calibrations=self.calibrations)
 
-    def seams(self) -> "Seams | None":
-        """The seams composed prompts recompute (``ask.compose_*``); None where composition is off."""
+    @once
+    def compose_policy(self) -> "ComposePolicy":
+        """``ask.compose``, its seams and its quality budget, resolved once into their types."""
+        from .engine.reuse.budget import ComposeMode, ComposePolicy
         from .engine.reuse.seams import Seams
 
         a = self.config.ask
-        return Seams(a.compose_seams, a.compose_recompute) if a.compose == "auto" else None
+        return ComposePolicy(mode=ComposeMode(a.compose), seams=Seams(a.compose_seams, a.compose_recompute),
+                             max_kl=a.compose_max_kl)
+
+    @once
+    def calibrations(self) -> "Calibrations":
+        """Composition calibrations, kept with the section states in the prefix cache's directory."""
+        from .engine.cache.calibrations import Calibrations
+
+        cache = self.prefix_cache
+        return Calibrations(cache.directory if cache is not None and not cache.unavailable else None)
+
+    # -- work after an answer -----------------------------------------------------------------
+
+    def after_answer(self, engine) -> None:
+        """An answer is complete: where it left a composition calibration pending, measure it in the
+        background (its turn gives way to any prompt that queues for the engine)."""
+        if getattr(engine, "pending_calibration", None) is None:
+            return
+        from .engine.context_lock import CancelToken
+
+        with self._background_mu:
+            if self._background is not None and self._background.is_alive():
+                return
+            cancel = CancelToken()
+            thread = threading.Thread(target=self._calibrate, args=(engine, cancel), name="rag-calibrate",
+                                      daemon=True)
+            self._background, self._background_cancel = thread, cancel
+            thread.start()
+
+    def _calibrate(self, engine, cancel) -> None:
+        from .errors import RagError
+
+        try:
+            record = engine.calibrate_pending(cancel=cancel)
+        except RagError as exc:  # a calibration that fails costs itself, never an answer
+            if self.log:
+                self.log(f"warning: composition calibration failed: {exc}")
+            return
+        if record is not None and self.log:
+            self.log(calibration_line(record, self.compose_policy.max_kl))
+
+    @property
+    def settling(self) -> bool:
+        """Whether work left after an answer (a calibration) runs now."""
+        with self._background_mu:
+            return self._background is not None and self._background.is_alive()
+
+    def settle(self, *, cancel: bool = False) -> None:
+        """Wait for work left after answers (a calibration) to finish; ``cancel`` (or Ctrl-C while
+        waiting): stop it first (it is measured again after a later answer)."""
+        with self._background_mu:
+            thread, token = self._background, self._background_cancel
+        if thread is None:
+            return
+        if cancel and token is not None:
+            token.cancel()
+        try:
+            while thread.is_alive():
+                thread.join(0.1)  # in steps: Ctrl-C reaches this thread between them
+        except KeyboardInterrupt:
+            if token is not None:
+                token.cancel()
+            thread.join()
+            raise
 
     def engine_settings(self, model_path: Path) -> "EngineConfig":
         """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""
@@ -210,7 +279,7 @@ class Runtime:
                 n_ctx = Engine(path, c.engine).n_ctx
             except RagError:
                 pass
-        return target_tokens(n_ctx, chunk_size=c.chunking.size, composed=c.ask.compose == "auto")
+        return target_tokens(n_ctx, chunk_size=c.chunking.size, composed=self.compose_policy.enabled)
 
     def reserve(self, max_tokens: int | None = None) -> int:
         """The answer room every layout decision holds back (:func:`.ask.prompt.layout_reserve`)."""
@@ -266,7 +335,9 @@ class Runtime:
     # -- lifetime -----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close what the runtime built (engines, embedder, caches, the store's connections)."""
+        """Close what the runtime built (engines, embedder, caches, the store's connections); work left
+        after answers is cancelled first."""
+        self.settle(cancel=True)
         pool = self.__dict__.pop("pool", None)
         if pool is not None:
             pool.close_extra()
@@ -277,9 +348,17 @@ class Runtime:
         self._given.clear()
         with self._layouts_mu:
             self._layouts.clear()
-        for name in ("stops", "section_memo"):
+        for name in ("stops", "section_memo", "compose_policy"):
             self.__dict__.pop(name, None)
         self._stores.close()  # the PostgreSQL connections, when this was the last pipeline using them
 
 
-__all__ = ["RESOURCES", "Runtime"]
+def calibration_line(record, budget: float) -> str:
+    """One line for people about a calibration: its figures and what it decides."""
+    verdict = ("prompts over sections are composed from their states from now on" if record.allowed(budget) else
+               f"above ask.compose_max_kl = {budget}: prompts stay exact")
+    return (f"composition calibrated for {record.model}: mean KL {record.kl:.4f} nats, top-1 agreement "
+            f"{record.top1:.1%} over {record.tokens} tokens; {verdict}")
+
+
+__all__ = ["RESOURCES", "Runtime", "calibration_line"]

@@ -51,7 +51,7 @@ STATS = _obj({k: _num for k in (
     "prompt_tokens", "cached_tokens", "prefill_tokens", "prefill_seconds", "prefill_tokens_per_second",
     "ttft_seconds", "decode_tokens", "decode_seconds", "decode_tokens_per_second", "load_seconds",
     "cache_load_seconds", "states_saved", "cache_save_seconds", "composed_sections", "recomputed_tokens")} | {
-        "cache": {"enum": ["none", "memory", "ram", "disk", "composed", "miss"]},
+        "cache": {"enum": ["none", "memory", "ram", "disk", "composed", "miss", "server"]},
         "notes": {"type": "array", "items": _str}, "sections_lost": {"type": "array", "items": _str},
         "mode": {"enum": ["whole", "sections", "passages"]}, "sections": {"type": "array", "items": {"type": "object"}},
         "reuse_lost": _str})
@@ -76,7 +76,10 @@ SCHEMAS: dict[str, dict] = {
          "dense_chunks": _int, "embedder": _opt_str, "dim": _opt_int, "chunk_size": _opt_int,
          "chunk_overlap": _opt_int, "collections": {"type": "array", "items": _str}, "generator": _opt_str,
          "sources": {"type": "array", "items": _obj({"source": _str, "chunks": _int, "tokens": _int})}},
-        {"system": _obj({"rag": _str, "python": _str, "llama_cpp": _obj({"llama_cpp_python": _str,
+        {"composition": _obj({"mode": {"enum": ["auto", "on", "off"]}, "model": _opt_str, "seams": _str,
+                              "kl": _opt_num, "top1": _opt_num, "tokens": _int, "prompts": _int, "budget": _num,
+                              "allowed": _bool}, {"measured_at": _num}),
+         "system": _obj({"rag": _str, "python": _str, "llama_cpp": _obj({"llama_cpp_python": _str,
                                                                          "system_info": _str}),
                          "models": {"type": "object"}, "cache": _obj({"enabled": _bool})})},
         closed=True)),

@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from pipeline.engine.contract import EmbedderBase, EngineStats, Generation, GeneratorBase
-from pipeline.engine.reuse.prefix import cuts as prompt_cuts
+from pipeline.engine.reuse.shape import PromptShape
 
 _WORDS = re.compile(r"\w+|[^\w\s]")
 _PIECES = re.compile(r"\s+|\w+|[^\w\s]")
@@ -116,23 +116,23 @@ class EchoGenerator(GeneratorBase):
             return disk, "disk"
         return memory, "memory" if memory else "none"
 
-    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
-                 sections=None) -> int:
-        return self._reuse(list(tokens), prompt_cuts(len(tokens), prefix_len, boundaries))[0]
+    def reusable(self, prompt) -> int:
+        shape = PromptShape.coerce(prompt)
+        return self._reuse(list(shape.tokens), list(shape.cuts))[0]
 
-    def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
-                 repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 boundaries: Sequence[int] = (), stats: EngineStats | None = None, stop_tokens: Sequence[int] = (),
-                 progress=None, cancel=None, sections=None) -> Generation:
+    def generate(self, prompt, *, max_tokens: int = 256, temperature: float = 0.0,
+                 repeat_penalty: float = 1.0, seed: int | None = None, stats: EngineStats | None = None,
+                 stop_tokens: Sequence[int] = (), progress=None, cancel=None) -> Generation:
         from pipeline.errors import EngineError
 
+        shape = PromptShape.coerce(prompt)
+        tokens, cuts, prefix_len = shape.tokens, list(shape.cuts), shape.prefix_len
         if len(tokens) + 1 > self.n_ctx:
             raise EngineError(f"the prompt has {len(tokens):,} tokens; the context holds {self.n_ctx:,}")
         tokens = list(tokens)
         self.prompts.append(tokens)
         stats = stats or EngineStats()
         stats.prompt_tokens = len(tokens)
-        cuts = prompt_cuts(len(tokens), prefix_len, boundaries)
         reused, where = self._reuse(tokens, cuts)
         stats.cache = where
         if cuts and cuts[-1] >= self.min_tokens and reused < cuts[-1]:

@@ -19,6 +19,7 @@ from pipeline.engine.loading import resolve_overrides
 from pipeline.engine.local import Engine
 from pipeline.engine.offload import planned_tensors
 from pipeline.planner.spec import ModelSpec
+from pipeline.engine.reuse.shape import PromptShape
 
 MOE_ARCHS = ["qwen35moe", "gpt-oss"]
 
@@ -141,7 +142,7 @@ def test_gpt_oss_cuts_a_prefix_longer_than_its_window_in_memory(models):
     def ask(engine, question):
         prefix = engine.tokenize(doc)
         tokens = prefix + engine.tokenize(f"Question: {question}\nAnswer:")
-        gen = engine.generate(tokens, max_tokens=6, prefix_len=len(prefix), temperature=0.0)
+        gen = engine.generate(PromptShape.of(tokens, prefix_len=len(prefix)), max_tokens=6, temperature=0.0)
         return gen.read(), gen.stats, len(prefix)
 
     with LlamaLog() as log:

@@ -12,8 +12,8 @@ import pytest
 
 from pipeline.config import EngineConfig
 from pipeline.dev.synthetic import write_moe_model
+from pipeline.engine.cache.index import INDEX_NAME, CacheIndex
 from pipeline.engine.cache.store import PrefixCache
-from pipeline.engine.cache.index import INDEX_NAME
 from pipeline.engine.cache.keys import BLOCK, SHORT_BLOCK_HASH, block_hash, chain_hashes, full_hash, namespace, \
     token_bytes
 from pipeline.engine.local import Engine
@@ -296,7 +296,7 @@ def test_lookup_is_indexed_and_fast_with_many_entries(tmp_path):
         db.executemany("INSERT INTO entries (namespace, n_tokens, full_hash, block_hash, file, bytes, digest, "
                        "created, last_used, hits) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
         keys = [SHORT_BLOCK_HASH] + chain
-        plan = db.execute("EXPLAIN QUERY PLAN " + cache.lookup_sql(len(keys)),
+        plan = db.execute("EXPLAIN QUERY PLAN " + CacheIndex.lookup_sql(len(keys)),
                           ("ns0", *keys, len(tokens) - 1)).fetchall()
     details = " | ".join(r[-1] for r in plan)
     assert "entries_lookup" in details and "SEARCH" in details, details

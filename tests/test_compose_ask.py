@@ -1,5 +1,5 @@
 """Composed prompts through the public API: a sections-mode question over a collection larger than the
-context is built from section states (``ask.compose = "auto"``), saving each section computed now, and a
+context is built from section states (``ask.compose = "on"``), saving each section computed now, and a
 later, different question prefills only its new sections, the seams and itself. Generated models and
 the fakes' hash embedder: no provisioned model."""
 
@@ -35,7 +35,7 @@ def shelf(tmp_path):
 def settings(model, tmp_path, **kw):
     return {"models.generator": str(model), "engine.n_ctx": 2048, "engine.threads": 1, "ask.max_tokens": 6,
             "summarize.max_tokens": 6, "chunking.size": 64, "chunking.overlap": 8, "chunking.section_tokens": 128,
-            "cache.path": str(tmp_path / "cache"), "ask.compose": "auto", **kw}
+            "cache.path": str(tmp_path / "cache"), "ask.compose": "on", **kw}
 
 
 def pipeline(model, tmp_path, **kw) -> Pipeline:

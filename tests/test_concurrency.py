@@ -376,7 +376,7 @@ def test_an_engine_pool_routes_a_question_to_the_engine_holding_its_documents(ma
     assert a is not b
     again = rag.ask("Which client runs Chroma as a server?", doc=ingested / "notes.txt")
     assert again.stats.cached_tokens >= len(second.prompt.prefix_tokens) > 0  # notes.txt's prefix, reused
-    assert b.waiting == 0 and a.held(second.prompt.tokens, prefix_len=len(second.prompt.prefix_tokens)) == 0
+    assert b.waiting == 0 and a.held(PromptShape.of(second.prompt.tokens, prefix_len=len(second.prompt.prefix_tokens))) == 0
     back = rag.ask("What does flash attention reduce?", doc=ingested / "guide.md")
     assert back.stats.cached_tokens >= len(first.prompt.prefix_tokens) > 0
 
@@ -436,6 +436,7 @@ _CLOSE_DURING_EMBEDDING = r"""
 import threading, time
 import numpy as np
 from pipeline import Pipeline
+from pipeline.engine.reuse.shape import PromptShape
 
 rag = Pipeline.from_config()
 embedder = rag.runtime.embedder

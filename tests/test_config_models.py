@@ -37,7 +37,7 @@ def test_every_bundled_recipe_loads(name):
     """A recipe with a misspelt or removed setting would fail its user at the first command."""
     config = load_config(ROOT / "configs" / name, environ={})
     if name == "shelf-composed-8k.toml":
-        assert (config.ask.compose, config.ask.compose_recompute, config.chunking.section_tokens) == ("auto", 8, 1024)
+        assert (config.ask.compose, config.ask.compose_recompute, config.chunking.section_tokens) == ("on", 8, 1024)
 
 
 def test_layers_apply_in_order(tmp_path):

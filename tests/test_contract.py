@@ -13,6 +13,7 @@ from pipeline.engine.local import Engine
 from pipeline.engine.remote.embedder import RemoteEmbedder
 from pipeline.engine.remote.generator import RemoteGenerator
 from pipeline.engine.contract import EmbedderBase, EngineStats, GeneratorBase, TextEmbedder, TextGenerator
+from pipeline.engine.reuse.shape import PromptShape
 
 
 def members(protocol: type) -> set[str]:
@@ -39,10 +40,10 @@ def test_the_base_gives_the_capabilities_a_backend_lacks_their_plain_meaning():
     assert g.render([{"role": "user", "content": "x"}]) is None  # no template of its own: the stop guard only
     head = g.bos + g.tokenize(g.chat("sys", "Documents:\n\n[1] a long shared passage of text "))
     prompts = [head + g.tokenize(f"Question: {q}?<|im_end|>\n") for q in ("what", "why")]
-    done = g.generate_many(prompts, prefix_len=len(head))
+    done = g.generate_many([PromptShape.of(p, prefix_len=len(head)) for p in prompts])
     assert [c.text for c in done] == ["You asked: what?", "You asked: why?"]  # one after another
     assert done[1].stats.cached_tokens == len(head)
-    assert g.held(prompts[0], prefix_len=len(head)) == g.reusable(prompts[0], prefix_len=len(head)) == len(head)
+    assert g.held(PromptShape.of(prompts[0], prefix_len=len(head))) == g.reusable(PromptShape.of(prompts[0], prefix_len=len(head))) == len(head)
 
 
 def test_hash_embedder_is_deterministic_and_similar_for_shared_words():
@@ -58,12 +59,12 @@ def test_echo_generator_reports_reuse_like_the_engine():
     g = EchoGenerator(min_tokens=4)
     head = g.bos + g.tokenize(g.chat("sys", "Documents:\n\n[1] a long shared passage of text "))
     first = head + g.tokenize("Question: what is it?<|im_end|>\n<|im_start|>assistant\n")
-    gen = g.generate(first, prefix_len=len(head))
+    gen = g.generate(PromptShape.of(first, prefix_len=len(head)))
     assert gen.read() == "You asked: what is it?"
     assert gen.stats.cache == "miss" and gen.stats.cached_tokens == 0 and gen.stats.prefill_tokens == len(first)
     second = head + g.tokenize("Question: and why?<|im_end|>\n")
-    st = g.generate(second, prefix_len=len(head), stats=EngineStats()).stats
+    st = g.generate(PromptShape.of(second, prefix_len=len(head)), stats=EngineStats()).stats
     assert st.cache == "memory" and st.cached_tokens == len(head)
     other = EchoGenerator(saved=g.saved, min_tokens=4)  # another process, the same saved prefixes
-    st = other.generate(second, prefix_len=len(head)).stats
+    st = other.generate(PromptShape.of(second, prefix_len=len(head))).stats
     assert st.cache == "disk" and st.cached_tokens == len(head) and st.prefill_tokens == len(second) - len(head)

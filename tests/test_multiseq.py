@@ -11,6 +11,7 @@ from pipeline.config import EngineConfig
 from pipeline.dev.synthetic import write_moe_model
 from pipeline.engine.local import Engine
 from pipeline.engine.multiseq import groups
+from pipeline.engine.reuse.shape import PromptShape
 
 
 def settings(**kw) -> EngineConfig:
@@ -33,7 +34,7 @@ def _prompts(eng: Engine, head_text: str, questions: list[str]) -> tuple[list[li
 
 
 def _one_at_a_time(eng: Engine, prompts, prefix_len, **kw) -> list[str]:
-    return [eng.generate(p, prefix_len=prefix_len, **kw).read() for p in prompts]
+    return [eng.generate(PromptShape.of(p, prefix_len=prefix_len), **kw).read() for p in prompts]
 
 
 def test_together_equals_one_at_a_time_on_a_generated_model(tmp_path):
@@ -45,13 +46,13 @@ def test_together_equals_one_at_a_time_on_a_generated_model(tmp_path):
         prompts, n = _prompts(alone, "the quick brown fox " * 20, ["why?", "how so?", "what next, then?"])
         kw = dict(max_tokens=16, temperature=0.0, repeat_penalty=1.2)
         expected = _one_at_a_time(alone, prompts, n, **kw)
-        got = together.generate_many(prompts, prefix_len=n, **kw)
+        got = together.generate_many([PromptShape.of(p, prefix_len=n) for p in prompts], **kw)
         assert [c.text for c in got] == expected
         assert got[0].stats.prefill_tokens == len(prompts[0]) and got[0].stats.cached_tokens == 0
         assert [c.stats.prefill_tokens for c in got[1:]] == [len(p) - n for p in prompts[1:]]
         assert all(c.stats.cached_tokens == n for c in got[1:])
         # the engine still reuses sequence 0's prefix for the next prompt, and the result is unchanged
-        again = together.generate(prompts[2], prefix_len=n, **kw)
+        again = together.generate(PromptShape.of(prompts[2], prefix_len=n), **kw)
         assert again.read() == expected[2] and again.stats.cached_tokens == n
     finally:
         alone.close()
@@ -72,7 +73,7 @@ def test_together_equals_one_at_a_time_on_smollm2(model_home, repeat_penalty):
                                                   "Summarise the document in one sentence."])
         kw = dict(max_tokens=24, temperature=0.0, repeat_penalty=repeat_penalty)
         expected = _one_at_a_time(alone, prompts, n, **kw)
-        got = together.generate_many(prompts, prefix_len=n, **kw)
+        got = together.generate_many([PromptShape.of(p, prefix_len=n) for p in prompts], **kw)
         assert [c.text for c in got] == expected and all(expected)
         assert sum(c.stats.prefill_tokens for c in got) == len(prompts[0]) + sum(len(p) - n for p in prompts[1:])
         assert all(0 < c.stats.decode_tokens <= 24 for c in got)

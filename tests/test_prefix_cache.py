@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import cli
+from pipeline.engine.reuse.shape import PromptShape
 
 FAST = {"engine__n_ctx": 1024, "ask__max_tokens": 16, "cache__min_tokens": 16}
 
@@ -109,7 +110,7 @@ def test_sliding_window_model_restores_exactly(model_home, tmp_path):
         engine = engine or Engine(path, settings, cache=cache, cache_min_tokens=16)
         prefix = engine.bos + engine.tokenize(f"Document:\n{text}\n\n")
         tokens = prefix + engine.tokenize(f"Question: {question}\nAnswer:")
-        gen = engine.generate(tokens, max_tokens=12, prefix_len=len(prefix))
+        gen = engine.generate(PromptShape.of(tokens, prefix_len=len(prefix)), max_tokens=12)
         return engine, gen.read(), gen.stats
 
     assert len(ask("x")[0].tokenize(text)) > 512  # longer than the sliding window
@@ -145,7 +146,7 @@ def test_recurrent_model_restores_its_state_at_the_prefix_boundary(tmp_path, arc
         engine = engine or Engine(path, settings, cache=cache, cache_min_tokens=16)
         prefix = engine.tokenize("document: " + "the quick brown fox jumps over the lazy dog. " * 12)
         tokens = prefix + engine.tokenize(f"question: {question}")
-        gen = engine.generate(tokens, max_tokens=10, prefix_len=len(prefix))
+        gen = engine.generate(PromptShape.of(tokens, prefix_len=len(prefix)), max_tokens=10)
         return engine, gen.read(), gen.stats
 
     _, plain, _ = ask("what jumps?")
@@ -181,7 +182,7 @@ def test_recurrent_model_resumes_a_pack_from_a_state_saved_at_an_inner_boundary(
             bounds.append(len(tokens))
         prefix_len = len(tokens)
         tokens += engine.tokenize("question: what jumps?")
-        gen = engine.generate(tokens, max_tokens=8, prefix_len=prefix_len, boundaries=bounds[:-1])
+        gen = engine.generate(PromptShape.of(tokens, prefix_len=prefix_len, boundaries=bounds[:-1]), max_tokens=8)
         return gen.read(), gen.stats, bounds
 
     cache = PrefixCache(tmp_path / "cache", max_bytes=2**30)

@@ -12,6 +12,7 @@ from pipeline.config import EngineConfig
 from pipeline.engine.cache.ram import RamStates
 from pipeline.engine.cache.store import PrefixCache
 from pipeline.engine.local import Engine
+from pipeline.engine.reuse.shape import PromptShape
 
 SETTINGS = EngineConfig(n_ctx=2048, n_batch=256, n_ubatch=256, threads=2)
 DOC = "document: " + "the quick brown fox jumps over the lazy dog. " * 12
@@ -105,7 +106,7 @@ def models(tmp_path_factory):
 
 def _ask(engine: Engine, question: str) -> tuple[str, object]:
     prefix = engine.tokenize(DOC)
-    gen = engine.generate(prefix + engine.tokenize(f"question: {question}"), max_tokens=8, prefix_len=len(prefix))
+    gen = engine.generate(PromptShape.of(prefix + engine.tokenize(f"question: {question}"), prefix_len=len(prefix)), max_tokens=8)
     return gen.read(), gen.stats
 
 
@@ -163,10 +164,9 @@ def test_a_longer_state_on_disk_wins_over_a_shorter_one_in_ram(models, tmp_path)
         head = writer.tokenize(DOC)
         more = writer.tokenize("appendix: the dog sleeps all day. " * 6)
         tail = writer.tokenize("question: who sleeps?")
-        reader.generate(head + tail, max_tokens=2, prefix_len=len(head)).read()  # RAM holds the short prefix
-        writer.generate(head + more + tail, max_tokens=2, prefix_len=len(head + more),
-                        boundaries=[len(head)]).read()  # the disk holds the long one too
-        gen = reader.generate(head + more + tail, max_tokens=2, prefix_len=len(head + more), boundaries=[len(head)])
+        reader.generate(PromptShape.of(head + tail, prefix_len=len(head)), max_tokens=2).read()  # RAM holds the short prefix
+        writer.generate(PromptShape.of(head + more + tail, prefix_len=len(head + more), boundaries=[len(head)]), max_tokens=2).read()  # the disk holds the long one too
+        gen = reader.generate(PromptShape.of(head + more + tail, prefix_len=len(head + more), boundaries=[len(head)]), max_tokens=2)
         gen.read()
         assert gen.stats.cache == "disk" and gen.stats.cached_tokens == len(head + more)
     finally:

@@ -22,6 +22,7 @@ from pipeline.engine.remote.routing import HashRing, route_key
 from pipeline.errors import ConfigError, EngineError, ModelError
 
 from pipeline.dev.llama_server import LlamaServer, free_port
+from pipeline.engine.reuse.shape import PromptShape
 
 GEN = "builtin:SmolLM2-135M-Instruct"
 EMB = "builtin:all-MiniLM-L6-v2"
@@ -70,7 +71,7 @@ def test_defang_breaks_every_control_token_spelling_and_keeps_the_text_readable(
 
 
 def test_routing_is_consistent_and_adding_a_server_moves_few_prefixes():
-    keys = [route_key(list(range(i, i + 50)), boundaries=[20, 50]) for i in range(2000)]
+    keys = [route_key(PromptShape.of(range(i, i + 50), prefix_len=50, boundaries=[20])) for i in range(2000)]
     two = HashRing(["http://a/v1", "http://b/v1"])
     three = HashRing(["http://a/v1", "http://b/v1", "http://c/v1"])
     owners2 = [two.owner(k) for k in keys]
@@ -82,7 +83,8 @@ def test_routing_is_consistent_and_adding_a_server_moves_few_prefixes():
     assert all(b == "http://c/v1" for _, b in moved)  # only to the new server
     assert 0.2 < len(moved) / len(keys) < 0.47  # about a third, not a reshuffle
     # The key is the prompt up to its first document's end: the question does not move it.
-    assert route_key([1, 2, 3, 9, 9], boundaries=[3, 5]) == route_key([1, 2, 3, 7], boundaries=[3, 4])
+    assert route_key(PromptShape.of([1, 2, 3, 9, 9], prefix_len=5, boundaries=[3])) == \
+        route_key(PromptShape.of([1, 2, 3, 7], prefix_len=4, boundaries=[3]))
     assert two.preference(keys[0])[0] == owners2[0] and sorted(two.preference(keys[0])) == sorted(two.names)
 
 
@@ -353,10 +355,10 @@ def test_llama_server_dialect_sends_tokens_with_cache_prompt_and_reports_its_cac
     try:
         assert gen.dialect == "llama-server" and gen.n_ctx == 4096 and gen.bos == [1]
         prefix = gen.bos + gen.tokenize("Documents: a long shared manual. ")
-        first = gen.generate(prefix + gen.tokenize("Q1?"), prefix_len=len(prefix), boundaries=[len(prefix)])
+        first = gen.generate(PromptShape.of(prefix + gen.tokenize("Q1?"), prefix_len=len(prefix), boundaries=[len(prefix)]))
         assert first.read() == "Hello" and first.stats.cached_tokens == 0 and first.stats.cache == "miss"
-        assert gen.reusable(prefix + gen.tokenize("Q2?"), prefix_len=len(prefix)) == len(prefix)
-        second = gen.generate(prefix + gen.tokenize("Q2?"), prefix_len=len(prefix), boundaries=[len(prefix)])
+        assert gen.reusable(PromptShape.of(prefix + gen.tokenize("Q2?"), prefix_len=len(prefix))) == len(prefix)
+        second = gen.generate(PromptShape.of(prefix + gen.tokenize("Q2?"), prefix_len=len(prefix), boundaries=[len(prefix)]))
         second.read()
         st = second.stats
         assert st.cached_tokens == len(prefix) + 1  # "Q" is shared too: the server's own count

@@ -9,11 +9,14 @@ import pytest
 from pipeline.engine import _llama
 from pipeline.engine._llama import composing as mem
 from pipeline.engine.cache.store import PrefixCache
-from pipeline.engine.reuse.compose import Seams
-from pipeline.engine.contract import EngineStats
-from pipeline.engine.reuse.prefix import Memory
-from pipeline.engine.reuse.sections import SectionReuse, Sections
 from pipeline.engine.cache.sections import NO_STATE
+from pipeline.engine.contract import EngineStats
+from pipeline.engine.reuse.budget import ComposeMode, ComposePolicy, Refusal
+from pipeline.engine.reuse.compose import Seams
+from pipeline.engine.reuse.memory import Memory
+from pipeline.engine.reuse.planner import Planner
+from pipeline.engine.reuse.sections import SectionReuse
+from pipeline.engine.reuse.shape import PromptShape, Sections
 
 from test_compose import _decode, _prompt, answer, moe_path  # noqa: F401 - moe_path is a fixture
 
@@ -33,7 +36,8 @@ def layout(head, pieces, q):
     for p in pieces:
         at += len(p)
         ends.append(at)
-    return tokens, Sections(len(head), tuple(ends))
+    sections = Sections(len(head), tuple(ends))
+    return PromptShape.of(tokens, prefix_len=sections.end, boundaries=ends, sections=sections), sections
 
 
 def prefill(memory):
@@ -48,12 +52,11 @@ def test_plan_run_and_report(memory, tmp_path):
     tokens, sections = layout(head, pieces, q)
     with PrefixCache(tmp_path / "cache", max_bytes=2**30) as cache:
         reuse = SectionReuse(cache, namespace=lambda: "ns", seams=Seams("first", 16))
-        assert reuse.why_off(can_shift=True) == ""
-        plan = reuse.plan(memory.tokens, tokens, sections)
+        plan = reuse.plan(memory, tokens)
         assert (plan.held, plan.saved, plan.reused) == (0, (False,) * 4, 0)
         stats = EngineStats()
-        done = reuse.run(memory.model, memory, tokens, sections, stats, prefill(memory))
-        assert memory.tokens == tokens[:sections.end]
+        done = reuse.run(memory.model, memory, tokens, stats, prefill(memory))
+        assert memory.tokens == list(tokens.tokens[:sections.end]) and memory.composed == sections.end
         assert (stats.composed_sections, stats.states_saved, stats.cached_tokens) == (0, 4, 0)
         assert stats.sections_lost == [NO_STATE] * 4 and stats.recomputed_tokens == done.recomputed_tokens == 48
         cold, _ = answer(memory.model, q, sections.end)
@@ -62,15 +65,15 @@ def test_plan_run_and_report(memory, tmp_path):
         # the same sections in another order: nothing held in memory past the head, all restored
         other = [pieces[2], pieces[0], pieces[1], pieces[3]]
         tokens2, sections2 = layout(head, other, q)
-        plan = reuse.plan(memory.tokens, tokens2, sections2)
+        plan = reuse.plan(memory, tokens2)
         assert (plan.held, plan.held_tokens, plan.saved) == (0, len(head), (True,) * 4)
         stats = EngineStats()
-        reuse.run(memory.model, memory, tokens2, sections2, stats, prefill(memory))
+        reuse.run(memory.model, memory, tokens2, stats, prefill(memory))
         assert stats.composed_sections == 4 and stats.cache == "composed" and stats.sections_lost == []
         assert stats.cached_tokens == len(head) + sum(len(p) for p in pieces)
 
         # back to the first order: restored again, the answer is the cold one
-        reuse.run(memory.model, memory, tokens, sections, EngineStats(), prefill(memory))
+        reuse.run(memory.model, memory, tokens, EngineStats(), prefill(memory))
         warm, _ = answer(memory.model, q, sections.end)
         assert np.array_equal(warm, cold)
 
@@ -80,28 +83,30 @@ def test_sections_held_in_memory_are_kept(memory, tmp_path):
     tokens, sections = layout(head, pieces, q)
     with PrefixCache(tmp_path / "cache", max_bytes=2**30) as cache:
         reuse = SectionReuse(cache, namespace=lambda: "ns", seams=Seams("first", 16))
-        reuse.run(memory.model, memory, tokens, sections, EngineStats(), prefill(memory))
+        reuse.run(memory.model, memory, tokens, EngineStats(), prefill(memory))
         longer, sections3 = layout(head, pieces[:2] + [pieces[3]], q)
-        plan = reuse.plan(memory.tokens, longer, sections3)
+        plan = reuse.plan(memory, longer)
         assert (plan.held, plan.saved) == (2, (True,))
         stats = EngineStats()
-        reuse.run(memory.model, memory, longer, sections3, stats, prefill(memory))
+        reuse.run(memory.model, memory, longer, stats, prefill(memory))
         assert stats.cache == "composed" and stats.composed_sections == 1
         assert stats.cached_tokens == sections3.end
         # memory made another way is never taken for composed sections
-        reuse.forget()
-        assert reuse.plan(memory.tokens, longer, sections3).held == 0
+        memory.composed = 0
+        assert reuse.plan(memory, longer).held == 0
 
 
-def test_why_off():
-    assert "off" in SectionReuse(None, namespace=lambda: "", seams=Seams(), enabled=False).why_off(can_shift=True)
-    assert "cache" in SectionReuse(None, namespace=lambda: "", seams=Seams()).why_off(can_shift=True)
+def test_the_planner_says_why_a_prompt_is_not_composed(tmp_path):
+    def planner(cache, mode):
+        return Planner(cache, namespace=lambda: "ns", policy=ComposePolicy(mode=mode))
 
-
-def test_why_off_for_a_model_that_cannot_shift(tmp_path):
+    nothing = Memory()
+    assert planner(None, ComposeMode.OFF).refusal(nothing) is Refusal.OFF
+    assert planner(None, ComposeMode.ON).refusal(nothing) is Refusal.NO_CACHE
     with PrefixCache(tmp_path / "c", max_bytes=2**20) as cache:
-        note = SectionReuse(cache, namespace=lambda: "", seams=Seams()).why_off(can_shift=False)
-    assert "cannot be shifted" in note and "prefix" in note
+        assert planner(cache, ComposeMode.ON).refusal(nothing) is None  # not loaded: taken to shift
+        assert planner(cache, ComposeMode.AUTO).refusal(nothing) is Refusal.NOT_CALIBRATED
+        assert "cannot be shifted" in Refusal.CANNOT_SHIFT.value and "prefix" in Refusal.CANNOT_SHIFT.value
 
 
 def test_sections_are_checked():

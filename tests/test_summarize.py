@@ -58,7 +58,8 @@ class FakeEngine(GeneratorBase):
     def count_tokens(self, text: str) -> int:
         return len(text.split())
 
-    def generate(self, tokens, *, max_tokens, prefix_len, **_):
+    def generate(self, prompt, *, max_tokens, **_):
+        tokens = prompt.tokens
         text = " ".join(self.words[t] for t in tokens)
         self.prompts.append(text)
         covered, last, in_order = set(), -1, True
@@ -81,11 +82,12 @@ class FakeMultiEngine(FakeEngine):
         super().__init__(n_ctx)
         self.together: list[int] = []  # prompts per generate_many call
 
-    def generate_many(self, prompts, *, prefix_len, boundaries=(), max_tokens, **_):
-        assert all(p[:prefix_len] == prompts[0][:prefix_len] for p in prompts)
+    def generate_many(self, prompts, *, max_tokens, **_):
+        prefix = prompts[0].prefix
+        assert prefix and all(p.tokens[:len(prefix)] == prefix for p in prompts)
         self.together.append(len(prompts))
-        return [SimpleNamespace(text=(g := self.generate(p, max_tokens=max_tokens, prefix_len=prefix_len)).read(),
-                                stats=g.stats) for p in prompts]
+        return [SimpleNamespace(text=(g := self.generate(p, max_tokens=max_tokens)).read(), stats=g.stats)
+                for p in prompts]
 
 
 class FakeCatalog:

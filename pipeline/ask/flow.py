@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..engine.context_lock import CancelToken
+from ..engine.contract import CacheKind
 from ..errors import InputError, StoreError
 from ..ingest.scan import source_names
 from ..retrieval.search import expand, retrieve, whole_document
@@ -26,7 +27,7 @@ from ..store.store import Store
 from . import packing
 from .answer import Answer, AnswerStream, AskStats, complete
 from .history import reuse_note, sections_note
-from .prompt import composed_layout, pack
+from .prompt import pack, shape_of
 from .request import AskOptions, AskRequest
 
 if TYPE_CHECKING:
@@ -52,18 +53,17 @@ def ask_stream(rt: "Runtime", request: AskRequest) -> AnswerStream:
     prompt = built.prompt
     stats = AskStats(mode=prompt.mode, sections=[p.to_dict() for p in prompt.sections])
     stops = rt.stops.with_strings(options.stop)
-    layout = composed_layout(prompt)
-    engine = rt.pool.pick(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries,
-                          sections=layout)
+    shape = shape_of(prompt)
+    engine = rt.pool.pick(shape)
     cancel = request.cancel or CancelToken()  # every generator takes one: a stream can always be cancelled
-    generation = engine.generate(prompt.tokens, max_tokens=options.max_tokens, temperature=options.temperature,
-                                 repeat_penalty=rt.config.ask.repeat_penalty,
-                                 prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries,
-                                 stats=stats, stop_tokens=stops.tokens, cancel=cancel,
-                                 progress=_tracker(request.progress) if request.progress else None,
-                                 sections=layout)
-    return AnswerStream(request.question, prompt, generation, built.notes, built.timings, built.finish,
-                        stops=stops.strings, cancel=cancel)
+    generation = engine.generate(shape, max_tokens=options.max_tokens, temperature=options.temperature,
+                                 repeat_penalty=rt.config.ask.repeat_penalty, stats=stats,
+                                 stop_tokens=stops.tokens, cancel=cancel,
+                                 progress=_tracker(request.progress) if request.progress else None)
+    stream = AnswerStream(request.question, prompt, generation, built.notes, built.timings, built.finish,
+                          stops=stops.strings, cancel=cancel)
+    stream.on_complete(lambda answer: rt.after_answer(engine))
+    return stream
 
 
 def ask_many(rt: "Runtime", requests: Sequence[AskRequest]) -> list[Answer]:
@@ -74,14 +74,14 @@ def ask_many(rt: "Runtime", requests: Sequence[AskRequest]) -> list[Answer]:
     built = [build_prompt(rt, r) for r in requests]
     engine, stops = rt.engine, rt.stops
     answers: list[Answer | None] = [None] * len(built)
+    shapes = [shape_of(b.prompt) for b in built]
     by_prefix: dict[tuple, list[int]] = {}
-    for i, b in enumerate(built):
-        by_prefix.setdefault((tuple(b.prompt.prefix_tokens), tuple(b.prompt.boundaries)), []).append(i)
-    for (prefix, boundaries), members in by_prefix.items():
+    for i, shape in enumerate(shapes):
+        by_prefix.setdefault((shape.prefix, shape.cuts), []).append(i)
+    for members in by_prefix.values():
         options = requests[members[0]].options(rt.config.ask)
-        kw = dict(prefix_len=len(prefix), boundaries=boundaries, max_tokens=options.max_tokens,
-                  temperature=options.temperature, repeat_penalty=rt.config.ask.repeat_penalty)
-        done = engine.generate_many([built[i].prompt.tokens for i in members], **kw)
+        done = engine.generate_many([shapes[i] for i in members], max_tokens=options.max_tokens,
+                                    temperature=options.temperature, repeat_penalty=rt.config.ask.repeat_penalty)
         for i, completion in zip(members, done):
             b = built[i]
             stats = AskStats(**completion.stats.__dict__, mode=b.prompt.mode,
@@ -166,14 +166,13 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
         hits = retrieve(rt, store, request.query, top_k=packing_depth(rt), source=selection, timings=timings)
         shelf = packing.gather(store, sources=selection, target=rt.section_tokens, hits=hits,
                                fetch_tokens=3 * engine.n_ctx, also={key for p in history[:16] for key in p})
-    shelf.fixed_numbers = a.compose == "auto"  # a section's tokens, so its state, the same in every pack
+    shelf.fixed_numbers = rt.compose_policy.enabled  # a section's tokens, so its state, the same in every pack
     # The store is released: tokenising (and loading the generator) happens from here on.
     prompt = packing.plan(
         shelf, request.text, layout=rt.layout(options.system_prompt), tokenize=engine.tokenize,
         memo=rt.section_memo, n_ctx=engine.n_ctx, reserve=rt.reserve(options.max_tokens),
         tolerance=a.reuse_tolerance, history=history,
-        reusable=lambda p: rt.pool.reusable(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries,
-                                            sections=composed_layout(p)),
+        reusable=lambda p: rt.pool.reusable(shape_of(p)), composes=lambda: rt.pool.composes,
         top_k=options.top_k, neighbours=a.neighbours)
     if prompt is None:
         return None
@@ -192,7 +191,7 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
     previous = history[0] if history else None
 
     def finish(stats: AskStats) -> None:
-        prefix = "" if stats.cache == "composed" else reuse_note(
+        prefix = "" if stats.cache is CacheKind.COMPOSED else reuse_note(
             prompt, cached_tokens=stats.cached_tokens, previous=previous, documents=shelf.documents,
             cache_on=rt.prefix_cache is not None, min_tokens=rt.config.cache.min_tokens)
         stats.reuse_lost = "; ".join(n for n in (sections_note(stats.sections_lost), prefix) if n)

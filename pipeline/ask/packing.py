@@ -138,15 +138,17 @@ def page_segments(chunks) -> list[tuple[int | None, str]]:
 # --------------------------------------------------------------------------- tokens of sections
 
 
-def number(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens) -> list[PackedSection]:
-    """``chosen`` in canonical order, each with its document's number (in this pack, or in the
-    collection: :attr:`Shelf.fixed_numbers`) and its tokens."""
+def number(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens, *, lead: Sequence[Key] = ()
+           ) -> list[PackedSection]:
+    """``chosen`` in canonical order (after the sections of ``lead``, in its order), each with its
+    document's number (in this pack, or in the collection: :attr:`Shelf.fixed_numbers`) and its tokens."""
     counts = shelf.counts
     out = []
     numbers = {}
     if shelf.fixed_numbers:
         numbers = dict(shelf.places) or {source: i for i, source in enumerate(sorted(shelf.documents), 1)}
-    for s in sorted(chosen, key=lambda s: (s.source, s.index)):
+    first = {key: i for i, key in enumerate(lead)}
+    for s in sorted(chosen, key=lambda s: (first.get(s.key, len(first)), s.source, s.index)):
         n = numbers.setdefault(s.source, len(numbers) + 1)
         out.append(PackedSection(n, s, counts[s.source], memo.get(n, s, counts[s.source], shelf.segments[s.key])))
     return out
@@ -157,11 +159,15 @@ def number(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens) -> list
 
 def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens, n_ctx: int,
          reserve: int, tolerance: float = 0.2, history: Sequence[Sequence[Key]] = (),
-         reusable: Callable[[Prompt], int] | None = None, top_k: int = 8, neighbours: int = 1) -> Prompt | None:
+         reusable: Callable[[Prompt], int] | None = None, composes: Callable[[], bool] | None = None,
+         top_k: int = 8, neighbours: int = 1) -> Prompt | None:
     """The prompt for ``question`` over the shelf: whole documents when they fit, else sections.
 
     Returns None when not even the question's best section fits (the caller falls back
-    to passages).
+    to passages). Where the generator does not compose prompts from section states
+    (``composes()`` false: recurrent and hybrid models, or composition off or not allowed yet),
+    the chosen sections are ordered so that the longest lead of an earlier pack among them
+    comes first (:func:`_lead_first`): its saved state is then this prompt's prefix.
     """
     suffix_text = f"Question: {question}"
     suffix_len = len(layout.suffix(suffix_text, tokenize))
@@ -193,7 +199,35 @@ def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, mem
         rank = (reuse > 0, reuse - len(prompt.tokens) if reuse else 0, ranking.total([p.section for p in packed]))
         if best_rank is None or rank > best_rank:
             best_prompt, best_rank = prompt, rank
+    if history and reusable is not None and composes is not None and not composes():
+        best_prompt = _lead_first(best_prompt, history, reusable,
+                                  lambda lead: prompt_of(number(shelf, [p.section for p in best_prompt.sections],
+                                                                memo, lead=lead), "sections"))
     return best_prompt
+
+
+def _lead_first(prompt: Prompt, history: Sequence[Sequence[Key]], reusable: Callable[[Prompt], int],
+                reordered: Callable[[Sequence[Key]], Prompt]) -> Prompt:
+    """``prompt``'s sections reordered so that an earlier pack's longest lead among them comes first,
+    where that reuses more than the canonical order: for a generator that reuses exact prefixes only,
+    the earlier prompt's state at the lead's end then serves this one. The same sections either way."""
+    keys = {p.section.key for p in prompt.sections}
+    best, best_reuse = prompt, reusable(prompt)
+    seen = set()
+    for old in history:
+        lead = []
+        for key in old:
+            if tuple(key) not in keys:
+                break
+            lead.append(tuple(key))
+        if not lead or tuple(lead) in seen:
+            continue
+        seen.add(tuple(lead))
+        candidate = reordered(lead)
+        reuse = reusable(candidate)
+        if reuse > best_reuse:
+            best, best_reuse = candidate, reuse
+    return best
 
 
 class _Ranking:

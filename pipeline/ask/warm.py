@@ -6,10 +6,12 @@ prefix states with states at their boundaries (:meth:`~pipeline.engine.local.Eng
 so that the first question over the documents prefills only itself.
 
 ``rag warm --sections`` (:func:`warm_sections`) is for collections that do not fit the
-context, with ``ask.compose = "auto"``: every section's own state is computed once, in
-order, and saved, so any question's prompt is then composed from states and prefills
-only the seams and itself. With composition on, ``rag warm`` (and ``rag ingest --warm``)
-does that too for a collection that does not fit whole.
+context: every section's own state is computed once, in order, and saved, so any
+question's prompt is then composed from states and prefills only the seams and itself;
+with ``ask.compose = "auto"`` it then calibrates composition on one prompt of the
+collection's own sections (:func:`calibration_prompt`), so even the first question is
+composed. Unless composition is off, ``rag warm`` (and ``rag ingest --warm``) does that too
+for a collection that does not fit whole.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Callable
 from ..errors import ConfigError
 from ..records import PackedSection, Prompt, Section
 from .packing import Shelf, gather, number, shelf_prompt
-from .prompt import Layout, SectionTokens, Tokenize
+from .prompt import Layout, SectionTokens, Tokenize, shape_of
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -83,9 +85,9 @@ def _writable_cache(rt: "Runtime"):
 def warm_sections(rt: "Runtime", *, progress: Callable[[int, int], None] | None = None) -> dict:
     """:meth:`Pipeline.warm_sections <pipeline.api.Pipeline.warm_sections>`: every section of the
     collection, rendered as every pack renders it, prefilled once on its own and saved."""
-    if rt.config.ask.compose != "auto":
-        raise ConfigError("section states serve composed prompts: set ask.compose = \"auto\" "
-                          "(RAG_ASK_COMPOSE=auto) to save and use them")
+    if not rt.compose_policy.enabled:
+        raise ConfigError("section states serve composed prompts, and ask.compose is \"off\": set it to "
+                          "\"auto\" (RAG_ASK_COMPOSE=auto) to save and use them")
     _writable_cache(rt)
     engine = rt.engine
     with rt.store(create=False) as store:
@@ -95,7 +97,35 @@ def warm_sections(rt: "Runtime", *, progress: Callable[[int, int], None] | None 
     packed = number(shelf, shelf.sections, rt.section_memo)
     head = rt.layout().head_tokens
     report = engine.warm_sections(head, [p.tokens for p in packed], progress=progress)
-    return {"mode": "sections", "documents": len(shelf.documents), **report}
+    calibration = None
+    prompt = calibration_prompt(shelf, layout=rt.layout(), tokenize=engine.tokenize, memo=rt.section_memo,
+                                n_ctx=engine.n_ctx, reserve=rt.reserve())
+    if prompt is not None:
+        record = engine.calibrate(shape_of(prompt))
+        calibration = record.to_dict(budget=rt.compose_policy.max_kl) if record is not None else None
+    return {"mode": "sections", "documents": len(shelf.documents), **report, "calibration": calibration}
+
+
+#: What a calibration prompt asks: any question works (it compares distributions), one that makes the
+#: model read the documents is closest to a real one.
+CALIBRATION_QUESTION = "Summarize what the documents above say, citing them."
+
+
+def calibration_prompt(shelf: Shelf, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens, n_ctx: int,
+                       reserve: int) -> Prompt | None:
+    """A sections-mode prompt of the collection's own sections to calibrate composition on: sections
+    spread evenly over the collection (as a question's best sections are), as many as fit, at least
+    two; None where two do not fit."""
+    suffix = f"Question: {CALIBRATION_QUESTION}"
+    budget = layout.budget(n_ctx=n_ctx, reserve=reserve, suffix_tokens=len(layout.suffix(suffix, tokenize)))
+    sections = [s for s in shelf.sections if s.key in shelf.segments]
+    shortest = min((len(p.tokens) for p in number(shelf, sections, memo)), default=1)
+    for k in range(min(len(sections), budget // max(1, shortest)), 1, -1):
+        chosen = [sections[round(i * (len(sections) - 1) / (k - 1))] for i in range(k)]
+        packed = number(shelf, chosen, memo)
+        if sum(len(p.tokens) for p in packed) <= budget:
+            return shelf_prompt(shelf, packed, suffix, layout=layout, tokenize=tokenize, mode="sections", top_k=0)
+    return None
 
 
 def warm(rt: "Runtime", *, progress: Callable[[str, str], None] | None = None, purpose: str = "ask") -> dict:
@@ -108,10 +138,10 @@ def warm(rt: "Runtime", *, progress: Callable[[str, str], None] | None = None, p
     with rt.store(create=False) as store:
         store.require()
         shelf = gather(store, sources=None, target=rt.section_tokens, fetch_tokens=2**62)
-    shelf.fixed_numbers = rt.config.ask.compose == "auto"  # as every prompt numbers documents then
+    shelf.fixed_numbers = rt.compose_policy.enabled  # as every prompt numbers documents then
     mode, plans = warm_plans(shelf, layout=rt.layout(), tokenize=engine.tokenize, memo=rt.section_memo,
                              n_ctx=engine.n_ctx, reserve=rt.reserve(), purpose=purpose)
-    if mode == "sections" and rt.config.ask.compose == "auto":  # questions are composed from section states
+    if mode == "sections" and rt.compose_policy.enabled:  # questions are composed from section states
         states = warm_sections(rt)
         return {"mode": mode, "purpose": purpose, "prefixes": [], "prefilled_tokens": states["prefilled_tokens"],
                 "bytes_written": states["bytes_written"], "section_states": states}
@@ -133,7 +163,7 @@ def _warm_one(rt: "Runtime", shelf: Shelf, name: str, prompt: Prompt | None) -> 
     elif len(prompt.prefix_tokens) < rt.config.cache.min_tokens:
         outcome = "too short"
     else:
-        reused = engine.reusable(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries)
+        reused = engine.reusable(shape_of(prompt))
         before = {e.id for e in cache.entries(engine.namespace)}
         outcome = "saved" if engine.warm(prompt.prefix_tokens, boundaries=prompt.boundaries) else "cached"
         written = sum(e.bytes for e in cache.entries(engine.namespace) if e.id not in before)
@@ -145,4 +175,4 @@ def _warm_one(rt: "Runtime", shelf: Shelf, name: str, prompt: Prompt | None) -> 
             "bytes": written, "outcome": outcome}
 
 
-__all__ = ["WARM_PURPOSES", "warm", "warm_plans", "warm_sections"]
+__all__ = ["CALIBRATION_QUESTION", "WARM_PURPOSES", "calibration_prompt", "warm", "warm_plans", "warm_sections"]

@@ -100,8 +100,8 @@ def _warm(rag, *, quiet: bool, purpose: str = "ask") -> dict:
               help="When the collection fits whole: its one prefix (ask), each document's own prefix "
                    "(summarize, ask --doc), or both.")
 @click.option("--sections", is_flag=True,
-              help="Save every section's own state, for prompts composed from them (sets ask.compose = auto "
-                   "for this run): for collections larger than the context.")
+              help="Save every section's own state, for prompts composed from them, and calibrate composition "
+                   "(ask.compose = auto): for collections larger than the context.")
 @json_option
 @click.pass_context
 @handles_errors
@@ -111,11 +111,10 @@ def warm(ctx, collection, store_path, purpose, sections, as_json):
     The whole collection's prefix when it fits the context (what `rag ask` packs then; with
     `--for summarize`, each document's own prefix, what its summaries start from), else each
     document's leading sections. With `--sections`, every section once, on its own: any
-    question's prompt is then composed from those states (with `ask.compose = "auto"`).
+    question's prompt is then composed from those states; with `ask.compose = "auto"` (the
+    default) composition is also calibrated on one prompt of the collection's own sections.
     """
     overrides = store_overrides(collection, store_path)
-    if sections:
-        overrides["ask.compose"] = "auto"
     with open_pipeline(ctx, **overrides) as rag:
         report = _warm_sections(rag, quiet=as_json) if sections else _warm(rag, quiet=as_json, purpose=purpose)
     if as_json:
@@ -151,6 +150,11 @@ def _say_sections(report: dict) -> None:
                f"({report['tokens']:,} tokens): {report['saved']} saved, {report['cached']} already saved; "
                f"{report['prefilled_tokens']:,} tokens prefilled in {report['seconds']:.1f} s, "
                f"{report['bytes_written'] / 1e6:,.1f} MB of states written")
+    c = report.get("calibration")
+    if c:
+        verdict = "questions are composed" if c["allowed"] else "over ask.compose_max_kl: questions stay exact"
+        click.echo(f"composition calibrated: mean KL {c['kl']:.4f} nats (budget {c['budget']}), top-1 "
+                   f"{c['top1']:.1%} over {c['tokens']} tokens: {verdict}")
     for note in report["notes"]:
         click.echo(f"note: {printable(note)}", err=True)
 
@@ -266,9 +270,10 @@ def status(ctx, collection, store_path, as_json):
 
     with open_pipeline(ctx, **store_overrides(collection, store_path)) as rag:
         st = rag.status()
+        composition = rag.calibration()
         report = system_report(rag.config)
     if as_json:
-        echo_json({**st.to_dict(), "system": report.to_dict()})
+        echo_json({**st.to_dict(), "composition": composition, "system": report.to_dict()})
         return
     click.echo(f"store:       {printable(st.store)}")
     if not st.exists:
@@ -276,7 +281,21 @@ def status(ctx, collection, store_path, as_json):
         click.echo(f"collection:  {st.collection} (does not exist yet{others})")
     else:
         _echo_collection(st)
+    click.echo(_composition_line(composition))
     click.echo("\n" + _printable_lines(report.describe()))
+
+
+def _composition_line(c: dict) -> str:
+    """What ``ask.compose`` decides for the generator, and its calibration."""
+    head = f"composition: {c['mode']}"
+    if c["mode"] == "off":
+        return head + " (prompts over sections are prefilled exactly)"
+    if c["kl"] is None:
+        tail = "composing" if c["allowed"] else "not calibrated yet (measured after the first answer over sections)"
+        return f"{head}, {c['model']}: {tail}"
+    verdict = "composing" if c["allowed"] else "exact (over the budget)"
+    return (f"{head}, {printable(str(c['model']))}: mean KL {c['kl']:.4f} nats (budget {c['budget']}), top-1 "
+            f"{c['top1']:.1%} over {c['tokens']} tokens, seams {c['seams']}: {verdict}")
 
 
 def _printable_lines(text: str) -> str:

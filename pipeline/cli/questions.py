@@ -125,6 +125,10 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
                     echo_json(answer.to_dict())
                 continue
             _echo_answer(answer, show_stats=show_stats)
+        try:
+            rag.settle(log=lambda m: click.echo(m, err=True))
+        except KeyboardInterrupt:
+            click.echo("composition calibration skipped: it runs after a later answer", err=True)
     if several and not as_json:
         click.echo()
         for line in _comparison(answers):
@@ -146,6 +150,8 @@ def _answer(rag, request, *, live: bool):
 
 
 def _echo_answer(answer, *, show_stats: bool) -> None:
+    from ..engine.contract import CacheKind
+
     click.echo()
     if answer.sources:
         click.echo("\nSources:")
@@ -157,7 +163,7 @@ def _echo_answer(answer, *, show_stats: bool) -> None:
     if show_stats:
         st = answer.stats
         reuse = f"{st.cached_tokens:,} reused, cache: {st.cache}"
-        if st.cache == "composed":
+        if st.cache is CacheKind.COMPOSED:
             reuse += f", {st.composed_sections} sections from their states, {st.recomputed_tokens:,} recomputed"
         packed = f"mode {st.mode}" + (f" ({len(st.sections)} sections)" if st.sections else "")
         click.echo(

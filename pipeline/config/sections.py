@@ -16,6 +16,8 @@ from ..store.names import check_collection_name
 from ..store.vectors import check_store_urls
 
 ASK_MODES = ("auto", "passages")
+MAX_RECOMPUTE = 1 << 20
+COMPOSE_MODES = ("auto", "on", "off")  # (pipeline.engine.reuse.budget.ComposeMode)
 COMPOSE_SEAMS = ("first", "last", "whole", "none")  # (pipeline.engine.reuse.seams.STRATEGIES a prompt can use)
 
 
@@ -253,8 +255,10 @@ class AskConfig:
         "You answer questions using only the numbered documents provided. Cite the documents you "
         "use as [1] or, with a page, as [1, p. 3]. If the documents do not contain the answer, say so.")
     """The instruction before the documents; part of every prompt's cached prefix."""
-    compose: str = "off"
-    """Sections mode: "auto" = prompts composed from per-section KV states (approximate; docs/packing.md); "off"."""
+    compose: str = "auto"
+    """Sections mode, prompts composed from per-section KV states: "auto" (once calibrated within compose_max_kl), "on", "off"."""
+    compose_max_kl: float = 0.05
+    """The quality budget of "auto": the most mean KL (nats/token) composed may differ from exact by, as measured."""
     compose_recompute: int = 32
     """Tokens of each moved section decoded again at its place when composing (the seam); more = closer to exact."""
     compose_seams: str = "first"
@@ -269,9 +273,13 @@ class AskConfig:
             raise ConfigError("ask.top_k and ask.max_tokens must be >= 1, ask.neighbours >= 0")
         if not 0.0 <= self.mmr_lambda <= 1.0 or self.temperature < 0 or self.repeat_penalty <= 0:
             raise ConfigError("ask.mmr_lambda must be in [0, 1], ask.temperature >= 0, ask.repeat_penalty > 0")
-        if self.compose not in ("auto", "off") or self.compose_recompute < 0:
-            raise ConfigError(f"ask.compose must be \"auto\" or \"off\" (got {self.compose!r}), "
-                              "ask.compose_recompute >= 0")
+        if self.compose not in COMPOSE_MODES:
+            raise ConfigError(f"ask.compose must be one of {', '.join(COMPOSE_MODES)}, got {self.compose!r}")
+        if not 0 <= self.compose_recompute <= MAX_RECOMPUTE:
+            raise ConfigError(f"ask.compose_recompute must be between 0 and {MAX_RECOMPUTE} tokens, "
+                              f"got {self.compose_recompute}")
+        if not 0.0 <= self.compose_max_kl <= 100.0:  # also refuses nan
+            raise ConfigError(f"ask.compose_max_kl must be between 0 and 100 nats per token, got {self.compose_max_kl}")
         if not set(self.compose_seams.split("+")) <= set(COMPOSE_SEAMS):
             raise ConfigError(f"ask.compose_seams must be {', '.join(COMPOSE_SEAMS)} or several joined by +, "
                               f"got {self.compose_seams!r}")

@@ -74,10 +74,11 @@ class FairLock:
     """A lock granted in arrival order (FIFO); it may be released by a thread other than its holder
     (a stream garbage-collected on another thread gives the engine back)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, on_queue: Callable[[], None] | None = None) -> None:
         self._mu = threading.Lock()
         self._held = False
         self._queue: deque[threading.Event] = deque()
+        self._on_queue = on_queue  # called (outside the lock) when a caller starts waiting
 
     @property
     def waiting(self) -> int:
@@ -96,6 +97,8 @@ class FairLock:
                 return True
             turn = threading.Event()
             self._queue.append(turn)
+        if self._on_queue is not None:
+            self._on_queue()
         unregister = cancel.on_cancel(turn.set) if cancel else (lambda: None)
         try:
             turn.wait(timeout)
@@ -182,7 +185,8 @@ class ContextLock:
 
     def __init__(self, *, closed: str):
         self._closed = closed
-        self._lock = FairLock()
+        self._lock = FairLock(on_queue=self._someone_waits)
+        self._preemptible = False  # the running turn gives way to the next in line (background work)
         self._holder: int | None = None
         self._cancel: CancelToken | None = None  # the running turn's cancel token
         self._closing = False
@@ -216,14 +220,22 @@ class ContextLock:
             self._streams.add(out)
         return out
 
+    def _someone_waits(self) -> None:
+        cancel = self._cancel
+        if self._preemptible and cancel is not None:
+            cancel.cancel()
+
     @contextmanager
     def hold(self, cancel: CancelToken | None = None, epoch: int | None = None, *,
-             flag: Callable[[], AbortFlag] | None = None) -> Iterator[None]:
+             flag: Callable[[], AbortFlag] | None = None, preemptible: bool = False) -> Iterator[None]:
         """Hold the context: other threads wait (first come, first served); the holding thread may
         not start a second prompt. ``cancel`` aborts what runs in the turn (through ``flag()``, the
         context's abort flag, got once the turn is granted); a stream made before the context was
-        closed (``epoch``) never gets a turn after it."""
+        closed (``epoch``) never gets a turn after it. A ``preemptible`` turn (background work) is
+        cancelled as soon as another caller waits, and is not started while one does."""
         me = threading.get_ident()
+        if preemptible and cancel is None:
+            cancel = CancelToken()
         if self._holder == me:
             raise EngineError("this thread is still reading an earlier answer from this engine: finish it "
                               "(or close its stream) before starting another")
@@ -231,7 +243,12 @@ class ContextLock:
         if self._closing or (epoch is not None and epoch != self.epoch):
             self._lock.release()
             raise EngineClosed(self._closed)
-        self._holder, self._cancel = me, cancel
+        self._holder, self._cancel, self._preemptible = me, cancel, preemptible
+        if preemptible and self._lock.waiting:
+            self._holder = self._cancel = None
+            self._preemptible = False
+            self._lock.release()
+            raise Cancelled("gave way to a waiting prompt")
         abort = flag() if cancel is not None and flag is not None else None
         unregister = cancel.on_cancel(abort.set) if abort is not None else (lambda: None)
         try:
@@ -241,6 +258,7 @@ class ContextLock:
             if abort is not None and not self._closing:  # close() keeps it set until it holds the context
                 abort.clear()
             self._holder = self._cancel = None
+            self._preemptible = False
             self._lock.release()
 
     def close(self, free: Callable[[], None], *, flag: AbortFlag | None = None) -> None:

@@ -15,6 +15,7 @@ returns. Nothing here loads a model or imports llama.cpp.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtime_checkable
@@ -22,8 +23,24 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtim
 if TYPE_CHECKING:
     import numpy as np
 
-    from .reuse.seams import Sections
     from .context_lock import CancelToken
+    from .reuse.budget import Calibration
+    from .reuse.shape import PromptShape
+
+
+class CacheKind(str, enum.Enum):
+    """Where a prompt's reused state came from: the closed set ``EngineStats.cache`` takes."""
+
+    NONE = "none"  # nothing reused, nothing looked up
+    MEMORY = "memory"  # kept in the engine's KV cache from the previous prompt
+    RAM = "ram"  # restored from a state kept in host memory
+    DISK = "disk"  # restored from the prefix cache on disk
+    COMPOSED = "composed"  # composed from section states
+    MISS = "miss"  # looked up, nothing found
+    SERVER = "server"  # reused by a generator server (its own cache)
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -40,7 +57,7 @@ class EngineStats:
     decode_seconds: float = 0.0
     decode_tokens_per_second: float = 0.0
     load_seconds: float = 0.0
-    cache: str = "none"  # none | memory (kept in the KV cache) | ram | disk (restored) | composed | miss | server
+    cache: CacheKind = CacheKind.NONE
     cache_load_seconds: float = 0.0
     states_saved: int = 0  # prefix states written by this prompt (whole prefix and boundaries)
     cache_save_seconds: float = 0.0
@@ -49,11 +66,18 @@ class EngineStats:
     sections_lost: list[str] = field(default_factory=list)  # why each section computed now was not reused
     notes: list[str] = field(default_factory=list)
 
+    def __setattr__(self, name: str, value) -> None:
+        if name == "cache":
+            value = CacheKind(value)  # a closed set: anything else is a ValueError here, not a surprise later
+        super().__setattr__(name, value)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         for k, v in d.items():
             if isinstance(v, float):
                 d[k] = round(v, 4)
+            elif isinstance(v, CacheKind):
+                d[k] = v.value
         return d
 
 
@@ -143,21 +167,23 @@ class EmbedderBase:
 class TextGenerator(Protocol):
     """Prompts → streamed answers, with the prefill figures (:class:`EngineStats`) of each.
 
-    ``generate`` decodes ``tokens``; ``tokens[:prefix_len]`` is the part other prompts
-    share, and ``boundaries`` the earlier points where a shared part may end (document
-    and section ends); the generator may reuse state up to one of them (in memory or
-    from a saved state) and reports it in ``stats.cached_tokens``. Every generator takes
-    ``stop_tokens`` (ids that end the answer), ``progress(done, total)`` (after each
-    prefilled piece) and ``cancel`` (a :class:`~.context_lock.CancelToken`); one that cannot
-    honour one of them says so in its ``generate``. ``sections`` is a sections-mode prompt's
-    layout (head and section ends), which a generator may compose the prompt from section
-    states by (the local engine, see :mod:`.section_reuse`); others ignore it.
+    ``generate`` decodes a prompt: a :class:`~.reuse.shape.PromptShape` (its tokens, the cuts
+    where a part shared with other prompts may end, and a sections-mode prompt's sections) or
+    plain tokens that share nothing. The generator may reuse state up to a cut (in memory or
+    from a saved state), or compose a sections-mode prompt from section states (the local
+    engine, see :mod:`.reuse.planner`), and reports it in ``stats``. Every generator takes
+    ``stop_tokens`` (ids that end the answer), ``progress(done, total)`` (after each prefilled
+    piece) and ``cancel`` (a :class:`~.context_lock.CancelToken`); one that cannot honour one
+    of them says so in its ``generate``.
 
     Reuse, without running anything: ``reusable`` is how much of a prompt it would reuse
     now from anywhere (what a packer weighs candidate prompts by), ``held`` how much its
     own memory holds (what a pool routes by), ``warm(prefix)`` saves a prefix's state
     ahead of the first question (True if it was saved now), ``warm_sections`` saves each
-    section's own state for composed prompts, and ``reset`` forgets what the memory holds. ``namespace`` names the model and settings states belong to.
+    section's own state for composed prompts, and ``reset`` forgets what the memory holds.
+    ``namespace`` names the model and settings states belong to. ``calibrate_pending`` measures
+    composition against an exact answer that asked for it (once the answer is done), and
+    ``composes`` tells whether it ever composes prompts (a packer orders sections by it).
 
     Capacity: ``waiting`` is its queue (the running prompt included), ``n_seq_max`` how
     many prompts over one prefix ``generate_many`` decodes together, ``can_trim`` whether
@@ -193,21 +219,24 @@ class TextGenerator(Protocol):
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str | None: ...
 
-    def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
-                 repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 boundaries: Sequence[int] = (), stats: EngineStats | None = None,
+    def generate(self, prompt: PromptShape | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
+                 repeat_penalty: float = 1.0, seed: int | None = None, stats: EngineStats | None = None,
                  stop_tokens: Sequence[int] = (), progress: Callable[[int, int], None] | None = None,
-                 cancel: CancelToken | None = None, sections: Sections | None = None) -> Generation: ...
+                 cancel: CancelToken | None = None) -> Generation: ...
 
-    def generate_many(self, prompts: Sequence[Sequence[int]], *, prefix_len: int, boundaries: Sequence[int] = (),
-                      max_tokens: int = 256, temperature: float = 0.0, repeat_penalty: float = 1.0,
-                      seed: int | None = None) -> list[Completion]: ...
+    def generate_many(self, prompts: Sequence[PromptShape], *, max_tokens: int = 256, temperature: float = 0.0,
+                      repeat_penalty: float = 1.0, seed: int | None = None) -> list[Completion]: ...
 
-    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
-                 sections: Sections | None = None) -> int: ...
+    def reusable(self, prompt: PromptShape | Sequence[int]) -> int: ...
 
-    def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
-             sections: Sections | None = None) -> int: ...
+    def held(self, prompt: PromptShape | Sequence[int]) -> int: ...
+
+    @property
+    def composes(self) -> bool: ...
+
+    def calibrate_pending(self, *, cancel: CancelToken | None = None) -> Calibration | None: ...
+
+    def calibrate(self, prompt: PromptShape, *, cancel: CancelToken | None = None) -> Calibration | None: ...
 
     def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool: ...
 
@@ -228,7 +257,7 @@ class GeneratorBase:
     ``generate``, ``reusable``, ``warm`` and ``close``; it inherits one prompt at a time
     (``generate_many`` runs them one after another, ``n_seq_max`` 1), no queue, a memory
     that can be cut anywhere, no template of its own for stop markers, one worker (itself),
-    and ``held`` equal to ``reusable``.
+    ``held`` equal to ``reusable``, and no composition (nothing to calibrate).
     """
 
     @property
@@ -249,22 +278,32 @@ class GeneratorBase:
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str | None:
         return None
 
-    def generate_many(self, prompts: Sequence[Sequence[int]], *, prefix_len: int, boundaries: Sequence[int] = (),
-                      max_tokens: int = 256, temperature: float = 0.0, repeat_penalty: float = 1.0,
-                      seed: int | None = None) -> list[Completion]:
+    def generate_many(self, prompts: Sequence[PromptShape], *, max_tokens: int = 256, temperature: float = 0.0,
+                      repeat_penalty: float = 1.0, seed: int | None = None) -> list[Completion]:
         """Each prompt through ``generate``, one after another."""
         out = []
         for p in prompts:
             g = self.generate(p, max_tokens=max_tokens, temperature=temperature,  # type: ignore[attr-defined]
-                              repeat_penalty=repeat_penalty, seed=seed, prefix_len=prefix_len, boundaries=boundaries)
+                              repeat_penalty=repeat_penalty, seed=seed)
             out.append(Completion(g.read(), g.stats))
         return out
 
-    def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
-             sections: Sections | None = None) -> int:
+    def held(self, prompt: PromptShape | Sequence[int]) -> int:
         """What this generator's memory holds of the prompt: by default, what it would reuse from anywhere."""
-        return self.reusable(tokens, prefix_len=prefix_len, boundaries=boundaries,  # type: ignore[attr-defined]
-                             sections=sections)
+        return self.reusable(prompt)  # type: ignore[attr-defined]
+
+    @property
+    def composes(self) -> bool:
+        """Whether this generator may compose prompts from section states: only a local engine can."""
+        return False
+
+    def calibrate_pending(self, *, cancel: CancelToken | None = None) -> Calibration | None:
+        """Nothing to measure: only a local engine composes."""
+        return None
+
+    def calibrate(self, prompt: PromptShape, *, cancel: CancelToken | None = None) -> Calibration | None:
+        """Nothing to measure: only a local engine composes."""
+        return None
 
     def reset(self) -> None:
         pass
@@ -281,5 +320,5 @@ class GeneratorBase:
         return [self]  # type: ignore[list-item]
 
 
-__all__ = ["Completion", "EmbedderBase", "EngineStats", "Generation", "GeneratorBase", "TextEmbedder",
+__all__ = ["CacheKind", "Completion", "EmbedderBase", "EngineStats", "Generation", "GeneratorBase", "TextEmbedder",
            "TextGenerator"]

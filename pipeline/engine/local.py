@@ -3,9 +3,10 @@
 :class:`Engine` loads the model on first use (:mod:`.loading`),
 renders its chat template (:mod:`.templates`), and streams answers: it prefills a
 prompt in pieces split at its cuts, then samples and decodes token by token. What a
-prompt reuses (the KV memory's common prefix, or a state saved in the prefix cache)
-and where states are saved is the reuse policy's (:mod:`.reuse`); several prompts over one
-prefix decode together (:mod:`.multiseq`); prompts take turns on the context (:mod:`.context_lock`).
+prompt reuses (the KV memory's common prefix, a saved prefix state, or section states
+composed into it) is the reuse planner's one plan (:mod:`.reuse.planner`), which the
+engine carries out; several prompts over one prefix decode together (:mod:`.multiseq`);
+prompts take turns on the context (:mod:`.context_lock`).
 """
 
 from __future__ import annotations
@@ -13,17 +14,20 @@ from __future__ import annotations
 import codecs
 import time
 import weakref
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from . import offload
-from .contract import Completion, EngineStats, Generation, GeneratorBase
+from .contract import CacheKind, Completion, EngineStats, Generation, GeneratorBase
 from .gguf.info import ModelInfo
 from .loading import check_memory, load_generator, load_params, resolve_overrides
-from .reuse.prefix import Memory, Plan, ReusePolicy, cuts as prompt_cuts
-from .reuse.seams import Seams
-from .reuse.sections import SectionReuse, Sections
+from .reuse import calibrate
+from .reuse.budget import Calibration, ComposeMode, ComposePolicy, Refusal
+from .reuse.memory import Memory
+from .reuse.planner import Planner
+from .reuse.shape import PromptShape
 from .templates import render, render_chat
 from .context_lock import CancelToken, ContextLock
 from .once import once
@@ -43,24 +47,26 @@ class Engine(GeneratorBase):
     it still reads the first gets an :class:`~pipeline.errors.EngineError` instead of a
     deadlock. A ``cancel`` token stops a waiting prompt, or a running one within one micro-batch.
 
-    ``cache`` (a :class:`~.cache.store.PrefixCache`, or None) holds saved prefix states;
-    ``cache_min_tokens`` and ``boundary_states`` are the reuse policy's (:class:`~.reuse.ReusePolicy`),
-    and ``ram_states`` (a :class:`~.cache.ram.RamStates`, shared by a pool's engines) its host-memory
-    copies of boundary states for models that cannot cut their memory. ``compose`` (the
-    :class:`~.seams.Seams` to recompute; None: off) composes sections-mode prompts from section
-    states in that cache (:class:`~.section_reuse.SectionReuse`).
+    ``cache`` (a :class:`~.cache.store.PrefixCache`, or None) holds saved prefix and section states;
+    ``cache_min_tokens`` and ``boundary_states`` are prefix reuse's (:class:`~.reuse.prefix.PrefixReuse`),
+    ``ram_states`` (a :class:`~.cache.ram.RamStates`, shared by a pool's engines) its host-memory
+    copies of boundary states for models that cannot cut their memory; ``compose`` (a
+    :class:`~.reuse.budget.ComposePolicy`; default: ``ask.compose = "off"``) says when sections-mode
+    prompts are composed from section states, judged by ``calibrations``
+    (:class:`~.cache.calibrations.Calibrations`).
     """
 
     def __init__(self, model_path: Path, settings: EngineConfig, *, log: Callable[[str], None] | None = None,
                  cache=None, cache_min_tokens: int = 256, boundary_states: int = 4, ram_states=None,
-                 compose: Seams | None = None):
+                 compose: ComposePolicy | None = None, calibrations=None):
         self.model_path = Path(model_path)
         self.settings = settings
         me = weakref.ref(self)  # the parts hold no strong reference back: an engine dropped is freed at once
-        self.reuse = ReusePolicy(cache, namespace=lambda: me().namespace, min_tokens=cache_min_tokens,
-                                 boundary_states=boundary_states, ram=ram_states)
-        self.sections = SectionReuse(cache, namespace=lambda: me().namespace, seams=compose or Seams(),
-                                     enabled=compose is not None)
+        self.planner = Planner(cache, namespace=lambda: me().namespace,
+                               policy=compose or ComposePolicy(mode=ComposeMode.OFF), min_tokens=cache_min_tokens,
+                               boundary_states=boundary_states, ram=ram_states, calibrations=calibrations,
+                               model_name=lambda: me().model_path.name)
+        self.pending_calibration: calibrate.Recorder | None = None  # an exact answer to measure composition by
         self.memory = Memory()  # what the KV cache holds (the model is attached when it loads)
         self._log = log or (lambda message: None)
         self.load_seconds = 0.0
@@ -98,7 +104,8 @@ class Engine(GeneratorBase):
 
     def load_params(self) -> dict:
         """Keyword arguments of :func:`._llama.load` that these settings mean (see :func:`.loading.load_params`)."""
-        return load_params(self.settings, n_ctx=self.n_ctx, overrides=self.overrides, compose=self.sections.enabled)
+        return load_params(self.settings, n_ctx=self.n_ctx, overrides=self.overrides,
+                           compose=self.planner.policy.enabled)
 
     def check_memory(self) -> None:
         """Refuse, with the setting to lower, a KV cache that cannot fit in this machine's memory."""
@@ -108,7 +115,7 @@ class Engine(GeneratorBase):
     def llm(self):
         """The model in llama.cpp (a :class:`._llama.Model`), loaded on first use."""
         llm, self.load_seconds = load_generator(self.model_path, self.settings, info=self.info, n_ctx=self.n_ctx,
-                                                overrides=self.overrides, compose=self.sections.enabled)
+                                                overrides=self.overrides, compose=self.planner.policy.enabled)
         self.memory.model = llm
         return llm
 
@@ -164,47 +171,49 @@ class Engine(GeneratorBase):
 
     def reset(self) -> None:
         """Forget what the KV memory holds: the next prompt reuses nothing from memory."""
-        with self._turn():
+        with self.turn():
             self.memory.clear()
-            self.sections.forget()
 
     def keep(self, n: int) -> bool:
         """Cut the KV memory back to its first ``n`` tokens; False (nothing cut) where llama.cpp
         cannot cut it there (recurrent and hybrid memory, sliding-window layers)."""
-        with self._turn():
+        with self.turn():
             return self.memory.cut(n)
 
     def restore(self, store, entry, tokens: Sequence[int]) -> bool:
         """Load the saved state ``entry`` of ``store`` (a :class:`~.cache.store.PrefixCache`), which holds
         ``tokens[:entry.n_tokens]``, in place of what the KV memory holds; False (memory empty) when the
         state fails its checks."""
-        with self._turn():
+        with self.turn():
             self.llm  # noqa: B018 - loaded first: the state is restored into it
-            self.sections.forget()
             return self.memory.restore(store, entry, tokens)
 
-    def held(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
-             sections: Sections | None = None) -> int:
-        """How many tokens of this prompt this engine's KV memory holds now, up to a point where
-        :meth:`generate` may reuse them (the disk cache aside): what a pool routes prompts by. With
-        ``sections`` (a prompt :meth:`generate` would compose), the sections a composition left there.
-        Safe beside a running prompt: it reads a copy of what the memory holds."""
-        memory = list(self.memory.tokens)
-        if self.sections.would_compose(sections, self.__dict__.get("llm")):
-            return self.sections.held(memory, tokens, sections)
-        cuts = prompt_cuts(len(tokens), prefix_len, boundaries)
-        return self.reuse.held(self.sections.exact(memory), tokens, cuts, can_trim=self.memory.can_trim)
+    def plan(self, prompt: PromptShape | Sequence[int]):
+        """The reuse plan a run of ``prompt`` now would carry out (:class:`~.reuse.plan.ReusePlan`),
+        running nothing, loading no model and counting no miss. Safe beside a running prompt: it reads
+        a copy of what the memory holds."""
+        return self.planner.plan(PromptShape.coerce(prompt), self.memory.snapshot(), probe=True)
 
-    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
-                 sections: Sections | None = None) -> int:
-        """How many tokens of this prompt :meth:`generate` would reuse now (memory or disk; with
-        ``sections``, section states too), running nothing and loading no model: what a packer weighs
-        candidate prompts by."""
-        memory = list(self.memory.tokens)
-        if self.sections.would_compose(sections, self.__dict__.get("llm")):
-            return self.sections.plan(memory, tokens, sections).reused
-        cuts = prompt_cuts(len(tokens), prefix_len, boundaries)
-        return self.reuse.reusable(self.sections.exact(memory), tokens, cuts, can_trim=self.memory.can_trim)
+    def held(self, prompt: PromptShape | Sequence[int]) -> int:
+        """How many tokens of ``prompt`` this engine's KV memory holds now, as the plan would use them
+        (the disk aside): what a pool routes prompts by."""
+        return self.planner.held(PromptShape.coerce(prompt), self.memory.snapshot())
+
+    def reusable(self, prompt: PromptShape | Sequence[int]) -> int:
+        """How many tokens of ``prompt`` a run now would reuse (memory, saved prefix states, section
+        states): what a packer weighs candidate prompts by."""
+        return self.plan(prompt).reused
+
+    @property
+    def composes(self) -> bool:
+        """Whether sections-mode prompts are composed from section states now (the model shifts, the
+        policy and its calibration allow it); where not, a packer puts held sections first."""
+        return self.planner.refusal(self.memory) is None
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """This model's composition calibration for the configured seams (None: not measured yet)."""
+        return self.planner.calibration()
 
     # -- running prompts ----------------------------------------------------------------------
 
@@ -232,42 +241,35 @@ class Engine(GeneratorBase):
     def _prefill_piece(self, tokens: Sequence[int], start: int) -> None:
         self.prefill(tokens, start=start)  # looked up on the instance: a benchmark may wrap it
 
-    def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
-                 repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 boundaries: Sequence[int] = (), stats: EngineStats | None = None,
+    def generate(self, prompt: PromptShape | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
+                 repeat_penalty: float = 1.0, seed: int | None = None, stats: EngineStats | None = None,
                  stop_tokens: Sequence[int] = (), progress: Callable[[int, int], None] | None = None,
-                 cancel: CancelToken | None = None, sections: Sections | None = None) -> Generation:
-        """Stream the completion of ``tokens``.
+                 cancel: CancelToken | None = None, exact: bool = False) -> Generation:
+        """Stream the completion of ``prompt`` (a :class:`~.reuse.shape.PromptShape`, or plain tokens
+        that share nothing with other prompts); ``exact``: never composed (what a calibration compares
+        composition against).
 
         Generation ends at an end-of-generation token or one of ``stop_tokens``;
         ``progress(done, total)`` is called after each prefilled piece (tokens not reused);
-        ``cancel`` takes the prompt out of the engine's queue, or stops its decode.
-
-        ``tokens[:prefix_len]`` is shared with other prompts, ``boundaries`` the earlier points
-        where a shared part may end (document and section ends): memory in common with the
-        previous prompt is reused up to the last such point, else the longest state saved at one
-        is restored; states are saved at the prefix and at up to ``boundary_states`` earlier
-        boundaries prefilled now. ``sections`` (a sections-mode prompt's layout) composes it from
-        section states where that is on and the model can shift (:mod:`.section_reuse`)."""
-        if len(tokens) + 1 > self.n_ctx:
-            raise EngineError(f"the prompt has {len(tokens):,} tokens; the context holds {self.n_ctx:,}")
+        ``cancel`` takes the prompt out of the engine's queue, or stops its decode. What the
+        prompt reuses is the planner's plan (:mod:`.reuse.planner`), carried out in the turn."""
+        shape = PromptShape.coerce(prompt)
+        if len(shape) + 1 > self.n_ctx:
+            raise EngineError(f"the prompt has {len(shape):,} tokens; the context holds {self.n_ctx:,}")
         stats = stats or EngineStats()
-        stats.prompt_tokens = len(tokens)
+        stats.prompt_tokens = len(shape)
         sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
-        cuts = prompt_cuts(len(tokens), prefix_len, boundaries)
-        pieces = self.lock.stream(self._run(list(tokens), max_tokens, sampling, stats, cuts,
-                                             frozenset(stop_tokens), progress, cancel, self.lock.epoch, sections))
-        return Generation(pieces, stats)
+        run = self._run(shape, max_tokens, sampling, stats, frozenset(stop_tokens), progress, cancel, self.lock.epoch,
+                        exact=exact)
+        return Generation(self.lock.stream(run), stats)
 
-    def _run(self, tokens: list[int], max_tokens: int, sampling: tuple, stats: EngineStats,
-             cuts: list[int], stop_tokens: frozenset[int] = frozenset(),
-             progress: Callable[[int, int], None] | None = None,
-             cancel: CancelToken | None = None, epoch: int | None = None,
-             sections: Sections | None = None) -> Iterator[str]:
-        with self._turn(cancel, epoch):  # from the first piece until the stream ends, is closed or is collected
+    def _run(self, shape: PromptShape, max_tokens: int, sampling: tuple, stats: EngineStats,
+             stop_tokens: frozenset[int] = frozenset(), progress: Callable[[int, int], None] | None = None,
+             cancel: CancelToken | None = None, epoch: int | None = None, *, exact: bool = False) -> Iterator[str]:
+        with self.turn(cancel, epoch):  # from the first piece until the stream ends, is closed or is collected
             try:
-                started = self._start(tokens, cuts, stats, progress, sections)
-                yield from self._decode(max_tokens, sampling, stats, stop_tokens, started)
+                started, record = self._start(shape, stats, progress, exact=exact)
+                yield from self._decode(max_tokens, sampling, stats, stop_tokens, started, record)
             except EngineError:
                 if self.lock.stopping:
                     self.memory.clear()  # the aborted micro-batch left the memory unknown
@@ -278,55 +280,65 @@ class Engine(GeneratorBase):
             finally:
                 self._progress = None
 
-    def _reuse(self, tokens: Sequence[int], cuts: Sequence[int], stats: EngineStats) -> Plan:
-        """Carry out the reuse policy's plan for this prompt (see :meth:`.reuse.ReusePolicy.prepare`);
-        the engine's notes and the plan's go to ``stats``. Returns the plan carried out."""
-        self.sections.release(self.memory)
-        plan = self.reuse.prepare(self.memory, tokens, cuts, stats)
-        stats.notes.extend(self.notes + list(plan.notes))
-        return plan
-
-    def _start(self, tokens: list[int], cuts: list[int], stats: EngineStats,
-               progress: Callable[[int, int], None] | None, sections: Sections | None = None) -> tuple[float, float]:
-        """Reuse what the policy plans, then prefill the prompt (states saved at its save points).
-        The prompt is always decoded in pieces split at the cuts, and state is reused only up to a
-        cut: a reused or restored prefix then leaves the computation exactly as it is without any
-        cache, so greedy answers match token for token. At least one token is always decoded:
-        sampling needs its logits. Returns when it started and when its prefill did."""
+    def _start(self, shape: PromptShape, stats: EngineStats, progress: Callable[[int, int], None] | None, *,
+               exact: bool = False) -> tuple[tuple[float, float], calibrate.Recorder | None]:
+        """Carry out the planner's plan for the prompt, then prefill the rest (states saved at its save
+        points). An exact prompt is always decoded in pieces split at its cuts and reuses state only
+        up to a cut, so a reused or restored prefix leaves the computation exactly as it is without
+        any cache. At least one token is always decoded: sampling needs its logits. Returns when it
+        started and when its prefill did, and the recorder of a prompt whose answer calibrates
+        composition (``exact``: never composed)."""
         llm = self.llm
         stats.load_seconds = self.load_seconds
+        stats.notes.extend(self.notes)
         t0 = time.perf_counter()
-        prefix_len = cuts[-1] if cuts else 0
-        composed = self.sections.applies(llm, sections, stats)
-        if composed:  # from section states
-            stats.notes.extend(self.notes)
+        plan = self.planner.plan(shape, self.memory)
+        if exact and plan.composed is not None:
+            plan = replace(plan, composed=None)
+        if plan.refusal is not None and self.planner.policy.enabled:
+            stats.sections_lost = [plan.refusal.value] * len(shape.sections.ends)
+            stats.notes.append(plan.refusal.value)
+        if plan.composed is not None:
+            llm.synchronize()
+            llm.reset_timings()  # composing's decodes (new sections, seams) are the prompt's prefill
             t_prefill = time.perf_counter()
             if progress is not None:
-                progress(0, len(tokens))
-            self.sections.run(llm, self.memory, tokens, sections, stats, self._prefill_piece)
+                progress(0, len(shape))
+            self.planner.sections.run(llm, self.memory, shape, stats, self._prefill_piece)
             reused = stats.cached_tokens - stats.recomputed_tokens
         else:
-            plan = self._reuse(tokens, cuts, stats)
-            reused = plan.reused
+            done = self.planner.prefix.prepare(plan.exact, shape, self.memory, stats)
+            stats.notes.extend(done.notes)
+            reused = done.reused
+            if done.restore is not None:
+                entry = done.restore.entry
+                self.planner.speeds.saw(restored=entry.bytes, restore_seconds=stats.cache_load_seconds,
+                                        bytes_per_token=entry.bytes / max(1, entry.n_tokens))
             llm.synchronize()  # anything pending is booked before the counters restart
             llm.reset_timings()
             t_prefill = time.perf_counter()
             if progress is not None:
-                progress(0, len(tokens) - reused)
+                progress(0, len(shape) - reused)
         if progress is not None:
-            self._progress = lambda position: progress(position - reused, len(tokens) - reused)
-        if not composed:
-            self.reuse.advance(plan, self.memory, stats, self._prefill_piece)
-        self.prefill(tokens, start=len(self.memory.tokens))
+            self._progress = lambda position: progress(position - reused, len(shape) - reused)
+        if plan.composed is None:
+            self.planner.prefix.advance(done, shape, self.memory, stats, self._prefill_piece)
+        self.prefill(shape.tokens, start=len(self.memory.tokens))
         self._progress = None
-        stats.prefill_tokens = len(tokens) - reused
-        stats.notes.extend(self.reuse.store_notes(prefix_len))
-        return t0, t_prefill
+        stats.prefill_tokens = len(shape) - reused
+        stats.notes.extend(self.planner.prefix.store_notes(shape.prefix_len))
+        record = None
+        if plan.composed is None and self.planner.wants_calibration(shape, self.memory):
+            record = calibrate.Recorder(shape)
+        return (t0, t_prefill), record
 
     def _decode(self, max_tokens: int, sampling: tuple, stats: EngineStats, stop_tokens: frozenset[int],
-                started: tuple[float, float]) -> Iterator[str]:
+                started: tuple[float, float], record: calibrate.Recorder | None = None) -> Iterator[str]:
         """Sample and decode token by token, streaming the text; the figures from llama.cpp's counters
-        (``started``: when the prompt and its prefill started)."""
+        (``started``: when the prompt and its prefill started). ``record`` keeps the exact logits of the
+        first positions, for a calibration once the answer is done."""
+        from ._llama.composing import last_logits
+
         llm = self.llm
         t0, t_prefill = started
         held = self.memory.tokens
@@ -336,7 +348,10 @@ class Engine(GeneratorBase):
         t_first = None
         try:
             while n_out < max_tokens and len(held) < self.n_ctx:
+                logits = last_logits(llm) if record is not None and not record.full else None
                 token = sampler.sample()
+                if logits is not None:
+                    record.saw(logits, token)
                 if t_first is None:
                     # llama.cpp books a batch's time when its outputs are first read: now.
                     t_first = time.perf_counter()
@@ -346,6 +361,8 @@ class Engine(GeneratorBase):
                                              else t_first - t_prefill)
                     if stats.prefill_seconds > 0:
                         stats.prefill_tokens_per_second = stats.prefill_tokens / stats.prefill_seconds
+                    if stats.cache is not CacheKind.COMPOSED:
+                        self.planner.speeds.saw(tokens=stats.prefill_tokens, seconds=stats.prefill_seconds)
                 if llm.is_eog(token) or token in stop_tokens:
                     break
                 n_out += 1
@@ -357,6 +374,8 @@ class Engine(GeneratorBase):
             tail = decoder.decode(b"", final=True)
             if tail:
                 yield tail
+            if record is not None and len(record.tokens) >= 2:
+                self.pending_calibration = record  # measured once the answer is done (calibrate_pending)
         finally:
             sampler.close()
             # Book the last decode now, or llama.cpp would count it into the next prompt's prefill.
@@ -367,31 +386,50 @@ class Engine(GeneratorBase):
             if perf.eval_tokens and perf.eval_ms > 0:
                 stats.decode_tokens_per_second = perf.eval_tokens / (perf.eval_ms / 1000)
 
+    # -- calibrating composition -------------------------------------------------------------
+
+    def calibrate_pending(self, *, cancel: CancelToken | None = None) -> Calibration | None:
+        """Measure composition against the exact answer an earlier prompt recorded, if one is pending
+        (:func:`.reuse.calibrate.run_pending`); the record now in force, or None."""
+        return calibrate.run_pending(self, cancel=cancel)
+
+    def calibrate(self, prompt: PromptShape, *, cancel: CancelToken | None = None) -> Calibration | None:
+        """Answer ``prompt`` exactly, then measure composition on it (:func:`.reuse.calibrate.run_on`):
+        what ``rag warm --sections`` calibrates by."""
+        return calibrate.run_on(self, prompt, cancel=cancel)
+
+    # -- warming ------------------------------------------------------------------------------
+
     def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool:
         """Prefill ``prefix`` and save its state (and states at ``boundaries``, as :meth:`generate`
         does), unless it is already saved. True if the whole prefix was saved now."""
         stats = EngineStats()
-        prefix = list(prefix)
-        if not prefix or not self.reuse.uses_store(len(prefix)):
+        prefix = tuple(prefix)
+        prefix_reuse = self.planner.prefix
+        if not prefix or not prefix_reuse.uses_store(len(prefix)) or prefix_reuse.has(prefix):
             return False
-        store = self.reuse.store
-        if store is not None and store.lookup(self.namespace, prefix, max_tokens=len(prefix), min_tokens=len(prefix),
-                                              count=False):
-            return False
-        cuts = sorted({int(b) for b in boundaries if 0 < b < len(prefix)} | {len(prefix)})
-        with self._turn():
-            self.sections.release(self.memory)
-            plan = self.reuse.prepare(self.memory, prefix, cuts, stats)
-            return len(prefix) in self.reuse.advance(plan, self.memory, stats, self._prefill_piece)
+        cuts = tuple(sorted({int(b) for b in boundaries if 0 < b < len(prefix)} | {len(prefix)}))
+        shape = PromptShape(prefix, cuts)
+        with self.turn():
+            self.llm  # noqa: B018 - loaded first
+            plan = prefix_reuse.plan(self.memory, shape)
+            done = prefix_reuse.prepare(plan, shape, self.memory, stats)
+            return len(prefix) in prefix_reuse.advance(done, shape, self.memory, stats, self._prefill_piece)
 
     def warm_sections(self, head: Sequence[int], sections: Sequence[Sequence[int]], *,
                       progress: Callable[[int, int], None] | None = None) -> dict:
         """Save the state of every section (token lists, each prefilled on its own after ``head``) that
-        has none: see :meth:`.section_reuse.SectionReuse.warm`. Needs composition on."""
-        if not self.sections.enabled:
-            raise EngineError("section states are saved only where prompts are composed: set ask.compose = \"auto\"")
-        with self._turn():
-            return self.sections.warm(self.llm, self.memory, list(head), sections, self._prefill_piece, progress)
+        has none: see :meth:`.reuse.sections.SectionReuse.warm`. Needs composition on and a model that shifts."""
+        with self.turn():
+            refusal = self.planner.refusal(self._loaded_memory())
+            if refusal in (Refusal.OFF, Refusal.NO_CACHE, Refusal.CANNOT_SHIFT):
+                raise EngineError(f"section states cannot be used: {refusal.value}")
+            return self.planner.sections.warm(self.llm, self.memory, list(head), sections, self._prefill_piece,
+                                              progress)
+
+    def _loaded_memory(self) -> Memory:
+        self.llm  # noqa: B018 - loaded: the memory's model answers what it can do
+        return self.memory
 
     # -- several prompts over one prefix ---------------------------------------------------------
 
@@ -403,78 +441,29 @@ class Engine(GeneratorBase):
             return 1
         return self.llm.n_seq_max
 
-    def generate_many(self, prompts: Sequence[Sequence[int]], *, prefix_len: int, boundaries: Sequence[int] = (),
-                      max_tokens: int = 256, temperature: float = 0.0, repeat_penalty: float = 1.0,
-                      seed: int | None = None) -> list[Completion]:
-        """Answer several ``prompts`` that share their first ``prefix_len`` tokens: the prefix is
-        reused or prefilled once (as :meth:`generate` does, states saved at ``boundaries``), and with
-        ``n_seq_max`` > 1 the answers are decoded together, one decode call per step for all of
-        them (:mod:`.multiseq`); else one after the other. Greedy answers are the same either way
-        with one thread; with several, llama.cpp's CPU kernels may round differently (see :mod:`.multiseq`).
-        """
-        from .multiseq import groups
+    def generate_many(self, prompts: Sequence[PromptShape], *, max_tokens: int = 256, temperature: float = 0.0,
+                      repeat_penalty: float = 1.0, seed: int | None = None) -> list[Completion]:
+        """Answer several prompts that share their prefix (the first one's cuts): the prefix is reused
+        or prefilled once, and with ``n_seq_max`` > 1 the answers are decoded together, one decode call
+        per step for all of them (:func:`.multiseq.answer_together`); else one after the other."""
+        from .multiseq import answer_together
 
-        prompts = [list(p) for p in prompts]
-        if not prompts:
+        shapes = [PromptShape.coerce(p) for p in prompts]
+        kw = dict(max_tokens=max_tokens, temperature=temperature, repeat_penalty=repeat_penalty, seed=seed)
+        if not shapes:
             return []
-        head = prompts[0][:prefix_len]
-        shared = all(len(p) > prefix_len and p[:prefix_len] == head for p in prompts)
-        if len(prompts) == 1 or not shared or prefix_len <= 0 or self.n_seq_max <= 1:
-            return super().generate_many(prompts, prefix_len=prefix_len, boundaries=boundaries,
-                                         max_tokens=max_tokens, temperature=temperature,
-                                         repeat_penalty=repeat_penalty, seed=seed)
-        for p in prompts:
-            if len(p) + 1 > self.n_ctx:
-                raise EngineError(f"the prompt has {len(p):,} tokens; the context holds {self.n_ctx:,}")
-        sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
-        results: list[Completion | None] = [None] * len(prompts)
-        for group in groups([len(p) for p in prompts], prefix_len=prefix_len, max_tokens=max_tokens,
-                            n_ctx=self.n_ctx, n_seq=self.n_seq_max):
-            run = [prompts[i] for i in group]
-            stats = [EngineStats(prompt_tokens=len(p)) for p in run]
-            with self._turn():
-                texts = self._together(run, stats, prefix_len=prefix_len, boundaries=boundaries,
-                                       max_tokens=max_tokens, sampling=sampling)
-            for i, text, st in zip(group, texts, stats):
-                results[i] = Completion(text, st)
-        return results  # type: ignore[return-value]
-
-    def _together(self, prompts: list[list[int]], stats: list[EngineStats], *, prefix_len: int,
-                  boundaries: Sequence[int], max_tokens: int, sampling: tuple) -> list[str]:
-        """One group of :meth:`generate_many`, holding the context: the prefix into sequence 0, then
-        the suffixes and answers decoded together."""
-        from .multiseq import decode_together
-
-        llm = self.llm
-        cuts = prompt_cuts(len(prompts[0]), prefix_len, boundaries)
-        first = stats[0]
-        first.load_seconds = self.load_seconds
-        t0 = time.perf_counter()
-        plan = self._reuse(prompts[0], cuts, first)
-        reused = plan.reused
-        self.reuse.advance(plan, self.memory, first, self._prefill_piece)
-        llm.synchronize()
-        first.prefill_seconds = time.perf_counter() - t0
-        first.notes.extend(self.reuse.store_notes(prefix_len))
-        for st in stats[1:]:  # the prefix was reused from sequence 0
-            st.cached_tokens, st.cache, st.notes = prefix_len, "memory", list(self.notes)
-        try:
-            texts, held = decode_together(llm, prompts, stats, prefix_len=prefix_len, max_tokens=max_tokens,
-                                          n_ctx=self.n_ctx, sampling=sampling)
-        except EngineError as exc:
-            self.memory.clear()
-            raise EngineError(f"llama.cpp failed decoding {len(prompts)} sequences together: {exc}") from None
-        self.memory.tokens = held
-        for i, st in enumerate(stats):
-            st.prefill_tokens = len(prompts[i]) - (reused if i == 0 else prefix_len)
-            if st.prefill_seconds > 0:
-                st.prefill_tokens_per_second = st.prefill_tokens / st.prefill_seconds
-        return texts
+        prefix = shapes[0].prefix
+        shared = all(len(p) > len(prefix) and p.tokens[:len(prefix)] == prefix for p in shapes)
+        if len(shapes) == 1 or not shared or not prefix or self.n_seq_max <= 1:
+            return super().generate_many(shapes, **kw)
+        return answer_together(self, shapes, **kw)
 
     # -- turns ----------------------------------------------------------------------------------
 
-    def _turn(self, cancel: CancelToken | None = None, epoch: int | None = None):
-        return self.lock.hold(cancel, epoch, flag=lambda: self.llm.abort_flag())
+    def turn(self, cancel: CancelToken | None = None, epoch: int | None = None, *, preemptible: bool = False):
+        """Hold the context (a ``with`` block): prompts queue behind it; ``preemptible``: a prompt that
+        queues meanwhile cancels it (background work)."""
+        return self.lock.hold(cancel, epoch, flag=lambda: self.llm.abort_flag(), preemptible=preemptible)
 
     @property
     def waiting(self) -> int:

@@ -33,9 +33,67 @@ from __future__ import annotations
 
 import codecs
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from .contract import EngineStats
+from .contract import CacheKind, Completion, EngineStats
+from ..errors import EngineError
+
+if TYPE_CHECKING:
+    from .reuse.shape import PromptShape
+
+
+def answer_together(engine, prompts: Sequence[PromptShape], *, max_tokens: int, temperature: float,
+                    repeat_penalty: float, seed: int | None) -> list[Completion]:
+    """Answer ``prompts`` (sharing the first one's prefix) on ``engine`` (a :class:`~.local.Engine`), in groups that fit together
+    (:func:`groups`): each group's prefix reused or prefilled once into sequence 0, as
+    :meth:`~.local.Engine.generate` would (states saved at its cuts), then the suffixes and answers
+    decoded together (:func:`decode_together`)."""
+    prefix_len = prompts[0].prefix_len
+    for p in prompts:
+        if len(p) + 1 > engine.n_ctx:
+            raise EngineError(f"the prompt has {len(p):,} tokens; the context holds {engine.n_ctx:,}")
+    sampling = (temperature, repeat_penalty, engine.settings.seed if seed is None else seed)
+    results: list[Completion | None] = [None] * len(prompts)
+    for group in groups([len(p) for p in prompts], prefix_len=prefix_len, max_tokens=max_tokens,
+                        n_ctx=engine.n_ctx, n_seq=engine.n_seq_max):
+        run = [prompts[i] for i in group]
+        stats = [EngineStats(prompt_tokens=len(p)) for p in run]
+        with engine.turn():
+            texts = _group(engine, run, stats, max_tokens=max_tokens, sampling=sampling)
+        for i, text, st in zip(group, texts, stats):
+            results[i] = Completion(text, st)
+    return results  # type: ignore[return-value]
+
+
+def _group(engine, prompts: Sequence[PromptShape], stats: list[EngineStats], *, max_tokens: int,
+           sampling: tuple) -> list[str]:
+    """One group of :func:`answer_together`, holding the context."""
+    llm, memory, prefix = engine.llm, engine.memory, engine.planner.prefix
+    shape, prefix_len = prompts[0], prompts[0].prefix_len
+    first = stats[0]
+    first.load_seconds = engine.load_seconds
+    t0 = time.perf_counter()
+    done = prefix.prepare(prefix.plan(memory, shape), shape, memory, first)
+    first.notes.extend(engine.notes + list(done.notes))
+    prefix.advance(done, shape, memory, first, lambda tokens, start: engine.prefill(tokens, start=start))
+    llm.synchronize()
+    first.prefill_seconds = time.perf_counter() - t0
+    first.notes.extend(prefix.store_notes(prefix_len))
+    for st in stats[1:]:  # the prefix was reused from sequence 0
+        st.cached_tokens, st.cache, st.notes = prefix_len, CacheKind.MEMORY, list(engine.notes)
+    try:
+        texts, held = decode_together(llm, [p.tokens for p in prompts], stats, prefix_len=prefix_len,
+                                      max_tokens=max_tokens, n_ctx=engine.n_ctx, sampling=sampling)
+    except EngineError as exc:
+        memory.clear()
+        raise EngineError(f"llama.cpp failed decoding {len(prompts)} sequences together: {exc}") from None
+    memory.tokens = held
+    for i, st in enumerate(stats):
+        st.prefill_tokens = len(prompts[i]) - (done.reused if i == 0 else prefix_len)
+        if st.prefill_seconds > 0:
+            st.prefill_tokens_per_second = st.prefill_tokens / st.prefill_seconds
+    return texts
+
 
 def groups(lengths: Sequence[int], *, prefix_len: int, max_tokens: int, n_ctx: int, n_seq: int) -> list[list[int]]:
     """Indexes of prompts (of ``lengths`` tokens, all sharing ``prefix_len``) in runs that fit together:

@@ -29,7 +29,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
-    from .reuse.seams import Sections
+    from .reuse.shape import PromptShape
 
 
 class EnginePool:
@@ -46,26 +46,27 @@ class EnginePool:
         with self._mu:
             return [self._first(), *self._extra]
 
-    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
-                 sections: Sections | None = None) -> int:
-        """The most of this prompt any engine of the pool would reuse now (memory, prefix states, or
-        with ``sections`` the section states a composed prompt takes): what :meth:`pick` then routes
-        it to, and what a packer weighs candidate prompts by."""
-        return max(e.reusable(tokens, prefix_len=prefix_len, boundaries=boundaries, sections=sections)
-                   for e in self.engines)
+    def reusable(self, prompt: PromptShape | Sequence[int]) -> int:
+        """The most of this prompt any engine of the pool would reuse now, by each engine's reuse plan
+        (memory, prefix states, section states): what :meth:`pick` then routes it to, and what a
+        packer weighs candidate prompts by."""
+        return max(e.reusable(prompt) for e in self.engines)
 
-    def pick(self, tokens: Sequence[int] | None = None, *, prefix_len: int = 0,
-             boundaries: Sequence[int] = (), sections: Sections | None = None) -> Any:
-        """The engine for a prompt: the one whose memory holds the most of ``tokens`` it can reuse
-        (a prefix, or with ``sections`` the leading sections a composition left in it; ties: the
-        shortest queue); where none holds any, the one with the shortest queue, or a new one while
-        all are busy and the pool has room. Section states on disk are shared by every engine, so
-        only what each holds in memory tells them apart."""
+    @property
+    def composes(self) -> bool:
+        """Whether the pool's engines compose sections-mode prompts (they share one setting)."""
+        return self.engines[0].composes
+
+    def pick(self, prompt: PromptShape | Sequence[int] | None = None) -> Any:
+        """The engine for a prompt: the one whose memory holds the most of it as its reuse plan would
+        use it (a prefix, or the leading sections a composition left in it; ties: the shortest queue);
+        where none holds any, the one with the shortest queue, or a new one while all are busy and the
+        pool has room. Section states on disk are shared by every engine, so only what each holds in
+        memory tells them apart."""
         engines = self.engines
         load = [e.waiting for e in engines]
-        if tokens is not None and len(engines) > 1:
-            held = [e.held(tokens, prefix_len=prefix_len, boundaries=boundaries, sections=sections)
-                    for e in engines]
+        if prompt is not None and len(engines) > 1:
+            held = [e.held(prompt) for e in engines]
             best = max(held)
             if best > 0:
                 return engines[min((i for i, n in enumerate(held) if n == best), key=load.__getitem__)]

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..ask import packing
-from ..ask.prompt import Layout, SectionTokens, composed_layout, pack, section_prompt
+from ..ask.prompt import Layout, SectionTokens, pack, section_prompt, shape_of
 from ..digest import digest
 from ..errors import EngineError, InputError, RagError
 from ..records import DocumentRecord, Passage, Prompt, Section
@@ -105,7 +105,7 @@ class Settings:
     ``ask`` and ``warm`` use (:func:`pipeline.ask.prompt.layout_reserve`); 0 = ``max_tokens``."""
 
     compose: bool = False
-    """Map prompts composed from section states (``ask.compose = "auto"``): each section rendered as
+    """Map prompts composed from section states (``ask.compose`` not ``"off"``): each section rendered as
     every composed prompt renders it (its document numbered by its place in the collection), so the
     states ``rag warm --sections`` and earlier questions saved serve the map step, and the sections
     it computes serve them."""
@@ -465,16 +465,15 @@ class Job:
         g = self.settings
         kw = dict(max_tokens=g.max_tokens, temperature=g.temperature, repeat_penalty=g.repeat_penalty, seed=g.seed)
         first = prompts[0]
-        layouts = [composed_layout(p) if g.compose else None for p in prompts]
-        if len(prompts) > 1 and self.engine.n_seq_max > 1 and not any(layouts) and \
+        shapes = [shape_of(p) for p in prompts]
+        composed = g.compose and any(s.sections is not None for s in shapes)
+        if len(prompts) > 1 and self.engine.n_seq_max > 1 and not composed and \
                 all(p.prefix_tokens == first.prefix_tokens for p in prompts):
-            done = self.engine.generate_many([p.tokens for p in prompts], prefix_len=len(first.prefix_tokens),
-                                             boundaries=first.boundaries, **kw)
+            done = self.engine.generate_many(shapes, **kw)
             return [(c.text.strip(), c.stats) for c in done], True
         out = []
-        for p, layout in zip(prompts, layouts):  # a composed prompt's sections stay in memory for the next
-            generation = self.engine.generate(p.tokens, prefix_len=len(p.prefix_tokens), boundaries=p.boundaries,
-                                              sections=layout, **kw)
+        for shape in shapes:  # a composed prompt's sections stay in memory for the next
+            generation = self.engine.generate(shape, **kw)
             out.append((generation.read().strip(), generation.stats))
         return out, False
 

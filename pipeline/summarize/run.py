@@ -99,7 +99,7 @@ def prepare(rt: "Runtime", paths: Iterable[str | Path] | None, *, prompts: Seque
     s = rt.engine.settings
     settings = Settings(max_tokens=max_tokens or m.max_tokens, temperature=m.temperature,
                         repeat_penalty=m.repeat_penalty, seed=s.seed, system=rt.config.ask.system_prompt,
-                        reserve=rt.reserve(max_tokens), compose=rt.config.ask.compose == "auto")
+                        reserve=rt.reserve(max_tokens), compose=rt.compose_policy.enabled)
     jobs = open_jobs(rt)
     collection = rt.config.store.collection
     job = Job(engine=rt.engine, jobs=jobs, open_store=rt.store, collection=collection, documents=documents,

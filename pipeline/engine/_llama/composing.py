@@ -102,6 +102,15 @@ def output_logits(model: Model, rows: int) -> Any:
     return np.ctypeslib.as_array(ptr, shape=(rows, model.n_vocab)).copy()
 
 
+def last_logits(model: Model) -> Any:
+    """The logits of the last decode's last output, a float32 array (n_vocab,): what the next token is
+    sampled from."""
+    import numpy as np
+
+    ptr = llama_cpp.llama_get_logits_ith(model._ctx, -1)
+    return np.ctypeslib.as_array(ptr, shape=(model.n_vocab,)).copy()
+
+
 def memory_cells(model: Model) -> int:
     """KV cells in use, over every sequence (a cell shared by several counts once): what a
     composed prompt is measured by against its own length."""

@@ -1,4 +1,4 @@
-"""Boundary states kept in host memory: a bounded, least-recently-used :class:`~..reuse.StateStore`.
+"""Boundary states kept in host memory: a bounded, least-recently-used :class:`~.protocol.StateStore`.
 
 A model that cannot cut its memory back (recurrent and hybrid ones, such as Qwen3.6's Gated
 DeltaNet layers) starts every later question from a saved state. In a long-lived process
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Collection, Sequence
 
 from .index import Entry
+from .protocol import ExactLookup
 
 if TYPE_CHECKING:
     from .._llama import Model
@@ -36,7 +37,7 @@ class _Held:
     data: bytearray
 
 
-class RamStates:
+class RamStates(ExactLookup):
     """Up to ``max_states`` boundary states, ``max_bytes`` in all, in this process's memory (LRU)."""
 
     unavailable = ""

@@ -29,7 +29,7 @@ from ..._testhooks import crash_point
 from .index import Entry
 from .keys import full_hash, token_bytes
 from .store import PrefixCache
-from ..reuse.seams import Piece
+from ..reuse.shape import Piece
 
 SEEN_NAME = "sections.sqlite"
 NO_STATE, EVICTED = "no state yet", "evicted"
@@ -62,10 +62,7 @@ class SectionStates:
 
     def find(self, piece: Piece) -> Entry | None:
         """The saved state of ``piece``, without using it."""
-        n = len(piece)
-        if n == 0:
-            return None
-        return self.cache.lookup(self.namespace, piece.tokens, max_tokens=n, min_tokens=n, lengths={n}, count=False)
+        return self.cache.find(self.namespace, piece.tokens)
 
     def held(self, pieces: Sequence[Piece]) -> list[bool]:
         """Which of ``pieces`` have a saved state (what a packer or a pool weighs prompts by)."""

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Collection, Iterator, Sequence
 from ...errors import ConfigError, EngineError
 from .files import check_file, is_state_file, state_name, sweep_files, write_state
 from .index import INDEX_NAME, CacheIndex, Entry, is_damaged
+from .protocol import ExactLookup
 from .keys import SHORT_BLOCK_HASH, block_hash, chain_hashes, full_hash, token_bytes
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ _ORPHAN_AGE = 600.0  # seconds before an unindexed state or temporary file count
 _REBUILT_ORPHAN_AGE = 60.0  # after a lost index nothing old can be found again
 
 
-class PrefixCache:
+class PrefixCache(ExactLookup):
     """Prefix KV states of llama.cpp sequences, on disk, with an SQLite index and LRU eviction.
 
     ``max_bytes`` caps the total size of the state files; saving past it evicts
@@ -211,10 +212,6 @@ class PrefixCache:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def lookup_sql(self, n_hashes: int) -> str:
-        """The one query a lookup runs, for ``n_hashes`` candidate block hashes."""
-        return CacheIndex.lookup_sql(n_hashes)
 
     # -- lookup -------------------------------------------------------------------------------
 

@@ -23,8 +23,9 @@ from typing import Callable, Iterator, Sequence
 
 from .client import RemoteRef, Retry, Server, TokenText, Transient, api_key, digest
 from .routing import HashRing, route_key
-from ..contract import EngineStats, Generation, GeneratorBase
+from ..contract import CacheKind, EngineStats, Generation, GeneratorBase
 from ..context_lock import CancelToken
+from ..reuse.shape import PromptShape, common_prefix
 from ..templates import FALLBACK, render_chat
 from ...errors import EngineError, redact
 
@@ -167,10 +168,10 @@ class RemoteGenerator(GeneratorBase):
 
     # -- running prompts --------------------------------------------------------------------------
 
-    def route(self, tokens: Sequence[int], *, prefix_len: int = 0, boundaries: Sequence[int] = ()) -> list[Server]:
+    def route(self, prompt: PromptShape | Sequence[int]) -> list[Server]:
         """The servers for this prompt, in order: its prefix's owner first (or the pinned server of a
         worker, see :meth:`workers`), then failover order."""
-        key = route_key(tokens, prefix_len=prefix_len, boundaries=boundaries)
+        key = route_key(PromptShape.coerce(prompt))
         order = [self._by_url[u] for u in self.ring.preference(key)]
         if self._pin is not None:
             order.sort(key=lambda s: s.url != self._pin)
@@ -211,17 +212,18 @@ class RemoteGenerator(GeneratorBase):
             body["model"] = self.ref.model
         return body
 
-    def generate(self, tokens: Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
-                 repeat_penalty: float = 1.0, seed: int | None = None, prefix_len: int = 0,
-                 boundaries: Sequence[int] = (), stats: EngineStats | None = None, stop_tokens: Sequence[int] = (),
-                 progress: Callable[[int, int], None] | None = None, cancel: CancelToken | None = None,
-                 sections=None) -> Generation:
-        """Stream the completion of ``tokens`` from the server that owns its prefix (see :meth:`route`).
+    def generate(self, prompt: PromptShape | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
+                 repeat_penalty: float = 1.0, seed: int | None = None, stats: EngineStats | None = None,
+                 stop_tokens: Sequence[int] = (), progress: Callable[[int, int], None] | None = None,
+                 cancel: CancelToken | None = None) -> Generation:
+        """Stream the completion of ``prompt`` from the server that owns its prefix (see :meth:`route`).
 
         The server ends the answer at its own end-of-generation tokens: ``stop_tokens`` are not sent
         (stop strings still apply to the text), and the server reports no prefill ``progress``;
-        it reuses a prompt as a prefix only (``sections`` is not composed).
+        it reuses a prompt as a prefix only (a sections-mode prompt is not composed).
         ``cancel`` ends the stream at the next piece."""
+        shape = PromptShape.coerce(prompt)
+        tokens = shape.tokens
         if len(tokens) + 1 > self.n_ctx:
             raise EngineError(f"the prompt has {len(tokens):,} tokens; the server's context holds {self.n_ctx:,}")
         stats = stats or EngineStats()
@@ -229,7 +231,7 @@ class RemoteGenerator(GeneratorBase):
         seed = self.settings.seed if seed is None else seed
         body = self.request_body(tokens, max_tokens=max_tokens, temperature=temperature,
                                  repeat_penalty=repeat_penalty, seed=seed)
-        order = self.route(tokens, prefix_len=prefix_len, boundaries=boundaries)
+        order = self.route(shape)
         return Generation(self._run(tuple(tokens), body, order, stats, cancel), stats)
 
     def _run(self, tokens: tuple[int, ...], body: dict, order: list[Server], stats: EngineStats,
@@ -318,11 +320,11 @@ class RemoteGenerator(GeneratorBase):
         if cached is None:
             stats.notes.append("the server does not report cached prompt tokens")
             stats.prefill_tokens = int(usage.get("prompt_tokens") or stats.prompt_tokens)
-            stats.cache = "none"
+            stats.cache = CacheKind.NONE
         else:
             stats.cached_tokens = int(cached)
             stats.prefill_tokens = int(timings.get("prompt_n", stats.prompt_tokens - stats.cached_tokens))
-            stats.cache = "server" if stats.cached_tokens else "miss"
+            stats.cache = CacheKind.SERVER if stats.cached_tokens else CacheKind.MISS
         stats.prefill_seconds = (timings["prompt_ms"] / 1000 if "prompt_ms" in timings
                                  else (first or end) - start)
         if stats.prefill_seconds > 0:
@@ -334,24 +336,23 @@ class RemoteGenerator(GeneratorBase):
             stats.decode_tokens_per_second = stats.decode_tokens / stats.decode_seconds
         stats.notes.extend(self.notes)
 
-    def reusable(self, tokens: Sequence[int], *, prefix_len: int, boundaries: Sequence[int] = (),
-                 sections=None) -> int:
-        """How much of ``tokens`` the routed server's slot holds (its last prompt), cut at a boundary
-        (a server reuses a prefix only: ``sections`` does not change it)."""
-        server = self.retry.order(self.route(tokens, prefix_len=prefix_len, boundaries=boundaries))[0]
+    def reusable(self, prompt: PromptShape | Sequence[int]) -> int:
+        """How much of the prompt the routed server's slot holds (its last prompt), cut at a cut (a server
+        reuses a prefix only)."""
+        shape = PromptShape.coerce(prompt)
+        server = self.retry.order(self.route(shape))[0]
         with self._lock:
             held = self._last.get(server.url, ())
-        n, limit = 0, min(len(held), len(tokens), prefix_len)
-        while n < limit and held[n] == tokens[n]:
-            n += 1
-        cuts = [b for b in (*boundaries, prefix_len) if 0 < b <= n]
-        return max(cuts, default=0)
+        n = common_prefix(held, shape.tokens, shape.prefix_len)
+        return max((c for c in shape.cuts if c <= n), default=0)
 
     def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool:
         """Have the prefix's server prefill it (one answer token), so its slot holds it for the next question."""
         if not prefix:
             return False
-        self.generate(prefix, max_tokens=1, prefix_len=len(prefix), boundaries=boundaries).read()
+        prefix = tuple(prefix)
+        cuts = tuple(sorted({int(b) for b in boundaries if 0 < b < len(prefix)} | {len(prefix)}))
+        self.generate(PromptShape(prefix, cuts), max_tokens=1).read()
         return True
 
     def close(self) -> None:

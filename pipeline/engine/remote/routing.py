@@ -16,6 +16,8 @@ import bisect
 import hashlib
 from typing import Sequence
 
+from ..reuse.shape import PromptShape
+
 VNODES = 160
 _NO_BOUNDARY_TOKENS = 256
 
@@ -24,11 +26,10 @@ def _h(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
-def route_key(tokens: Sequence[int], *, prefix_len: int = 0, boundaries: Sequence[int] = ()) -> bytes:
-    """The bytes a prompt is routed by: its tokens up to the end of its first document."""
-    cuts = sorted(b for b in boundaries if 0 < b <= len(tokens))
-    end = cuts[0] if cuts else (prefix_len if prefix_len > 0 else min(len(tokens), _NO_BOUNDARY_TOKENS))
-    return b",".join(str(t).encode() for t in tokens[:end])
+def route_key(prompt: PromptShape) -> bytes:
+    """The bytes a prompt is routed by: its tokens up to the end of its first document (its first cut)."""
+    end = prompt.cuts[0] if prompt.cuts else min(len(prompt), _NO_BOUNDARY_TOKENS)
+    return b",".join(str(t).encode() for t in prompt.tokens[:end])
 
 
 class HashRing:

@@ -41,7 +41,8 @@ from typing import Protocol, Sequence
 from ..._testhooks import crash_point
 from ...errors import EngineError
 from .._llama import composing as mem
-from .seams import STRATEGIES, Piece, Seams, runs, seam_positions
+from .seams import STRATEGIES, Seams, runs, seam_positions
+from .shape import Piece
 
 
 class States(Protocol):

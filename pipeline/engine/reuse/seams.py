@@ -1,8 +1,6 @@
-"""Which tokens of a composed prompt are decoded again: the sections as a prompt places them, and the seams.
+"""Which tokens of a composed prompt are decoded again at the seams.
 
-:class:`Sections` says where a sections-mode prompt's head and sections are (what the ask
-path passes a generator); :class:`Piece` is one section as a prompt places it. A section
-restored from its state and moved to another place in a prompt did not attend to the
+A section restored from its state and moved to another place in a prompt did not attend to the
 sections now before it (:mod:`.compose`). :class:`Seams` names the tokens of each moved
 section that are decoded again at their place, so that they attend to everything before them; :func:`seam_positions` turns that choice into prompt positions, and
 :func:`runs` into the consecutive runs they are decoded in. Nothing here touches llama.cpp.
@@ -13,22 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from .shape import Piece
+
 STRATEGIES = ("none", "first", "last", "headers", "focus", "whole")
 """How a moved section's tokens are chosen for recompute (:class:`Seams`); ``+`` combines them."""
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A section as a prompt places it: its tokens; which of them are its header (offsets), for the
-    ``headers`` strategy; and which matter most to the question (offsets, most relevant first: the
-    passages retrieval found in it), for the ``focus`` strategy. Only ``tokens`` identify its state."""
-
-    tokens: tuple[int, ...]
-    headers: tuple[int, ...] = ()
-    focus: tuple[int, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -53,6 +39,11 @@ class Seams:
             raise ValueError(f"unknown seam strategy {self.strategy!r}; use {', '.join(STRATEGIES)} (joined by +)")
         if self.r < 0:
             raise ValueError(f"the seam window must be >= 0, got {self.r}")
+
+    @property
+    def key(self) -> str:
+        """What names this choice in a calibration record: ``first 32``."""
+        return f"{self.strategy} {self.r}"
 
 
 def seam_positions(seams: Seams, places: Sequence[tuple[int, Piece]]) -> list[int]:
@@ -91,34 +82,4 @@ def runs(positions: Sequence[int], bounds: Sequence[int] = ()) -> list[tuple[int
     return out
 
 
-
-@dataclass(frozen=True)
-class Sections:
-    """Where a sections-mode prompt's sections are: ``tokens[:head]`` is the head, section ``i``
-    ends at ``ends[i]`` (the first starts at ``head``; the last end is the documents' end).
-    ``headers`` and ``focus`` are, per section, offsets of its header tokens and of the tokens
-    most relevant to the question (best first), for the seam strategies that use them."""
-
-    head: int
-    ends: tuple[int, ...]
-    headers: tuple[tuple[int, ...], ...] = ()
-    focus: tuple[tuple[int, ...], ...] = ()
-
-    def __post_init__(self) -> None:
-        bounds = (self.head, *self.ends)
-        if not self.ends or self.head < 1 or any(b <= a for a, b in zip(bounds, bounds[1:])):
-            raise ValueError(f"sections must follow a head and each other: head {self.head}, ends {self.ends}")
-
-    @property
-    def end(self) -> int:
-        return self.ends[-1]
-
-    def pieces(self, tokens: Sequence[int]) -> list[Piece]:
-        starts = (self.head, *self.ends[:-1])
-        return [Piece(tuple(tokens[a:b]),
-                      headers=self.headers[i] if i < len(self.headers) else (),
-                      focus=self.focus[i] if i < len(self.focus) else ())
-                for i, (a, b) in enumerate(zip(starts, self.ends))]
-
-
-__all__ = ["Piece", "STRATEGIES", "Seams", "Sections", "runs", "seam_positions"]
+__all__ = ["STRATEGIES", "Seams", "runs", "seam_positions"]

@@ -1,177 +1,123 @@
-"""Section reuse: what a sections-mode prompt takes from section states, decided before it runs.
+"""Section reuse: what a composed prompt takes from section states, and carrying a composition out.
 
-The counterpart of the prefix-reuse policy (:mod:`.reuse`) for a prompt whose documents
-part is fixed sections (``[head][S1]..[Sk][question]``, see :class:`Sections`). Such a
-prompt is composed (:mod:`.compose`): every section's state is computed once, on its own
-after the head, saved (:mod:`.section_states`), and restored at its place in any prompt
-that holds it, with a few tokens recomputed at each seam. The result does not depend on
-what was saved (a section without a state is computed the same way, and saved), so an
-answer from reused states is token for token the answer without them.
+A sections-mode prompt is ``[head][S1]..[Sk][question]`` (:class:`~.shape.Sections`).
+Composed (:mod:`.compose`), every section's state is computed once, on its own after the
+head, saved (:mod:`..cache.sections`), and restored at its place in any prompt that
+holds it, with a few tokens recomputed at each seam. The result does not depend on what
+was saved (a section without a state is computed the same way, and saved), so an answer
+from reused states is token for token the answer without them.
 
 What the engine's memory holds of a prompt is kept as well: a prompt that starts with
 the same sections as the one composed before it (same head, same order) keeps them, up
 to the first that differs. Memory made any other way (whole mode, passages, an exact
-sections prompt) is never taken for composed sections.
-
-:meth:`SectionReuse.why_off` says why a prompt is not composed: composition turned off
-(``ask.compose = "off"``), no section store, or a model whose memory cannot shift
-(recurrent and hybrid ones keep exact prefix reuse). Every figure a prompt reports comes
-from :class:`~.compose.Composed` into :class:`~.contract.EngineStats` (:meth:`report`).
+sections prompt) is never taken for composed sections (:attr:`.memory.Memory.composed`).
+Whether a prompt is composed at all is the planner's (:mod:`.planner`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from .prefix import common_prefix
-from .seams import Piece, Seams, Sections
 from ..cache.sections import SectionStates
+from ..contract import CacheKind
+from .memory import Memory
+from .plan import SectionsPlan
+from .seams import Seams, seam_positions
+from .shape import Piece, PromptShape, common_prefix
 
 if TYPE_CHECKING:
     from ..cache.store import PrefixCache
-    from .compose import Composed
     from ..contract import EngineStats
-
-
-@dataclass(frozen=True)
-class SectionPlan:
-    """What a composed prompt would reuse: ``held`` sections kept in memory (``held_tokens`` with
-    the head), and for each other section whether a state is saved."""
-
-    held: int
-    held_tokens: int
-    saved: tuple[bool, ...]
-    sizes: tuple[int, ...]
-
-    @property
-    def restorable_tokens(self) -> int:
-        return sum(n for n, ok in zip(self.sizes[self.held:], self.saved) if ok)
-
-    @property
-    def reused(self) -> int:
-        """Tokens this prompt would not prefill (held or restored; seams aside)."""
-        return self.held_tokens + self.restorable_tokens
+    from .compose import Composed
 
 
 class SectionReuse:
     """The section reuse of one engine: its section store (states in ``store``, a
-    :class:`~.cache.store.PrefixCache`, under ``namespace()``), the seams it recomputes, and what
-    its memory holds composed. Not thread-safe: the engine calls it within its turn (probes
-    only read)."""
+    :class:`~..cache.store.PrefixCache`, under ``namespace()``) and the seams it recomputes.
+    Not thread-safe: the engine calls it within its turn (probes only read)."""
 
-    def __init__(self, store: PrefixCache | None, *, namespace: Callable[[], str], seams: Seams,
-                 enabled: bool = True):
+    def __init__(self, store: PrefixCache | None, *, namespace: Callable[[], str], seams: Seams):
         self.store = store
         self.seams = seams
-        self.enabled = enabled
         self._namespace = namespace
-        self.composed: tuple[int, ...] = ()  # the tokens the memory holds as a composition made them
 
-    def why_off(self, *, can_shift: bool | None) -> str:
-        """Why prompts are not composed ("" when they are); ``can_shift`` None: the model is not loaded yet."""
-        if not self.enabled:
-            return "composition is off (ask.compose = \"off\")"
-        if self.store is None:
-            return "composition needs the prefix cache (cache.enabled = false)"
-        if self.store.unavailable:
-            return f"composition needs the prefix cache, which is unavailable ({self.store.unavailable})"
-        if can_shift is False:
-            return ("this model's memory cannot be shifted (recurrent or hybrid layers): sections are reused "
-                    "as a prefix only")
-        return ""
+    @property
+    def available(self) -> bool:
+        return self.store is not None and not self.store.unavailable
 
-    def would_compose(self, sections: Sections | None, model) -> bool:
-        """Whether a prompt laid out as ``sections`` would be composed on ``model``, running nothing
-        (``model`` None: not loaded yet, taken to shift; its section states tell)."""
-        if sections is None:
-            return False
-        if model is None:
-            return not self.why_off(can_shift=None)
-        from .._llama import composing
+    def states(self, shape: PromptShape) -> SectionStates:
+        assert shape.sections is not None
+        return SectionStates(self.store, self._namespace(), shape.tokens[:shape.sections.head])
 
-        return not self.why_off(can_shift=composing.can_shift(model))
+    # -- deciding ---------------------------------------------------------------------------
 
-    def exact(self, memory: Sequence[int]) -> Sequence[int]:
-        """What of ``memory`` (the tokens the engine's memory holds) prefix reuse may take: nothing
-        where a composition made it (:meth:`release` clears it before an exact prompt runs)."""
-        return () if self.composed else memory
-
-    def applies(self, model, sections: Sections | None, stats: EngineStats) -> bool:
-        """Whether a prompt laid out as ``sections`` (None: not a sections-mode prompt) is composed
-        on ``model``; where composition is on but cannot run, ``stats.sections_lost`` says why."""
-        if sections is None or not self.enabled:
-            return False
-        from .._llama import composing
-
-        why = self.why_off(can_shift=composing.can_shift(model))
-        if why:
-            stats.sections_lost = [why] * len(sections.ends)
-            stats.notes.append(why)
-        return not why
-
-    def release(self, memory) -> None:
-        """Clear ``memory`` where a composition made it: prefix reuse takes only exactly computed states."""
-        if self.composed:
-            memory.clear()
-            self.composed = ()
-
-    def states(self, tokens: Sequence[int], sections: Sections) -> SectionStates:
-        return SectionStates(self.store, self._namespace(), tokens[:sections.head])
-
-    def plan(self, memory: Sequence[int], tokens: Sequence[int], sections: Sections) -> SectionPlan:
-        """What a run now would reuse (memory, saved states), running nothing and counting no miss."""
-        held, held_tokens = self._held(memory, tokens, sections)
-        if not held_tokens and self._saved_head(tokens[:sections.head]):
+    def plan(self, memory: Memory, shape: PromptShape) -> SectionsPlan:
+        """What composing the prompt now would reuse (memory, saved states), running nothing and counting
+        no miss."""
+        sections = shape.sections
+        assert sections is not None
+        held, held_tokens = self._held(memory, shape)
+        if not held_tokens and self.store.find(self._namespace(), shape.tokens[:sections.head]) is not None:
             held_tokens = sections.head
-        pieces = sections.pieces(tokens)
-        states = self.states(tokens, sections)
+        pieces = sections.pieces(shape.tokens)
+        states = self.states(shape)
         try:
             saved = tuple(states.held(pieces[held:]))
         finally:
             states.close()
-        return SectionPlan(held, held_tokens, saved, tuple(len(p) for p in pieces))
+        places, pos = [], sections.head
+        for i, piece in enumerate(pieces):
+            if i >= held and pos != sections.head:
+                places.append((pos, piece))
+            pos += len(piece)
+        return SectionsPlan(held, held_tokens, saved, tuple(len(p) for p in pieces),
+                            seams=len(seam_positions(self.seams, places)))
 
-    def held(self, memory: Sequence[int], tokens: Sequence[int], sections: Sections) -> int:
+    def held(self, memory: Memory, shape: PromptShape) -> int:
         """Tokens of the prompt (head and whole sections) ``memory`` holds as composing it would leave them."""
-        return self._held(memory, tokens, sections)[1]
+        return self._held(memory, shape)[1]
 
-    def _held(self, memory: Sequence[int], tokens: Sequence[int], sections: Sections) -> tuple[int, int]:
+    @staticmethod
+    def _held(memory: Memory, shape: PromptShape) -> tuple[int, int]:
         """Sections (and tokens, with the head) the memory holds as this composition would make them."""
-        n = common_prefix(self.composed, tokens, sections.end)
-        n = min(n, common_prefix(memory, tokens, sections.end))
+        sections = shape.sections
+        assert sections is not None
+        n = min(memory.composed, common_prefix(memory.tokens, shape.tokens, sections.end))
         if n < sections.head:
             return 0, 0
         held = sum(1 for e in sections.ends if e <= n)
         return held, (sections.ends[held - 1] if held else sections.head)
 
-    def run(self, model, memory, tokens: Sequence[int], sections: Sections, stats: EngineStats,
+    # -- carrying a composition out ---------------------------------------------------------
+
+    def run(self, model, memory: Memory, shape: PromptShape, stats: EngineStats,
             prefill: Callable[[Sequence[int], int], None]) -> Composed:
-        """Bring ``memory`` (a :class:`~.reuse.Memory` on ``model``) to the prompt's documents part,
-        composed; ``prefill(tokens, start)`` decodes the head where the memory does not hold it.
-        Fills the composition's figures into ``stats``."""
+        """Bring ``memory`` (on ``model``) to the prompt's documents part, composed; ``prefill(tokens,
+        start)`` decodes the head where the memory does not hold it. Fills the composition's figures
+        into ``stats``."""
         from .compose import compose  # llama.cpp's memory API: imported once a model runs
 
-        model.synchronize()
-        model.reset_timings()  # composing's decodes (new sections, seams) are the prompt's prefill
-        held, held_tokens = self._held(memory.tokens, tokens, sections)
+        sections = shape.sections
+        assert sections is not None
+        head = shape.tokens[:sections.head]
+        held, held_tokens = self._held(memory, shape)
         if held_tokens and not memory.cut(held_tokens):
             held, held_tokens = 0, 0
         if held_tokens == 0:
-            held_tokens = self._head(memory, tokens[:sections.head], prefill)
-        self.composed = ()
-        states = self.states(tokens, sections)
+            held_tokens = self._head(memory, head, prefill)
+        memory.composed = 0
+        states = self.states(shape)
         t0 = time.perf_counter()
         try:
-            done = compose(model, tokens[:sections.head], sections.pieces(tokens), states, self.seams, held=held)
+            done = compose(model, head, sections.pieces(shape.tokens), states, self.seams, held=held)
         except BaseException:
             memory.clear()
             raise
         finally:
             states.close()
-        memory.tokens = list(tokens[:sections.end])
-        self.composed = tuple(memory.tokens)
+        memory.tokens = list(shape.tokens[:sections.end])
+        memory.composed = sections.end
         self.report(done, stats, held_tokens=held_tokens, states=states, seconds=time.perf_counter() - t0)
         return done
 
@@ -181,28 +127,22 @@ class SectionReuse:
         stats.composed_sections = done.restored
         stats.recomputed_tokens = done.recomputed_tokens
         stats.cached_tokens = held_tokens + done.restored_tokens
-        stats.cache = "composed"  # whatever it reused: cached_tokens and composed_sections say how much
+        stats.cache = CacheKind.COMPOSED  # whatever it reused: cached_tokens and composed_sections say how much
         stats.sections_lost = list(done.lost)
         stats.states_saved += states.saved
         stats.cache_load_seconds += done.seconds["restore"]
         stats.notes.extend(states.notes)
 
-    def warm(self, model, memory, head: Sequence[int], sections: Sequence[Sequence[int]],
+    def warm(self, model, memory: Memory, head: Sequence[int], sections: Sequence[Sequence[int]],
              prefill: Callable[[Sequence[int], int], None],
              progress: Callable[[int, int], None] | None = None) -> dict:
         """Compute and save the state of each of ``sections`` (token lists) that has none, each on
         its own after ``head``, in order: what composed prompts restore. ``progress(done, total)``
-        counts the sections' tokens. Leaves ``memory`` holding ``head``; raises EngineError where
-        prompts are not composed (:meth:`why_off`)."""
-        from ...errors import EngineError
+        counts the sections' tokens. Leaves ``memory`` holding ``head``."""
         from .._llama import composing
         from .compose import compute
 
-        why = self.why_off(can_shift=composing.can_shift(model))
-        if why:
-            raise EngineError(f"section states cannot be used: {why}")
-        self.release(memory)
-        if memory.tokens[:len(head)] != list(head) or not memory.cut(len(head)):
+        if memory.composed or memory.tokens[:len(head)] != list(head) or not memory.cut(len(head)):
             self._head(memory, head, prefill)
         states = SectionStates(self.store, self._namespace(), head)
         total, done, computed, found, t0 = sum(map(len, sections)), 0, 0, 0, time.perf_counter()
@@ -224,27 +164,17 @@ class SectionReuse:
                 "tokens": total, "prefilled_tokens": computed, "bytes_written": states.saved_bytes,
                 "seconds": round(time.perf_counter() - t0, 3), "notes": list(states.notes)}
 
-    def _saved_head(self, head: Sequence[int]) -> bool:
-        n = len(head)
-        return self.store.lookup(self._namespace(), head, max_tokens=n, min_tokens=n, lengths={n},
-                                 count=False) is not None
-
-    def _head(self, memory, head: Sequence[int], prefill: Callable[[Sequence[int], int], None]) -> int:
+    def _head(self, memory: Memory, head: Sequence[int], prefill: Callable[[Sequence[int], int], None]) -> int:
         """Bring ``memory`` to exactly ``head``: its state restored from the store (its tokens, what it
         reused), else prefilled and saved (0)."""
-        n = len(head)
-        entry = self.store.lookup(self._namespace(), head, max_tokens=n, min_tokens=n, lengths={n}, count=False)
+        entry = self.store.find(self._namespace(), head)
         if entry is not None and memory.restore(self.store, entry, head):
-            return n
+            return len(head)
         memory.clear()
         prefill(head, 0)
         if not self.store.read_only:
             memory.save(self.store, self._namespace())
         return 0
 
-    def forget(self) -> None:
-        """The memory was changed some other way: nothing in it counts as composed."""
-        self.composed = ()
 
-
-__all__ = ["SectionPlan", "SectionReuse", "Sections"]  # (Sections from .seams)
+__all__ = ["SectionReuse"]

@@ -1,0 +1,128 @@
+"""When a prompt may be composed from section states: the mode, the quality budget, the calibration.
+
+Composition is an approximation of exact prefill: a moved section did not attend to
+the sections now before it. How much that costs depends on the model and on the
+documents, so it is measured, per model file, KV settings and seams, on the user's own
+collection (:mod:`.calibrate`): the mean KL divergence of the next-token distribution
+(exact ‖ composed) and the top-1 agreement over teacher-forced answer tokens, the way
+llama.cpp judges a quantization. The record (:class:`Calibration`) is kept with the
+section states (:mod:`..cache.calibrations`).
+
+``ask.compose`` (:class:`ComposeMode`):
+
+* ``auto`` (the default): compose where the model can shift positions, its calibration
+  is within ``ask.compose_max_kl`` and composing is predicted to start sooner (or about as
+  soon: :data:`~.planner.MARGIN`); prefill exactly until it is calibrated;
+* ``on``: compose every sections-mode prompt wherever the model can shift, calibrated or not;
+* ``off``: never.
+
+The default budget, 0.05 nats per token, sits between llama.cpp's own quantization
+scoreboard entries for LLaMA 3 8B against FP16: q6_K 0.0055, q4_K_M 0.031, q4_1 0.072.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import asdict, dataclass, field
+
+from .seams import Seams
+
+
+class ComposeMode(str, enum.Enum):
+    """``ask.compose``, resolved once from the setting's text."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+class Refusal(str, enum.Enum):
+    """Why a sections-mode prompt is prefilled exactly instead of composed (what ``reuse_lost`` names)."""
+
+    OFF = "composition is off (ask.compose = \"off\")"
+    NO_CACHE = "composition needs the prefix cache"
+    CANNOT_SHIFT = ("this model's memory cannot be shifted (recurrent or hybrid layers): sections are reused "
+                    "as a prefix only")
+    NOT_CALIBRATED = "composition is not calibrated for this model yet: prefilled exactly"
+    OVER_BUDGET = "composition is over the quality budget for this model (ask.compose_max_kl): prefilled exactly"
+    EXACT_FASTER = "exact reuse of the memory or a saved prefix was predicted faster than composing"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One measurement of composed against exact prefill for a model file, its KV settings and the seams.
+
+    ``kl`` is the mean KL(exact ‖ composed) in nats per token and ``top1`` the share of
+    positions whose most likely token is the same, over ``tokens`` teacher-forced tokens
+    of ``prompts`` prompts of ``sections`` sections in all.
+    """
+
+    model: str  # the model file's name (for people; the namespace keys it)
+    namespace: str
+    seams: str  # Seams.key
+    kl: float
+    top1: float
+    tokens: int
+    prompts: int = 1
+    sections: int = 0
+    measured_at: float = field(default_factory=time.time)
+
+    def allowed(self, budget: float) -> bool:
+        return self.kl <= budget
+
+    def merged(self, other: Calibration) -> Calibration:
+        """This record and ``other`` (same model and seams) as one, weighed by their tokens."""
+        n = self.tokens + other.tokens
+        if n == 0:
+            return other
+        return Calibration(self.model, self.namespace, self.seams,
+                           kl=(self.kl * self.tokens + other.kl * other.tokens) / n,
+                           top1=(self.top1 * self.tokens + other.top1 * other.tokens) / n, tokens=n,
+                           prompts=self.prompts + other.prompts, sections=self.sections + other.sections)
+
+    def to_dict(self, *, budget: float | None = None) -> dict:
+        d = asdict(self)
+        d["kl"], d["top1"] = round(self.kl, 5), round(self.top1, 4)
+        if budget is not None:
+            d["budget"] = budget
+            d["allowed"] = self.allowed(budget)
+        return d
+
+
+#: Calibrations with fewer teacher-forced tokens than this are measured again after the next answer.
+MIN_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class ComposePolicy:
+    """``ask.compose``, ``ask.compose_seams`` / ``compose_recompute`` and ``ask.compose_max_kl``, typed."""
+
+    mode: ComposeMode = ComposeMode.AUTO
+    seams: Seams = field(default_factory=lambda: Seams("first", 32))
+    max_kl: float = 0.05
+
+    @property
+    def enabled(self) -> bool:
+        """Whether prompts may ever be composed (the engine then keeps the sequences composing needs)."""
+        return self.mode is not ComposeMode.OFF
+
+    def refusal(self, *, can_shift: bool | None, calibration: Calibration | None) -> Refusal | None:
+        """Why a prompt may not be composed now (None: it may). ``can_shift`` None: the model is not
+        loaded yet (taken to shift; its calibration tells)."""
+        if self.mode is ComposeMode.OFF:
+            return Refusal.OFF
+        if can_shift is False:
+            return Refusal.CANNOT_SHIFT
+        if self.mode is ComposeMode.ON:
+            return None
+        if calibration is None:
+            return Refusal.NOT_CALIBRATED
+        return None if calibration.allowed(self.max_kl) else Refusal.OVER_BUDGET
+
+    def wants_calibration(self, calibration: Calibration | None) -> bool:
+        """Whether a measurement should still be taken: in ``auto``, until one of enough tokens exists."""
+        return self.mode is ComposeMode.AUTO and (calibration is None or calibration.tokens < MIN_TOKENS)
+
+
+__all__ = ["Calibration", "ComposeMode", "ComposePolicy", "MIN_TOKENS", "Refusal"]

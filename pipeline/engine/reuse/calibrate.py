@@ -1,0 +1,151 @@
+"""Calibrating composition on the user's own documents: composed against exact, on teacher-forced tokens.
+
+A calibration takes a sections-mode prompt of the collection and the next-token logits
+exact prefill gave at each answer position (recorded while the answer was decoded, see
+:class:`Recorder`), composes the same prompt from section states (computing and saving
+the sections that have none: what later questions restore), decodes the question and
+the same answer tokens (teacher forcing), and compares the two distributions position by
+position: the mean KL(exact ‖ composed) in nats, and the share of positions whose most
+likely token agrees. That is how llama.cpp's perplexity tool judges a quantization
+against the full-precision model (``--kl-divergence``), applied to composition.
+
+Its cost is what the first composed question would pay anyway (the sections' own
+states) plus a decode of the question and the answer: it runs after an answer has
+finished streaming, or at the end of ``rag warm --sections``, never before a first token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from .shape import PromptShape
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..contract import EngineStats
+    from .memory import Memory
+    from .sections import SectionReuse
+
+#: Answer positions compared per prompt.
+TOKENS = 32
+
+
+@dataclass
+class Recorder:
+    """The exact logits of an answer's first :data:`TOKENS` positions, and the tokens decoded there."""
+
+    shape: PromptShape
+    logits: list[Any] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def full(self) -> bool:
+        return len(self.logits) >= TOKENS
+
+    def saw(self, logits: Any, token: int) -> None:
+        if not self.full:
+            self.logits.append(logits)
+            self.tokens.append(token)
+
+
+@dataclass(frozen=True)
+class Measured:
+    kl: float
+    top1: float
+    tokens: int
+
+
+def compare(exact: Sequence[Any], composed: Any) -> Measured:
+    """Mean KL(exact ‖ composed) and top-1 agreement over positions: ``exact`` one logits row per
+    position, ``composed`` an array of the same rows."""
+    import numpy as np
+
+    e = np.asarray(np.stack(exact), dtype=np.float64)
+    c = np.asarray(composed, dtype=np.float64)
+    le, lc = _log_softmax(e), _log_softmax(c)
+    kl = np.sum(np.exp(le) * (le - lc), axis=1)
+    top1 = e.argmax(axis=1) == c.argmax(axis=1)
+    return Measured(float(np.mean(np.maximum(kl, 0.0))), float(np.mean(top1)), len(e))
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    import numpy as np
+
+    m = x.max(axis=1, keepdims=True)
+    return x - m - np.log(np.sum(np.exp(x - m), axis=1, keepdims=True))
+
+
+def measure(model, memory: Memory, record: Recorder, sections: SectionReuse, stats: EngineStats,
+            prefill: Callable[[Sequence[int], int], None]) -> Measured:
+    """Compose ``record``'s prompt on ``model`` (section states restored, or computed and saved), decode
+    its question and answer tokens with the logits of every position, and compare with the exact
+    logits recorded. Leaves ``memory`` holding the composed prompt and the answer tokens."""
+    import numpy as np
+
+    from .._llama import composing
+
+    shape, n = record.shape, len(record.logits)
+    sections.run(model, memory, shape, stats, prefill)
+    end = shape.sections.end
+    tail = list(shape.tokens[end:]) + record.tokens[:n - 1]
+    first = len(shape) - 1 - end  # the offset in ``tail`` of the last prompt token: answer position 0
+    rows, step = [], model.n_batch
+    for lo in range(0, len(tail), step):
+        chunk = tail[lo:lo + step]
+        composing.decode_outputs(model, np.asarray(chunk, dtype=np.int32), end + lo, every=True)
+        got = composing.output_logits(model, len(chunk))
+        rows.extend(got[max(0, first - lo):])
+    memory.tokens.extend(tail)
+    return compare(record.logits, np.stack(rows[:n]))
+
+
+def run_pending(engine, *, cancel=None):
+    """Measure composition on ``engine`` (a :class:`~..local.Engine`) against the exact answer an earlier
+    prompt recorded (``engine.pending_calibration``): that prompt composed from section states (the
+    sections without one computed and saved), compared on the answer's tokens; the calibration kept
+    (:meth:`~.planner.Planner.calibrated`), or None where nothing is pending. The turn gives way to any
+    prompt that queues meanwhile (the measurement then stays pending for later)."""
+    from ...errors import Cancelled, EngineClosed, EngineError
+    from ..contract import EngineStats
+
+    record, engine.pending_calibration = engine.pending_calibration, None
+    if record is None:
+        return None
+    planner, memory = engine.planner, engine.memory
+    try:
+        with engine.turn(cancel, preemptible=True):
+            if not planner.wants_calibration(record.shape, memory):
+                return None
+            try:
+                got = measure(engine.llm, memory, record, planner.sections, EngineStats(),
+                              lambda tokens, start: engine.prefill(tokens, start=start))
+            except EngineError:
+                memory.clear()
+                if engine.lock.stopping:
+                    raise Cancelled("gave way to a waiting prompt") from None
+                raise
+    except EngineClosed:
+        return None
+    except Cancelled:
+        engine.pending_calibration = record  # given way to another prompt, or cancelled: measured later
+        return None
+    return planner.calibrated(planner.new_calibration(kl=got.kl, top1=got.top1, tokens=got.tokens,
+                                                      sections=len(record.shape.sections.ends)))
+
+
+def run_on(engine, prompt: PromptShape, *, cancel=None):
+    """Answer ``prompt`` (a sections-mode prompt of the collection) exactly on ``engine``, recording its
+    first answer positions, then :func:`run_pending`. None where no calibration is wanted
+    (``ask.compose`` not ``auto``, calibrated already, a model that cannot shift, one section)."""
+    from ...errors import EngineError
+
+    if len(prompt) + TOKENS + 1 > engine.n_ctx:
+        raise EngineError(f"the calibration prompt has {len(prompt):,} tokens; the context holds {engine.n_ctx:,}")
+    generation = engine.generate(prompt, max_tokens=TOKENS, cancel=cancel, exact=True)
+    generation.read()
+    return run_pending(engine, cancel=cancel)
+
+
+__all__ = ["Measured", "Recorder", "TOKENS", "compare", "measure", "run_on", "run_pending"]

@@ -1,0 +1,172 @@
+"""The reuse planner: for one prompt and what an engine holds, the one :class:`~.plan.ReusePlan`.
+
+The engine asks once per prompt, with the prompt's shape (:class:`~.shape.PromptShape`)
+and its memory; the pool routes by the same plan (:meth:`Planner.held`) and the packer
+weighs candidate prompts by it (:meth:`Planner.plan` ``.reused``, a probe).
+
+How it chooses:
+
+1. **Exact** reuse is always planned (:mod:`.prefix`): the memory's common prefix up to
+   a cut, or the longest state saved at a cut (host memory first, then disk).
+2. A **sections-mode** prompt may instead be **composed** from section states
+   (:mod:`.sections`), where the model's memory can shift positions and ``ask.compose``
+   allows it: ``on``; or ``auto`` and the model's calibration on this collection is
+   within the quality budget (:mod:`.budget`). Otherwise :class:`~.budget.Refusal` says why.
+3. Between the two (in ``auto``; ``on`` always composes), the **predicted time to the first token** decides: tokens to
+   prefill at the measured prefill speed (composed: the sections without a state, the
+   seams and the question) plus bytes to restore at the measured restore speed.
+   Composition wins ties within :data:`MARGIN`: the section states it saves make every
+   later question faster, and a cold composed prompt costs about what exact prefill does
+   (sections are computed on their own, with shorter attention, plus a few seams).
+
+Model kinds are strategies, not flags spread through the code: a memory that can be cut
+anywhere keeps its common prefix in place; one that cannot (recurrent and hybrid models)
+reuses only states saved exactly at cuts, checkpoints at every boundary in host memory,
+and never composes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from .budget import Calibration, ComposeMode, ComposePolicy, Refusal
+from .memory import Memory
+from .plan import PrefixPlan, ReusePlan, SectionsPlan
+from .prefix import PrefixReuse
+from .sections import SectionReuse
+from .shape import PromptShape
+
+if TYPE_CHECKING:
+    from ..cache.calibrations import Calibrations
+    from ..cache.protocol import StateStore
+    from ..cache.store import PrefixCache
+
+MARGIN = 0.10
+"""Composition is chosen while its predicted time to the first token is within this share of exact's."""
+
+
+class Speeds:
+    """What the predictions run on: prefill tokens per second and restore bytes per second, measured on
+    this engine's prompts (an exponential average; a guess until the first measurement)."""
+
+    def __init__(self, *, prefill: float = 500.0, restore: float = 1e9, bytes_per_token: float = 0.0):
+        self.prefill, self.restore, self.bytes_per_token = prefill, restore, bytes_per_token
+
+    def saw(self, *, tokens: int = 0, seconds: float = 0.0, restored: int = 0, restore_seconds: float = 0.0,
+            bytes_per_token: float = 0.0) -> None:
+        if tokens >= 64 and seconds > 0:
+            self.prefill = 0.7 * self.prefill + 0.3 * (tokens / seconds)
+        if restored >= 2**20 and restore_seconds > 0:
+            self.restore = 0.7 * self.restore + 0.3 * (restored / restore_seconds)
+        if bytes_per_token > 0:
+            self.bytes_per_token = bytes_per_token
+
+    def seconds(self, *, prefill: int, restore_bytes: float) -> float:
+        return prefill / self.prefill + restore_bytes / self.restore
+
+
+class Planner:
+    """The reuse planner of one engine: prefix reuse over ``store`` (disk) and ``ram`` (host memory),
+    section states in ``store``, the ``policy`` (``ask.compose``, seams, budget) and the calibrations
+    that judge it. ``namespace()`` names the model and KV settings; ``model_name()`` the model file."""
+
+    def __init__(self, store: PrefixCache | None, *, namespace: Callable[[], str], policy: ComposePolicy,
+                 min_tokens: int = 256, boundary_states: int = 4, ram: StateStore | None = None,
+                 calibrations: Calibrations | None = None, model_name: Callable[[], str] = lambda: ""):
+        self.policy = policy
+        self.prefix = PrefixReuse(store, namespace=namespace, min_tokens=min_tokens,
+                                  boundary_states=boundary_states, ram=ram)
+        self.sections = SectionReuse(store, namespace=namespace, seams=policy.seams)
+        self.calibrations = calibrations
+        self.speeds = Speeds()
+        self._namespace = namespace
+        self._model_name = model_name
+        self._calibration: tuple[Calibration | None] | None = None  # read once; None: not read yet
+
+    # -- what is allowed -------------------------------------------------------------------------
+
+    def calibration(self) -> Calibration | None:
+        """This model's calibration for the configured seams (read once, then kept)."""
+        if self._calibration is None:
+            found = None
+            if self.calibrations is not None:
+                found = self.calibrations.get(self._namespace(), self.policy.seams.key)
+            self._calibration = (found,)
+        return self._calibration[0]
+
+    def calibrated(self, record: Calibration) -> Calibration:
+        """Keep a new measurement (merged with the earlier one); the record now in force."""
+        if self.calibrations is not None:
+            record = self.calibrations.add(record)
+        else:
+            old = self.calibration()
+            record = old.merged(record) if old is not None else record
+        self._calibration = (record,)
+        return record
+
+    def new_calibration(self, *, kl: float, top1: float, tokens: int, sections: int) -> Calibration:
+        return Calibration(self._model_name(), self._namespace(), self.policy.seams.key, kl=kl, top1=top1,
+                           tokens=tokens, sections=sections)
+
+    def refusal(self, memory: Memory) -> Refusal | None:
+        """Why a sections-mode prompt may not be composed on this engine now (None: it may)."""
+        if not self.policy.enabled:
+            return Refusal.OFF
+        if not self.sections.available:
+            return Refusal.NO_CACHE
+        return self.policy.refusal(can_shift=can_shift(memory), calibration=self.calibration())
+
+    def wants_calibration(self, shape: PromptShape, memory: Memory) -> bool:
+        """Whether this prompt's exact answer should be measured against its composition: ``auto``,
+        no calibration of enough tokens yet, a prompt of two sections or more, a model that shifts."""
+        s = shape.sections
+        return (s is not None and len(s.ends) >= 2 and self.sections.available
+                and self.policy.wants_calibration(self.calibration()) and can_shift(memory) is not False)
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def plan(self, shape: PromptShape, memory: Memory, *, probe: bool = False) -> ReusePlan:
+        """The plan for ``shape`` on ``memory``. ``probe``: a look that is not a use (no miss counted)."""
+        exact = self.prefix.plan(memory, shape, probe=probe)
+        if shape.sections is None:
+            return ReusePlan(shape, exact)
+        refusal = self.refusal(memory)
+        if refusal is not None:
+            return ReusePlan(shape, exact, refusal=refusal)
+        composed = self.sections.plan(memory, shape)
+        seconds = (self._exact_seconds(shape, exact), self._composed_seconds(shape, composed))
+        if self.policy.mode is ComposeMode.ON or seconds[1] <= seconds[0] * (1 + MARGIN):
+            return ReusePlan(shape, exact, composed, seconds=seconds)
+        return ReusePlan(shape, exact, refusal=Refusal.EXACT_FASTER, seconds=seconds)
+
+    def _exact_seconds(self, shape: PromptShape, exact: PrefixPlan) -> float:
+        restore = exact.restore.entry.bytes if exact.restore is not None else 0
+        return self.speeds.seconds(prefill=len(shape) - exact.reused, restore_bytes=restore)
+
+    def _composed_seconds(self, shape: PromptShape, composed: SectionsPlan) -> float:
+        s = shape.sections
+        assert s is not None
+        prefill = len(shape) - s.end + composed.missing_tokens + composed.seams
+        if composed.held_tokens == 0:
+            prefill += s.head
+        restore = composed.restorable_tokens * self.speeds.bytes_per_token
+        return self.speeds.seconds(prefill=prefill, restore_bytes=restore)
+
+    def held(self, shape: PromptShape, memory: Memory) -> int:
+        """How much of ``shape`` the memory itself holds as the plan would use it (what a pool routes by):
+        a composition's leading sections for a composed prompt, else the exact common prefix."""
+        if shape.sections is not None and memory.composed and self.refusal(memory) is None:
+            return self.sections.held(memory, shape)
+        return self.prefix.held(memory, shape)
+
+
+def can_shift(memory: Memory) -> bool | None:
+    """Whether the memory's model can shift positions (None: not loaded yet)."""
+    if memory.model is None:
+        return None
+    from .._llama import composing
+
+    return composing.can_shift(memory.model)
+
+
+__all__ = ["MARGIN", "Planner", "Speeds", "can_shift"]
