@@ -261,8 +261,9 @@ class Runtime:
     @property
     def section_tokens(self) -> int:
         """The size new documents' sections are cut to, in embedder tokens (``chunking.section_tokens``,
-        else derived from the generator's context: 512 from 8K up, a quarter of it with
-        ``ask.compose = "auto"``; see :func:`.ingest.sections.target_tokens`)."""
+        else derived from the generator's context: 512 from 8K up; a quarter of it up to 16K where
+        prompts may be composed, that is unless ``ask.compose = "off"`` or the generator cannot shift
+        (recurrent and hybrid layers, a server); see :func:`.ingest.sections.target_tokens`)."""
         from .engine.local import Engine
         from .errors import RagError
         from .ingest.sections import target_tokens
@@ -270,16 +271,20 @@ class Runtime:
         c = self.config
         if c.chunking.section_tokens:
             return c.chunking.section_tokens
+        composed = self.compose_policy.enabled and not models.is_server(c.models.generator)
         if self.has("engine"):
-            n_ctx = self.engine.n_ctx
-        else:  # the context the generator will run with, read from its header if it is here already
-            n_ctx = c.engine.n_ctx or 8192
+            engine = self.engine
+        else:  # the generator as it will run, read from its header if it is here already
             try:
                 path = models.resolve(c.models.generator, home=c.home_path, fetch=False, what="generator")
-                n_ctx = Engine(path, c.engine).n_ctx
+                engine = Engine(path, c.engine)
             except RagError:
-                pass
-        return target_tokens(n_ctx, chunk_size=c.chunking.size, composed=self.compose_policy.enabled)
+                engine = None
+        n_ctx = engine.n_ctx if engine is not None else (c.engine.n_ctx or 8192)
+        # Only a local engine composes, and only on a model without recurrent layers.
+        composed = composed and isinstance(engine, Engine) and not any(
+            layer.kind == "recurrent" for layer in engine.info.layers)
+        return target_tokens(n_ctx, chunk_size=c.chunking.size, composed=composed)
 
     def reserve(self, max_tokens: int | None = None) -> int:
         """The answer room every layout decision holds back (:func:`.ask.prompt.layout_reserve`)."""

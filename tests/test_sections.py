@@ -41,8 +41,10 @@ def test_default_section_size_is_512_from_8k_up_or_a_quarter_of_the_context_when
     assert target_tokens(2048, chunk_size=256) == 256  # never below one chunk
     assert target_tokens(65536, chunk_size=1024) == 1024
     assert target_tokens(8192, chunk_size=256, composed=True) == 2048
-    assert target_tokens(65536, chunk_size=256, composed=True) == 4096
-    assert target_tokens(262144, chunk_size=256, composed=True) == 4096
+    assert target_tokens(16384, chunk_size=256, composed=True) == 4096
+    # Past 16K a prompt would hold many seams: the exact default (retrieval's best) stands.
+    assert target_tokens(65536, chunk_size=256, composed=True) == 512
+    assert target_tokens(262144, chunk_size=256, composed=True) == 512
     assert target_tokens(512, chunk_size=256, composed=True) == 256
 
 

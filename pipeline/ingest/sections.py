@@ -50,18 +50,22 @@ class _ChunkLike(Protocol):
 
 def target_tokens(n_ctx: int, *, chunk_size: int, composed: bool = False) -> int:
     """The section size for a context of ``n_ctx`` tokens: a sixteenth of it up to 512 tokens (two
-    chunks), whatever the context above 8K; where prompts are ``composed`` from section states, a
-    quarter of it up to 4,096. Never below one chunk.
+    chunks), whatever the context above 8K; where prompts may be ``composed`` from section states, a
+    quarter of it in contexts up to 16K (4,096 tokens at most: four sections a prompt). Never below
+    one chunk.
 
     The answer's page is in the prompt more often the more sections the prompt holds, at every
     context measured: on the man-page development shelf (29 tools, ten times a 64K context) 0.771 /
     0.875 / 0.896 / 0.958 at 32K with 4,096 / 2,048 / 1,024 / 512-token sections, 0.917 against
     0.958 at 64K with 4,096 against 512 (``benchmarks/section_size.py``). A composed prompt pays for
     each extra section with a recomputed seam and a little agreement with exact prefill
-    (docs/packing.md, "Composed prompts"), so it keeps few large ones.
+    (docs/packing.md, "Composed prompts"), so it keeps few large ones where its context is small. In
+    larger contexts a prompt would hold many seams even of the largest sections, which the quality
+    budget of ``ask.compose = "auto"`` then refuses, while retrieval loses the answer's page more
+    often: there the exact default stands.
     """
-    if composed:
-        return max(chunk_size, min(MAX_COMPOSED_TOKENS, n_ctx // PER_COMPOSED_PROMPT))
+    if composed and n_ctx // PER_COMPOSED_PROMPT <= MAX_COMPOSED_TOKENS:
+        return max(chunk_size, n_ctx // PER_COMPOSED_PROMPT)
     return max(chunk_size, min(MAX_TOKENS, n_ctx // PER_PROMPT))
 
 
