@@ -13,6 +13,7 @@ import time
 import pytest
 
 from pipeline.engine.context_lock import CancelToken, FairLock
+from pipeline.engine.reuse.shape import PromptShape
 from pipeline.errors import Cancelled
 from pipeline.ask.stops import until_stop
 

@@ -351,7 +351,7 @@ def test_a_document_summarised_before_prefills_only_the_instruction(make_pipelin
     prompt = _ask_prompt(fresh, pdf, summary.prompt)
     assert summary.method == "whole" and summary.cached_tokens == len(prompt.prefix_tokens)
     assert summary.prefill_tokens == _suffix(fresh, summary.prompt)
-    assert "[1, p. 2]" in fresh.engine.llm.detokenize(prompt.prefix_tokens).decode()  # ask's page-marked layout
+    assert re.search(r"\[\d+, p\. 2\]", fresh.engine.llm.detokenize(prompt.prefix_tokens).decode())  # ask's page marks
 
 
 def test_a_warmed_document_costs_its_summary_only_the_instruction(make_pipeline, corpus, tmp_path):
