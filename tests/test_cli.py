@@ -202,8 +202,11 @@ def test_sections_shows_the_sizes_and_recut_cuts_the_others_again_from_the_store
         assert {p.section.target for p in prompt.sections} == {128}
     again = runner.invoke(cli, ["sections", "--recut"], env=smaller)
     assert again.exit_code == 0 and "nothing to cut again" in again.output
-    derived = runner.invoke(cli, ["sections", "--ctx", "4096", "--json"], env={**small, "RAG_CHUNKING_SECTION_TOKENS": "0"})
-    assert json.loads(derived.stdout)["target"] == 256  # a sixteenth of the context given
+    derived = {**small, "RAG_CHUNKING_SECTION_TOKENS": "0"}
+    composed = runner.invoke(cli, ["sections", "--ctx", "4096", "--json"], env=derived)
+    assert json.loads(composed.stdout)["target"] == 1024  # a quarter of the context given, for composed prompts
+    exact = runner.invoke(cli, ["sections", "--ctx", "4096", "--json"], env={**derived, "RAG_ASK_COMPOSE": "off"})
+    assert json.loads(exact.stdout)["target"] == 256  # a sixteenth where prompts are prefilled exactly
 
     missing = runner.invoke(cli, ["sections", "--recut", "--collection", "nope"], env=smaller)
     assert missing.exit_code == 4 and "collection 'nope' does not exist" in missing.output

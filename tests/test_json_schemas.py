@@ -42,8 +42,9 @@ def test_json_fields_are_the_api_objects_to_dict(make_pipeline, corpus, store_di
     search, _ = _json("search", "ERR_SOCKET_ZX81", "-k", "1", "--json")
     assert search["hits"][0] == json.loads(json.dumps(hit.to_dict()))
     status, _ = _json("status", "--json")
-    assert {k: v for k, v in status.items() if k not in ("schema", "system")} == json.loads(
+    assert {k: v for k, v in status.items() if k not in ("schema", "system", "composition")} == json.loads(
         json.dumps(rag.status().to_dict()))
+    assert status["composition"] == json.loads(json.dumps(rag.calibration()))
 
 
 @pytest.mark.parametrize("args, code", [

@@ -116,7 +116,7 @@ def test_a_collection_larger_than_the_context_reuses_the_longest_cached_section_
     for name, topic in [("a-pumps.md", "pump"), ("b-valves.md", "valve"), ("c-sensors.md", "sensor"),
                         ("d-cables.md", "cable")]:
         manual(docs, name, topic)
-    s = moe_settings(moe, tmp_path)
+    s = moe_settings(moe, tmp_path, ask__compose="off")  # exact prefix reuse; composition has its own tests
     make_pipeline(**s).ingest([docs])
     rag = make_pipeline(**s)
     first = rag.ask("What does pump unit 3 report?")
@@ -209,11 +209,12 @@ def test_sections_are_fixed_at_ingest(make_pipeline, moe, tmp_path):
 
 
 def test_the_default_section_size_follows_the_context_and_the_compose_setting(make_pipeline):
-    """Read from the generator's header, nothing loaded: 512 at its 8K context, a quarter
-    where prompts are composed from section states; an explicit size wins over both."""
-    plain = make_pipeline(engine__n_ctx=8192)
+    """Read from the generator's header, nothing loaded: 512 at its 8K context with composition off, a
+    quarter where prompts may be composed from section states (the default); an explicit size wins."""
+    plain = make_pipeline(engine__n_ctx=8192, ask__compose="off")
     assert plain.section_tokens == 512 and not plain.runtime.has("engine")
-    assert make_pipeline(engine__n_ctx=8192, ask__compose="auto").section_tokens == 2048
+    default = make_pipeline(engine__n_ctx=8192)
+    assert default.section_tokens == 2048 and not default.runtime.has("engine")
     assert make_pipeline(engine__n_ctx=8192, chunking__section_tokens=1024).section_tokens == 1024
 
 
@@ -223,7 +224,8 @@ def test_warm_prepares_each_documents_leading_sections_when_the_collection_does_
     docs.mkdir()
     for name, topic in [("a.md", "pump"), ("b.md", "valve"), ("c.md", "sensor")]:
         manual(docs, name, topic, n=40)
-    s = moe_settings(moe, tmp_path, chunking__section_tokens=256)
+    # Exact prefixes: where prompts may be composed (the default), warm saves section states instead.
+    s = moe_settings(moe, tmp_path, chunking__section_tokens=256, ask__compose="off")
     make_pipeline(**s).ingest([docs])
     report = make_pipeline(**s).warm()
     assert report["mode"] == "sections" and [i["outcome"] for i in report["prefixes"]] == ["saved"] * 3
@@ -305,3 +307,33 @@ def test_sections_are_ranked_by_as_many_hits_as_sections_fit_the_context(make_pi
     assert large.section_tokens == 512 and packing_depth(large.runtime) == 128
     assert packing_depth(make_pipeline(engine__n_ctx=65536, engine__rope_scaling="linear",
                                        chunking__section_tokens=4096).runtime) == 80
+
+
+def test_a_generator_that_does_not_compose_gets_the_earlier_packs_lead_first():
+    """For exact prefix reuse only (recurrent and hybrid models), the same sections are ordered so that
+    the longest lead of an earlier pack among them comes first, where that reuses more."""
+    from types import SimpleNamespace
+
+    from pipeline.ask.packing import _lead_first
+
+    def prompt(keys):
+        return SimpleNamespace(keys=tuple(keys), sections=[SimpleNamespace(section=SimpleNamespace(key=k))
+                                                           for k in keys])
+
+    saved = [("c", 0), ("d", 1)]  # an earlier pack's prefix whose state is saved
+
+    def reusable(p):
+        n = 0
+        while n < min(len(p.keys), len(saved)) and p.keys[n] == saved[n]:
+            n += 1
+        return 100 * n
+
+    def reordered(lead):
+        rest = sorted(k for k in canonical.keys if k not in lead)
+        return prompt([*lead, *rest])
+
+    canonical = prompt([("a", 0), ("c", 0), ("d", 1)])
+    chosen = _lead_first(canonical, [[("c", 0), ("d", 1), ("e", 2)]], reusable, reordered)
+    assert chosen.keys == (("c", 0), ("d", 1), ("a", 0))  # the same sections, the earlier lead first
+    assert _lead_first(canonical, [[("x", 0)]], reusable, reordered) is canonical  # nothing to gain
+    assert _lead_first(canonical, [], reusable, reordered) is canonical

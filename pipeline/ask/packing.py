@@ -184,7 +184,8 @@ def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, mem
     ranking = _Ranking(shelf, memo)
     if not ranking.ranked or ranking.cost(ranking.best) > budget:
         return None
-    candidates = _candidates(ranking, history, budget)
+    composing = composes is not None and bool(history) and composes()
+    candidates = _candidates(ranking, history, budget, composing=composing)
     floor = (1.0 - tolerance) * ranking.total(candidates[0][0])
     close = [c for c in candidates[1:] if ranking.total(c[0]) >= floor]
     close.sort(key=lambda c: (-c[1], -ranking.total(c[0])))
@@ -199,7 +200,7 @@ def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, mem
         rank = (reuse > 0, reuse - len(prompt.tokens) if reuse else 0, ranking.total([p.section for p in packed]))
         if best_rank is None or rank > best_rank:
             best_prompt, best_rank = prompt, rank
-    if history and reusable is not None and composes is not None and not composes():
+    if history and reusable is not None and composes is not None and not composing:
         best_prompt = _lead_first(best_prompt, history, reusable,
                                   lambda lead: prompt_of(number(shelf, [p.section for p in best_prompt.sections],
                                                                 memo, lead=lead), "sections"))
@@ -266,15 +267,32 @@ class _Ranking:
         return chosen
 
 
-def _candidates(ranking: _Ranking, history: Sequence[Sequence[Key]], budget: int
+def _candidates(ranking: _Ranking, history: Sequence[Sequence[Key]], budget: int, *, composing: bool = False
                 ) -> list[tuple[list[Section], int]]:
     """Packs to choose from, each with the tokens of its lead that an earlier pack holds: the greedy
     best-scoring pack first, then one per pack of ``history`` (its leading sections that still exist,
-    with the best section, extended by the best sections that sort after the lead)."""
+    with the best section, extended by the best sections that sort after the lead). Where prompts are
+    ``composing`` from section states, where a section sits does not matter: one more pack holds the
+    best section and, best-scoring first, the sections of earlier packs (their states are saved), then
+    the best of the others."""
     best, position, cost = ranking.best, ranking.position, ranking.cost
     greedy = ranking.fill([], -1, budget)
     candidates: list[tuple[list[Section], int]] = [(greedy, 0)]
     seen = {tuple(s.key for s in greedy)}
+    if composing:
+        earlier = {tuple(key) for old in history for key in old if tuple(key) in ranking.by_key}
+        chosen, room = [best], budget - cost(best)
+        for s in sorted((ranking.by_key[k] for k in earlier if k != best.key),
+                        key=lambda s: (-ranking.score.get(s.key, 0.0), position[s.key])):
+            if cost(s) <= room:
+                chosen.append(s)
+                room -= cost(s)
+        held = sum(cost(s) for s in chosen[1:])
+        chosen = ranking.fill(chosen, -1, room)
+        keys = tuple(s.key for s in sorted(chosen, key=lambda s: position[s.key]))
+        if keys not in seen:
+            seen.add(keys)
+            candidates.append((chosen, held))
     for old in history:
         lead: list[Section] = []
         for key in old:

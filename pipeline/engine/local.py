@@ -296,8 +296,11 @@ class Engine(GeneratorBase):
         if exact and plan.composed is not None:
             plan = replace(plan, composed=None)
         if plan.refusal is not None and self.planner.policy.enabled:
-            stats.sections_lost = [plan.refusal.value] * len(shape.sections.ends)
-            stats.notes.append(plan.refusal.value)
+            # Only the sections the exact prefix does not cover are computed now for want of composing.
+            computed = sum(1 for end in shape.sections.ends if end > plan.exact.reused)
+            if computed:
+                stats.sections_lost = [plan.refusal.value] * computed
+                stats.notes.append(plan.refusal.value)
         if plan.composed is not None:
             llm.synchronize()
             llm.reset_timings()  # composing's decodes (new sections, seams) are the prompt's prefill
