@@ -89,8 +89,10 @@ class Question:
     answer: str = ""  # where known (the generated manual): a string the right answer contains
 
 
-def manual_pages(n_pages: int = 120, *, seed: int = 22) -> tuple[list[tuple[int, str]], list[Question]]:
-    """(pages, questions) of the generated field manual: one unit per page, its values stated once."""
+def manual_pages(n_pages: int = 120, *, seed: int = 22, questions: int = 12
+                 ) -> tuple[list[tuple[int, str]], list[Question]]:
+    """(pages, questions) of the generated field manual: one unit per page, its values stated once;
+    ``questions`` of them spread evenly over the pages, each asking for one value."""
     rng = random.Random(seed)
     pages, facts = [], []
     for p in range(1, n_pages + 1):
@@ -110,8 +112,8 @@ def manual_pages(n_pages: int = 120, *, seed: int = 22) -> tuple[list[tuple[int,
         pages.append((p, "\n".join(lines)))
         topic = rng.choice(sorted(values))
         facts.append(Question(f"What is the {topic} of {unit}?", unit, str(values[topic][0])))
-    step = max(1, len(facts) // 12)
-    return pages, facts[3::step][:12]
+    step = max(1, len(facts) // questions)
+    return pages, facts[3::step][:questions]
 
 
 _FILLER = [
@@ -124,6 +126,30 @@ _FILLER = [
     "The maintenance crew signs the inspection sheet of {unit} after every test run.",
     "If the readings of {unit} drift, recalibrate the {part} with the handheld tool before replacing it.",
 ]
+
+# --------------------------------------------------------------------------- the development set's manual
+
+
+def devset_shelf(n: int = 48) -> tuple[list[tuple[int, str]], list[Question]]:
+    """The development set's documents (``samples/`` and ``benchmarks/eval/generated/``) as one run of
+    pages, in file order, and up to ``n`` of its questions with a known answer string that occurs in
+    them (``benchmarks/eval/devset.jsonl``), spread over the documents."""
+    import json
+
+    from pipeline.ingest.loaders import load
+
+    root = Path(__file__).resolve().parent.parent
+    eval_dir = root / "benchmarks" / "eval"
+    rows = [json.loads(line) for line in (eval_dir / "devset.jsonl").read_text().splitlines() if line.strip()]
+    pages: list[tuple[int, str]] = []
+    for source in sorted({r["source"] for r in rows}):
+        path = root / source if (root / source).exists() else eval_dir / source
+        pages += [(len(pages) + 1, u.text) for u in load(path).units if u.text.strip()]
+    text = "\n".join(t for _, t in pages)
+    qs = [Question(r["question"], r["answer"], r["answer"]) for r in rows if r.get("answer") and r["answer"] in text]
+    step = max(1, len(qs) // n)
+    return pages, qs[::step][:n]
+
 
 # --------------------------------------------------------------------------- questions on the real manuals
 

@@ -1,0 +1,140 @@
+"""Session case (d): a real manual larger than the context, the defaults against ``ask.compose = "off"``.
+
+What a new user gets: a fresh home and cache, ``rag ingest``, no ``rag warm``, then 8 different
+questions, each a new ``rag ask`` process. With the defaults (``ask.compose = "auto"``) the first
+question is prefilled exactly and its answer calibrates composition on the manual's own sections
+(after the answer has streamed, in the same process); later questions are composed where the
+calibration allows it. The same session with ``ask.compose = "off"`` runs beside it, on a store cut
+the way that setting cuts it. Reported per session: TTFT of question 1, the median of questions
+2-8, their ratio, whether the answer's page is among the sources, and the calibration
+``rag status --json`` shows; and the cold-question ratio: a first question with composition
+allowed (``ask.compose = "on"``, no states yet) against ``"off"``, which must stay within 10 %.
+
+The manual: ``--pdf FILE --questions FILE.jsonl`` (one object a line: ``question`` and either
+``page`` or ``evidence``, a phrase of the answer's page), or by default the wget man page of the
+development set (``benchmarks/eval/manpages/wget.txt`` as a PDF of 60-line pages, its 8 questions
+of ``benchmarks/eval/manpages.jsonl``; a development figure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+from pathlib import Path
+
+from _session_shelf import page_cited, rag_process
+
+ROOT = Path(__file__).resolve().parent.parent
+LINES_PER_PAGE = 60
+
+
+def default_manual(folder: Path) -> tuple[Path, list[dict]]:
+    """The wget man page as a PDF, and its development questions."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from pdfs import make_pdf  # the project's own minimal PDF writer
+
+    lines = (ROOT / "benchmarks/eval/manpages/wget.txt").read_text().splitlines()
+    pages = ["\n".join(line[:110] for line in lines[i:i + LINES_PER_PAGE]) for i in range(0, len(lines), LINES_PER_PAGE)]
+    folder.mkdir(parents=True, exist_ok=True)
+    pdf = make_pdf(folder / "wget-manual.pdf", pages, title="GNU Wget manual")
+    questions = [json.loads(line) for line in (ROOT / "benchmarks/eval/manpages.jsonl").read_text().splitlines()
+                 if line.strip() and json.loads(line)["source"] == "wget.txt"]
+    return pdf, questions[:8]
+
+
+def answer_page(pdf: Path, q: dict) -> int:
+    """The page a question's answer is on: given, or the first page holding its evidence phrase."""
+    if "page" in q:
+        return int(q["page"])
+    from _corpora import pdf_pages
+
+    def norm(text: str) -> str:
+        return re.sub(r"\W+", " ", text).lower().strip()
+
+    want = norm(q["evidence"])
+    for page, text in pdf_pages(pdf):
+        if want in norm(text):
+            return page
+    raise SystemExit(f"the evidence of {q['question']!r} is on no page of {pdf.name}")
+
+
+def _env(work: Path, name: str, compose: str, store: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    env.update({"RAG_STORE_PATH": str(work / f"store-{store}"), "RAG_CACHE_PATH": str(work / f"cache-{name}"),
+                "RAG_ASK_COMPOSE": compose, "RAG_ASK_MAX_TOKENS": "16"})
+    if os.environ.get("RAG_HOME"):
+        env["RAG_HOME"] = os.environ["RAG_HOME"]
+    return env
+
+
+def session(work: Path, name: str, compose: str, pdf: Path, questions: list[dict], *, count: int,
+            store: str | None = None) -> dict:
+    """One session: ingest into a fresh store (or use ``store``'s, already ingested) with a fresh cache,
+    then ``count`` questions as new processes."""
+    env = _env(work, name, compose, store or name)
+    ingest = rag_process(env, "ingest", str(pdf))  # (nothing new where the store holds it already)
+    rows = []
+    for i, q in enumerate(questions[:count]):
+        answer = rag_process(env, "ask", q["question"])
+        st = answer["stats"]
+        page = answer_page(pdf, q)
+        rows.append({"question": q["question"], "ttft": st["ttft_seconds"], "prompt_tokens": st["prompt_tokens"],
+                     "cached_tokens": st["cached_tokens"], "cache": st["cache"], "sections": len(st["sections"]),
+                     "answer_page": page, "cited": page_cited(answer["sources"], pdf.name, page),
+                     "reuse_lost": st["reuse_lost"]})
+        r = rows[-1]
+        print(f"    {name:8} q{i + 1} TTFT {r['ttft']:7.2f} s; {r['cached_tokens']:>6,}/{r['prompt_tokens']:,} reused "
+              f"({r['cache']}, {r['sections']} sections); page {page} {'cited' if r['cited'] else 'NOT cited'}",
+              flush=True)
+    status = rag_process(env, "status")
+    rest = [r["ttft"] for r in rows[1:]]
+    med = statistics.median(rest) if rest else float("nan")
+    return {"ingest_tokens": ingest["tokens"], "rows": rows, "ttft_q1": rows[0]["ttft"], "ttft_rest_median": med,
+            "speedup": rows[0]["ttft"] / med if rest else float("nan"), "cited": sum(r["cited"] for r in rows),
+            "reused_median": statistics.median(r["cached_tokens"] for r in rows[1:]) if rest else 0,
+            "composition": status.get("composition")}
+
+
+def run_defaults_case(work: Path, *, quick: bool, pdf: Path | None = None, questions: Path | None = None) -> dict:
+    if pdf is None:
+        pdf, qs = default_manual(work / "manual")
+        label = f"{pdf.name} (development set)"
+    else:
+        qs = [json.loads(line) for line in Path(questions).read_text().splitlines() if line.strip()]
+        label = pdf.name
+    count = 3 if quick else 8
+    print(f"  case (d): {label}, {count} questions, new processes, no rag warm", flush=True)
+    out = {"manual": label, "sessions": {}}
+    out["sessions"]["defaults"] = session(work, "defaults", "auto", pdf, qs, count=count)
+    # The same sections (the defaults' store), fresh caches: only how the first prompt is prefilled differs.
+    cold_on = session(work, "cold-on", "on", pdf, qs, count=1, store="defaults")
+    cold_off = session(work, "cold-off", "off", pdf, qs, count=1, store="defaults")
+    out["cold"] = {"on": cold_on["ttft_q1"], "off": cold_off["ttft_q1"], "ratio": cold_on["ttft_q1"] / cold_off["ttft_q1"]}
+    out["sessions"]["off"] = session(work, "off", "off", pdf, qs, count=count)
+    d = out["sessions"]["defaults"]
+    out["pass"] = (d["speedup"] >= 10 and d["cited"] >= count - 1 and out["cold"]["ratio"] <= 1.1
+                   and bool(d["composition"] and d["composition"]["tokens"]))
+    return out
+
+
+def print_table(out: dict) -> None:
+    n = len(out["sessions"]["defaults"]["rows"])
+    print(f"\n{out['manual']}: {n} questions, each a new `rag ask` process, fresh home, no `rag warm`\n")
+    print(f"| ask.compose | TTFT q1 (s) | median TTFT q2-{n} (s) | q1 / median | median reused q2-{n} | "
+          f"answer's page among the sources | calibration (status --json) |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for name, s in out["sessions"].items():
+        c = s["composition"] or {}
+        cal = (f"KL {c['kl']:.4f}, top-1 {c['top1']:.1%}, {c['tokens']} tokens, allowed {c['allowed']}"
+               if c.get("kl") is not None else "none")
+        print(f"| {'auto (default)' if name == 'defaults' else name} | {s['ttft_q1']:.2f} | {s['ttft_rest_median']:.2f} | "
+              f"**{s['speedup']:.1f}x** | {s['reused_median']:,.0f} | {s['cited']}/{n} | {cal} |")
+    c = out["cold"]
+    print(f"\ncold question, composition allowed (on) against off: {c['on']:.2f} s / {c['off']:.2f} s = "
+          f"{c['ratio']:.2f} (<= 1.10)  [{'PASS' if out['pass'] else 'FAIL'}]")
+
+
+__all__ = ["print_table", "run_defaults_case"]
