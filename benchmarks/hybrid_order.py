@@ -82,7 +82,16 @@ def main(argv=None) -> int:
               f"{statistics.median(r['cached_tokens'] for r in rest):,.0f} tokens; median TTFT "
               f"{statistics.median(r['ttft'] for r in rest):.2f} s")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        from pipeline.dev.bench import document, row
+
+        rows = []
+        for name, runs in result.items():
+            rest = runs[1:]
+            rows += [row(f"{name}: median reused tokens, questions 2-{len(runs)}",
+                         statistics.median(r["cached_tokens"] for r in rest), "tokens", series=name),
+                     row(f"{name}: median TTFT, questions 2-{len(runs)}",
+                         statistics.median(r["ttft"] for r in rest), "s", series=name)]
+        args.json.write_text(json.dumps(document(rows, sessions=result), indent=2))
     return 0
 
 
