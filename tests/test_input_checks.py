@@ -114,9 +114,9 @@ def test_a_file_that_never_ends_is_refused_quickly(tmp_store, option):
 
 
 def test_thread_counts_are_bounded_and_clamped_to_the_cores(tmp_store):
-    with pytest.raises(ConfigError, match=f"at most {MAX_THREADS}"):
+    with pytest.raises(ConfigError, match=f"between 0 and {MAX_THREADS}"):
         load_config(environ={"RAG_ENGINE_THREADS": "10000"})
-    with pytest.raises(ConfigError, match=f"at most {MAX_THREADS}"):
+    with pytest.raises(ConfigError, match=f"between 0 and {MAX_THREADS}"):
         load_config(environ={"RAG_EMBED_THREADS": "10000"})
     ran = rag("ask", "x", env={"RAG_ENGINE_THREADS": "10000"})
     assert ran.returncode == 2 and "engine.threads" in _one_error(ran)
