@@ -57,6 +57,13 @@ class StoreError(RagError):
     exit_code = 4
 
 
+class DiskFullError(RagError):
+    """A disk rag writes to is full: the store's, the prefix cache's, an output file's. Exit 4, as for
+    the store: the message says what was kept, and a rerun once there is room finishes the work."""
+
+    exit_code = 4
+
+
 class StoreBusyError(StoreError):
     """Another process holds the store; Chroma's embedded mode is not process-safe."""
 
