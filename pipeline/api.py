@@ -326,7 +326,8 @@ class Pipeline:
         that any question's prompt is composed from states (``ask.compose = "auto"``): for collections
         larger than the context. ``progress(done, total)`` counts the sections' tokens. Returns
         ``{"mode": "sections", "documents", "sections", "saved", "cached" (had a state already),
-        "tokens", "prefilled_tokens", "bytes_written", "seconds", "notes"}``."""
+        "not_saved", "tokens", "prefilled_tokens", "bytes_written", "seconds", "notes"}``. A full cache disk
+        stops it at the first state it cannot save (:class:`~pipeline.errors.DiskFullError`, exit 4)."""
         from .ask.warm import warm_sections
 
         return warm_sections(self.runtime, progress=progress)

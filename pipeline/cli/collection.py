@@ -151,7 +151,8 @@ def _warm_sections(rag, *, quiet: bool) -> dict:
 
 def _say_sections(report: dict) -> None:
     click.echo(f"warmed {report['sections']} sections of {report['documents']} documents "
-               f"({report['tokens']:,} tokens): {report['saved']} saved, {report['cached']} already saved; "
+               f"({report['tokens']:,} tokens): {report['saved']} saved, {report['cached']} already saved"
+               f"{f', {n} not saved' if (n := report.get('not_saved')) else ''}; "
                f"{report['prefilled_tokens']:,} tokens prefilled in {report['seconds']:.1f} s, "
                f"{report['bytes_written'] / 1e6:,.1f} MB of states written")
     c = report.get("calibration")

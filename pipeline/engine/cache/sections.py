@@ -52,9 +52,12 @@ class SectionStates:
         self.cache = cache
         self.namespace = namespace(engine_namespace, head)
         self.start = len(head)
-        self.notes: list[str] = []
         self.saved = 0  # states saved through this object
         self.saved_bytes = 0
+        #: Why the last save failed for lack of space ("" while none has): once the disk is full, no
+        #: other save is tried through this object (each would write a file only to fail too).
+        self.full = ""
+        self._unsaved: dict[str, int] = {}  # why states were not saved -> how many
         self._why: dict[tuple[int, ...], str] = {}
         self._seen: sqlite3.Connection | None = None
 
@@ -83,14 +86,25 @@ class SectionStates:
 
     # -- saving ---------------------------------------------------------------------------------
 
+    @property
+    def notes(self) -> list[str]:
+        """What went wrong saving, one line per cause (a question whose states cannot be saved says so
+        once, not once per section)."""
+        return [f"{n} section state{'s' * (n != 1)} not saved: {why}" for why, n in self._unsaved.items()]
+
     def store(self, piece: Piece, model, seq: int, start: int) -> None:
         if self.cache.read_only or self.cache.unavailable:
+            return
+        if self.full:
+            self._unsaved[self.full] += 1
             return
         t0 = time.time()
         entry = self.cache.save(self.namespace, piece.tokens, model, seq=seq, start=start)
         if entry is None:
             if self.cache.last_error:
-                self.notes.append(f"section state not saved: {self.cache.last_error}")
+                self._unsaved[self.cache.last_error] = self._unsaved.get(self.cache.last_error, 0) + 1
+            if self.cache.disk_full:
+                self.full = self.cache.last_error
             return
         if entry.created >= t0:
             self.saved += 1

@@ -53,6 +53,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Collection, Iterator, Sequence
 
+from ...disk import free_bytes, is_disk_full
 from ...errors import ConfigError, EngineError
 from .files import check_file, is_state_file, state_name, sweep_files, write_state
 from .index import INDEX_NAME, CacheIndex, Entry, is_damaged
@@ -88,6 +89,8 @@ class PrefixCache(ExactLookup):
         self.last_load_seconds = 0.0
         self.last_save_seconds = 0.0
         self.last_error = ""
+        #: Whether the last :meth:`save` failed for lack of space on the cache's disk.
+        self.disk_full = False
         #: Why the cache cannot be used at all ("" when it can); prompts then run uncached.
         self.unavailable = ""
         self._notes: list[str] = []
@@ -264,6 +267,7 @@ class PrefixCache(ExactLookup):
         """
         t0 = time.perf_counter()
         self.last_error = ""
+        self.disk_full = False
         if self._index is None:
             self.last_error = f"the prefix cache is unavailable: {self.unavailable}"
             return None
@@ -297,11 +301,11 @@ class PrefixCache(ExactLookup):
         try:
             written = write_state(self.directory, name, model, tokens, seq=seq, fsync=self.fsync)
         except OSError as exc:
-            self.last_error = f"could not write the state file: {exc}"
-            return None
+            return self._not_written(exc, f"could not write the state file: {exc}", need=expected)
         if written is None:
-            self.last_error = "llama.cpp could not save the sequence state"
-            return None
+            why = getattr(model, "last_save_error", "") or "llama.cpp gave no reason"
+            return self._not_written(OSError(why), f"llama.cpp could not save the sequence state ({why})",
+                                     need=expected)
         size, digest = written
 
         if size > self.max_bytes:  # it alone is over the cap: do not keep it
@@ -324,6 +328,9 @@ class PrefixCache(ExactLookup):
         except sqlite3.Error as exc:
             self._unlink(name)
             self._fault("save", exc)
+            if is_disk_full(exc, self.directory):
+                self.disk_full = True
+                self.last_error = f"the disk holding the prefix cache {self.directory} is full ({exc})"
             return None
         self._remove_files(remove)
         self.last_save_seconds = time.perf_counter() - t0
@@ -332,6 +339,19 @@ class PrefixCache(ExactLookup):
         except sqlite3.Error as exc:
             self._fault("save", exc)
             return None
+
+    def _not_written(self, exc: OSError | None, why: str, *, need: int) -> None:
+        """A state file that could not be written: :attr:`last_error` says why, and :attr:`disk_full`
+        whether it was for lack of space (then the message says the disk is full, and how full)."""
+        self.disk_full = is_disk_full(exc, self.directory, need=need)
+        if self.disk_full:
+            free = free_bytes(self.directory)
+            room = f"{free:,} bytes free, a state of about {need:,} bytes to write" if free is not None else ""
+            said = (exc.strerror or str(exc)) if exc is not None else ""
+            detail = "; ".join(x for x in (said, room) if x)
+            why = f"the disk holding the prefix cache {self.directory} is full ({detail})"
+        self.last_error = why
+        return None
 
     def _existing(self, namespace: str, fh: str) -> Entry | None:
         """The entry saved for this prefix, marked used; a row whose file is gone is removed."""

@@ -1,0 +1,128 @@
+"""`rag warm --sections` against a careless world: a cache disk that fills. Generated models and the fakes' hash
+embedder (no provisioned model); a real full disk where a tmpfs can be mounted, and beside it a twin
+that injects the same failure."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from full_disk import small_disk
+from pipeline.errors import DiskFullError
+from test_compose_ask import TOPICS, ingest, moe, pipeline, settings, shelf  # noqa: F401  (fixtures)
+
+QUESTION = "Which valve has code VAL-020, and what does sensor unit 9 report?"
+
+
+class _Writes(list):
+    """The state files written (their names); after ``fail_after`` of them, every write fails as on a
+    full disk (``fail_after = None``: room again)."""
+
+    def __init__(self, fail_after: int | None):
+        super().__init__()
+        self.fail_after = fail_after
+
+
+def _writes(monkeypatch, *, fail_after: int | None) -> _Writes:
+    import pipeline.engine.cache.store as store
+
+    real = store.write_state
+    calls = _Writes(fail_after)
+
+    def write_state(*args, **kwargs):
+        calls.append(args[1])
+        if calls.fail_after is not None and len(calls) > calls.fail_after:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "write_state", write_state)
+    return calls
+
+
+def _section_entries(rag):
+    """The section states of the collection's head, oldest first (the order warm saved them)."""
+    from pipeline.engine.cache.sections import namespace
+
+    ns = namespace(rag.engine.namespace, rag.runtime.layout().head_tokens)
+    return sorted(rag.prefix_cache.entries(ns), key=lambda e: e.created)
+
+
+# -- a cache disk that fills -------------------------------------------------------------------------
+
+
+def test_a_full_disk_stops_warm_at_the_first_state_it_cannot_save(moe, tmp_path, shelf, monkeypatch):
+    ingest(moe, tmp_path, shelf)
+    with pipeline(moe, tmp_path) as rag:
+        rag.warm_sections()  # the head's state is kept, the sections' are forgotten
+        rag.prefix_cache.forget(_section_entries(rag)[0].namespace)
+    seen = []
+    calls = _writes(monkeypatch, fail_after=3)
+    with pipeline(moe, tmp_path) as rag, pytest.raises(DiskFullError) as caught:
+        rag.warm_sections(progress=lambda done, total: seen.append(done))
+    message = str(caught.value)
+    assert caught.value.exit_code == 4
+    assert message.startswith(f"the disk holding the prefix cache {tmp_path / 'cache'} is full (No space left on device")
+    assert "3 section state(s) saved now" in message and "rag warm --sections` again" in message
+    assert len(calls) == 4 and len(seen) == 3  # stopped at the first failure: no section prefilled after it
+    n = int(message.split(" without a state")[0].split(" of ")[-1])
+    calls.fail_after = None  # room again: the rerun saves only what is missing
+    with pipeline(moe, tmp_path) as rag:
+        again = rag.warm_sections()
+    assert (again["saved"], again["cached"], again["not_saved"]) == (n - 3, 3, 0) and again["sections"] == n
+
+
+def test_a_full_disk_is_exit_4_for_rag_warm_sections(moe, tmp_path, shelf, monkeypatch):
+    from pipeline.cli import cli
+
+    ingest(moe, tmp_path, shelf)
+    with pipeline(moe, tmp_path) as rag:
+        rag.warm_sections()
+        rag.prefix_cache.forget()
+    for key, value in settings(moe, tmp_path).items():
+        monkeypatch.setenv("RAG_" + key.replace(".", "_").upper(), str(value))
+    _writes(monkeypatch, fail_after=1)
+    result = CliRunner().invoke(cli, ["warm", "--sections"])
+    assert result.exit_code == 4, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[-1].startswith("Error: the disk holding the prefix cache") and "is full" in lines[-1]
+    assert sum(line.startswith("Error:") for line in lines) == 1 and "could not save" not in result.output
+
+
+def test_warm_on_a_real_full_disk_says_so_and_exits_4(moe, tmp_path, shelf, monkeypatch):
+    from pipeline.cli import cli
+
+    ingest(moe, tmp_path / "x", shelf)
+    with small_disk(tmp_path / "disk", size="16m") as disk:
+        cache = disk.path / "cache"
+        with pipeline(moe, tmp_path, **{"cache.path": str(cache)}) as rag:
+            first = rag.warm_sections()
+            state = first["bytes_written"] // first["saved"]
+            rag.prefix_cache.forget()
+        disk.fill(free=int(2.5 * state) + (64 << 10))
+        for key, value in settings(moe, tmp_path, **{"cache.path": str(cache)}).items():
+            monkeypatch.setenv("RAG_" + key.replace(".", "_").upper(), str(value))
+        result = CliRunner().invoke(cli, ["warm", "--sections"])
+        assert result.exit_code == 4, result.output
+        assert result.output.strip().splitlines()[-1].startswith(f"Error: the disk holding the prefix cache {cache} "
+                                                                 "is full")
+        saved = len(list(cache.glob("*.state")))
+        assert 1 <= saved < first["sections"]
+        disk.empty()
+        again = json.loads(CliRunner().invoke(cli, ["warm", "--sections", "--json"]).output)
+    assert again["cached"] >= saved - 1 and again["saved"] + again["cached"] == again["sections"]
+
+
+def test_a_question_whose_states_cannot_be_saved_says_so_once(moe, tmp_path, shelf, monkeypatch):
+    ingest(moe, tmp_path, shelf)
+    calls = _writes(monkeypatch, fail_after=0)
+    with pipeline(moe, tmp_path) as rag:
+        answer = rag.ask(QUESTION)
+    st = answer.stats
+    assert st.cache == "composed" and st.states_saved == 0 and len(st.sections) >= 3
+    full = [n for n in st.notes if "is full" in n]
+    assert len(full) == 1, st.notes
+    assert full[0].startswith(f"{len(st.sections)} section states not saved: the disk holding the prefix cache")
+    assert len(calls) <= 2  # the head's state and one section's: no other write is tried
