@@ -1,4 +1,5 @@
-"""`rag warm --sections` against a careless world: a cache disk that fills. Generated models and the fakes' hash
+"""`rag warm --sections` against a careless world: a cache disk that fills, state files deleted, cut
+short or flipped. Generated models and the fakes' hash
 embedder (no provisioned model); a real full disk where a tmpfs can be mounted, and beside it a twin
 that injects the same failure."""
 
@@ -126,3 +127,63 @@ def test_a_question_whose_states_cannot_be_saved_says_so_once(moe, tmp_path, she
     assert len(full) == 1, st.notes
     assert full[0].startswith(f"{len(st.sections)} section states not saved: the disk holding the prefix cache")
     assert len(calls) <= 2  # the head's state and one section's: no other write is tried
+
+
+# -- state files deleted, cut short, flipped --------------------------------------------------------
+
+
+def _tokens_of(path) -> tuple[int, ...]:
+    """The tokens a section state file holds (llama.cpp's sequence state header: magic, version, count)."""
+    import struct
+
+    data = path.read_bytes()
+    n = struct.unpack_from("<I", data, 8)[0]
+    return struct.unpack_from(f"<{n}i", data, 12)
+
+
+@pytest.mark.parametrize("fault", ["deleted", "truncated", "flipped"])
+def test_warm_checks_each_state_and_saves_the_bad_ones_again(moe, tmp_path, shelf, fault):
+    ingest(moe, tmp_path, shelf)
+    with pipeline(moe, tmp_path) as rag:
+        first = rag.warm_sections()
+        entries = _section_entries(rag)
+    n = first["sections"]
+    assert len(entries) == n
+    for e in entries[1:4]:
+        path = tmp_path / "cache" / e.file
+        if fault == "deleted":
+            path.unlink()
+        elif fault == "truncated":
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        else:
+            data = bytearray(path.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            path.write_bytes(bytes(data))
+    with pipeline(moe, tmp_path) as rag:
+        report = rag.warm_sections()
+        again = rag.warm_sections()
+    assert (report["saved"], report["cached"], report["repaired"]) == (3, n - 3, 3)
+    assert "3 section state(s) were missing or damaged: saved again" in report["notes"]
+    assert (again["saved"], again["cached"], again["repaired"]) == (0, n, 0)
+    with pipeline(moe, tmp_path) as rag:
+        st = rag.ask(QUESTION).stats
+    assert st.composed_sections == len(st.sections) and st.sections_lost == []
+
+
+def test_the_packers_probe_does_not_count_a_state_whose_file_is_gone(moe, tmp_path, shelf):
+    from pipeline.engine.cache.sections import SectionStates
+    from pipeline.engine.reuse.shape import Piece
+
+    ingest(moe, tmp_path, shelf)
+    with pipeline(moe, tmp_path) as rag:
+        rag.warm_sections()
+        entries = _section_entries(rag)
+        pieces = [Piece(_tokens_of(rag.prefix_cache.directory / e.file)) for e in entries]
+        (rag.prefix_cache.directory / entries[2].file).unlink()
+        states = SectionStates(rag.prefix_cache, rag.engine.namespace, rag.runtime.layout().head_tokens)
+        try:
+            held = states.held(pieces)
+        finally:
+            states.close()
+        assert len(rag.prefix_cache.entries(states.namespace)) == len(entries)  # a probe: nothing dropped
+    assert held == [i != 2 for i in range(len(entries))]

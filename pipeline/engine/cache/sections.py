@@ -68,8 +68,25 @@ class SectionStates:
         return self.cache.find(self.namespace, piece.tokens)
 
     def held(self, pieces: Sequence[Piece]) -> list[bool]:
-        """Which of ``pieces`` have a saved state (what a packer or a pool weighs prompts by)."""
-        return [self.find(p) is not None for p in pieces]
+        """Which of ``pieces`` have a saved state whose file is there (what a packer or a pool weighs
+        prompts by; a probe: nothing is changed)."""
+        return [(e := self.find(p)) is not None and self.cache.present(e) for p in pieces]
+
+    def verified(self, piece: Piece) -> Entry | None:
+        """The saved state of ``piece`` if its file is there and whole (size and checksum); a missing or
+        damaged one is dropped, and :meth:`damaged` then says why."""
+        entry = self.find(piece)
+        if entry is None:
+            return None
+        if self.cache.verify(entry):
+            return entry
+        self._why[piece.tokens] = f"its state was discarded ({self.cache.last_error})"
+        return None
+
+    def damaged(self, piece: Piece) -> str:
+        """Why ``piece``'s state was dropped by :meth:`verified` or :meth:`restore` ("" when it was not)."""
+        why = self._why.get(piece.tokens, "")
+        return why if why.startswith("its state was discarded") else ""
 
     def restore(self, piece: Piece, model, seq: int, start: int) -> bool:
         entry = self.find(piece)

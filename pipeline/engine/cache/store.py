@@ -411,6 +411,24 @@ class PrefixCache(ExactLookup):
                 self._fault("bookkeeping", exc)
         return True
 
+    def present(self, entry: Entry) -> bool:
+        """Whether ``entry``'s file is there at its indexed size (one ``stat``, changing nothing): what a
+        probe of which states are held counts by, so that an entry whose file is gone is not held."""
+        try:
+            return self._path(entry).stat().st_size == entry.bytes
+        except OSError:
+            return False
+
+    def verify(self, entry: Entry) -> bool:
+        """Whether ``entry``'s file is there and whole (its size and checksum, as :meth:`load` checks them
+        before llama.cpp reads it); one that is not is dropped, row and file, and :attr:`last_error` says why."""
+        self.last_error = ""
+        damage = check_file(self._path(entry), size=entry.bytes, digest=entry.digest)
+        if damage:
+            self._drop(entry, damage)
+            self.last_error = damage
+        return not damage
+
     def _fail(self, entry: Entry, model: Model | None, seq: int, why: str, t0: float) -> bool:
         if model is not None:
             model.trim(0, seq=seq)

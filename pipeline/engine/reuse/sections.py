@@ -141,7 +141,8 @@ class SectionReuse:
         its own after ``head``, in order: what composed prompts restore. ``progress(done, total)``
         counts the sections' tokens. Leaves ``memory`` holding ``head``.
 
-        The first save that fails for lack of space stops the warm with a
+        Each saved state is checked first (its file there, its size and checksum): a missing or damaged
+        one is dropped and saved again. The first save that fails for lack of space stops the warm with a
         :class:`~pipeline.errors.DiskFullError` that says how much was saved."""
         if memory.composed or memory.tokens[:len(head)] != list(head) or not memory.cut(len(head)):
             self._head(memory, head, prefill)
@@ -151,10 +152,13 @@ class SectionReuse:
             counts = self._warm_each(model, len(head), sections, states, progress)
         finally:
             states.close()
+        notes = []
+        if counts["repaired"]:
+            notes.append(f"{counts['repaired']} section state(s) were missing or damaged: saved again")
         return {"sections": len(sections), "saved": states.saved, "cached": counts["found"],
-                "not_saved": len(sections) - states.saved - counts["found"],
+                "not_saved": len(sections) - states.saved - counts["found"], "repaired": counts["repaired"],
                 "tokens": counts["total"], "prefilled_tokens": counts["computed"], "bytes_written": states.saved_bytes,
-                "seconds": round(time.perf_counter() - t0, 3), "notes": states.notes}
+                "seconds": round(time.perf_counter() - t0, 3), "notes": notes + states.notes}
 
     @staticmethod
     def _warm_each(model, h: int, sections: Sequence[Sequence[int]], states: SectionStates,
@@ -162,12 +166,13 @@ class SectionReuse:
         from .._llama import composing
         from .compose import compute
 
-        total, done, computed, found = sum(map(len, sections)), 0, 0, 0
+        total, done, computed, found, repaired = sum(map(len, sections)), 0, 0, 0, 0
         for tokens in sections:
             piece = Piece(tuple(tokens))
-            if states.find(piece) is not None:
+            if states.verified(piece) is not None:
                 found += 1
             else:
+                repaired += bool(states.damaged(piece))
                 saved = states.saved
                 compute(model, h, piece, states, scratch=1)
                 composing.seq_remove(model, 1)
@@ -184,7 +189,7 @@ class SectionReuse:
             done += len(piece)
             if progress is not None:
                 progress(done, total)
-        return {"total": total, "computed": computed, "found": found}
+        return {"total": total, "computed": computed, "found": found, "repaired": repaired}
 
     def _head(self, memory: Memory, head: Sequence[int], prefill: Callable[[Sequence[int], int], None]) -> int:
         """Bring ``memory`` to exactly ``head``: its state restored from the store (its tokens, what it
