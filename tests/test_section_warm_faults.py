@@ -1,5 +1,5 @@
 """`rag warm --sections` against a careless world: a cache disk that fills, state files deleted, cut
-short or flipped. Generated models and the fakes' hash
+short or flipped, two warms at once, a cache index deleted. Generated models and the fakes' hash
 embedder (no provisioned model); a real full disk where a tmpfs can be mounted, and beside it a twin
 that injects the same failure."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import threading
 
 import pytest
 from click.testing import CliRunner
@@ -65,7 +66,8 @@ def test_a_full_disk_stops_warm_at_the_first_state_it_cannot_save(moe, tmp_path,
         rag.warm_sections(progress=lambda done, total: seen.append(done))
     message = str(caught.value)
     assert caught.value.exit_code == 4
-    assert message.startswith(f"the disk holding the prefix cache {tmp_path / 'cache'} is full (No space left on device")
+    cache = tmp_path / "cache"
+    assert message.startswith(f"the disk holding the prefix cache {cache} is full (No space left on device")
     assert "3 section state(s) saved now" in message and "rag warm --sections` again" in message
     assert len(calls) == 4 and len(seen) == 3  # stopped at the first failure: no section prefilled after it
     n = int(message.split(" without a state")[0].split(" of ")[-1])
@@ -187,3 +189,73 @@ def test_the_packers_probe_does_not_count_a_state_whose_file_is_gone(moe, tmp_pa
             states.close()
         assert len(rag.prefix_cache.entries(states.namespace)) == len(entries)  # a probe: nothing dropped
     assert held == [i != 2 for i in range(len(entries))]
+
+
+# -- two warms at once --------------------------------------------------------------------------------
+
+
+def test_a_second_warm_waits_for_the_first_and_its_counts_add_up(moe, tmp_path, shelf, monkeypatch):
+    """The first warm is held after its first save until the second has found the warm lock taken
+    (no timing: each step waits for the one before); the second then finds every state the first saved."""
+    import fcntl
+
+    import pipeline.engine.cache.store as store
+
+    ingest(moe, tmp_path, shelf)
+    first_saved, second_blocked, go = threading.Event(), threading.Event(), threading.Event()
+    locked = set()  # the threads holding the warm lock
+    reports: dict[str, dict] = {}
+    errors = []
+    real_write = store.write_state
+
+    def write_state(*args, **kwargs):
+        written = real_write(*args, **kwargs)
+        name = threading.current_thread().name
+        if name == "first" and name in locked and not first_saved.is_set():  # a section state, lock held
+            first_saved.set()
+            go.wait(600)
+        return written
+
+    class Flock:
+        def __getattr__(self, name):
+            return getattr(fcntl, name)
+
+        @staticmethod
+        def flock(fd, op):
+            try:
+                done = fcntl.flock(fd, op)
+                locked.add(threading.current_thread().name)
+                return done
+            except BlockingIOError:
+                if threading.current_thread().name == "second":
+                    second_blocked.set()
+                raise
+
+    monkeypatch.setattr(store, "write_state", write_state)
+    monkeypatch.setattr(store, "fcntl", Flock())
+
+    def warm(name: str) -> None:
+        try:
+            with pipeline(moe, tmp_path) as rag:
+                reports[name] = rag.warm_sections()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            first_saved.set()  # never leave the other thread waiting
+            go.set()
+
+    first = threading.Thread(target=warm, args=("first",), name="first")
+    first.start()
+    assert first_saved.wait(600)
+    second = threading.Thread(target=warm, args=("second",), name="second")
+    second.start()
+    assert second_blocked.wait(600)
+    go.set()
+    first.join(600)
+    second.join(600)
+    assert not errors, errors
+    n = reports["first"]["sections"]
+    assert (reports["first"]["saved"], reports["first"]["cached"]) == (n, 0)
+    assert (reports["second"]["saved"], reports["second"]["cached"], reports["second"]["not_saved"]) == (0, n, 0)
+    assert reports["second"]["prefilled_tokens"] == 0
+    assert "waited for another process warming the same section states" in reports["second"]["notes"]

@@ -141,10 +141,23 @@ class PrefixCache(ExactLookup):
     @contextlib.contextmanager
     def _directory_lock(self) -> Iterator[None]:
         """An exclusive lock on the directory (across processes), for rebuilding the index."""
-        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with self.exclusive(LOCK_NAME):
             yield
+
+    @contextlib.contextmanager
+    def exclusive(self, name: str) -> Iterator[bool]:
+        """An exclusive lock on the file ``name`` of the directory, across processes (and across the threads
+        of one), held through the block: yields whether it had to wait for another holder. For work that
+        two processes must not do twice at once (warming one set of section states)."""
+        fd = os.open(self.directory / name, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                waited = False
+            except BlockingIOError:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                waited = True
+            yield waited
         finally:
             os.close(fd)
 

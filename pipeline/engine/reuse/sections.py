@@ -142,17 +142,20 @@ class SectionReuse:
         counts the sections' tokens. Leaves ``memory`` holding ``head``.
 
         Each saved state is checked first (its file there, its size and checksum): a missing or damaged
-        one is dropped and saved again. The first save that fails for lack of space stops the warm with a
+        one is dropped and saved again. One process warms a set of states at a time (a lock in the cache
+        directory): a second waits, then finds what the first saved, so ``saved + cached`` counts every
+        section. The first save that fails for lack of space stops the warm with a
         :class:`~pipeline.errors.DiskFullError` that says how much was saved."""
         if memory.composed or memory.tokens[:len(head)] != list(head) or not memory.cut(len(head)):
             self._head(memory, head, prefill)
         states = SectionStates(self.store, self._namespace(), head)
         t0 = time.perf_counter()
         try:
-            counts = self._warm_each(model, len(head), sections, states, progress)
+            with self.store.exclusive(f"sections-{states.namespace[:32]}.lock") as waited:
+                counts = self._warm_each(model, len(head), sections, states, progress)
         finally:
             states.close()
-        notes = []
+        notes = ["waited for another process warming the same section states"] if waited else []
         if counts["repaired"]:
             notes.append(f"{counts['repaired']} section state(s) were missing or damaged: saved again")
         return {"sections": len(sections), "saved": states.saved, "cached": counts["found"],
@@ -182,10 +185,10 @@ class SectionReuse:
                         f"{states.full}: {states.saved} section state(s) saved now "
                         f"({states.saved_bytes / 1e6:,.1f} MB), {found} saved before, "
                         f"{len(sections) - states.saved - found} of {len(sections)} without a state. Free some "
-                        "space (or set cache.max_gb below what the disk holds) and run `rag warm --sections` again: it computes only the sections still "
-                        "without a state")
+                        "space (or set cache.max_gb below what the disk holds) and run `rag warm --sections` "
+                        "again: it computes only the sections still without a state")
                 if states.saved == saved and states.find(piece) is not None:
-                    found += 1  # saved meanwhile by another process
+                    found += 1  # saved meanwhile by a process that does not take the lock (a question)
             done += len(piece)
             if progress is not None:
                 progress(done, total)
