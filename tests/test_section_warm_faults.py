@@ -259,3 +259,27 @@ def test_a_second_warm_waits_for_the_first_and_its_counts_add_up(moe, tmp_path, 
     assert (reports["second"]["saved"], reports["second"]["cached"], reports["second"]["not_saved"]) == (0, n, 0)
     assert reports["second"]["prefilled_tokens"] == 0
     assert "waited for another process warming the same section states" in reports["second"]["notes"]
+
+
+# -- a cache index deleted ------------------------------------------------------------------------------
+
+
+def test_sections_lost_with_a_deleted_index_are_said_so_not_evicted(moe, tmp_path, shelf):
+    from pipeline.engine.cache.sections import LOST
+
+    ingest(moe, tmp_path, shelf)
+    with pipeline(moe, tmp_path) as rag:
+        warmed = rag.warm_sections()
+    orphans = list((tmp_path / "cache").glob("*.state"))
+    assert len(orphans) > warmed["sections"]
+    for p in (tmp_path / "cache").glob("index.sqlite*"):
+        p.unlink()
+    with pipeline(moe, tmp_path) as rag:
+        st = rag.ask(QUESTION).stats
+        left = [p for p in orphans if p.exists()]
+    assert st.cache == "composed" and st.composed_sections == 0
+    assert st.sections_lost == [LOST] * len(st.sections)
+    assert f"{len(st.sections)} sections: lost with the cache index" in st.reuse_lost
+    assert any(n.startswith("the prefix cache index") and f"{len(orphans)} orphaned state file(s)" in n
+               for n in st.notes), st.notes
+    assert left == []  # removed at once, not left outside cache.max_gb until a sweep

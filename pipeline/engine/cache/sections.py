@@ -11,9 +11,10 @@ section's cells alone, at the positions right after the head (``len(head)..``), 
 is where :mod:`.compose` restores it before moving it to its place.
 
 Why a state was not found is said per section (:meth:`SectionStates.why`): "no state
-yet", or "evicted" for a section this cache directory saved before (recorded in a side
-table of the directory's own, ``sections.sqlite``; if that table is lost, an evicted
-section just reads as "no state yet").
+yet", "evicted" for a section this cache directory saved before (recorded, with when, in a
+side table of the directory's own, ``sections.sqlite``; if that table is lost, an evicted
+section just reads as "no state yet"), or "lost with the cache index" for one saved before
+the index was made again (deleted or damaged: raising ``cache.max_gb`` would not help).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from .store import PrefixCache
 from ..reuse.shape import Piece
 
 SEEN_NAME = "sections.sqlite"
-NO_STATE, EVICTED = "no state yet", "evicted"
+NO_STATE, EVICTED, LOST = "no state yet", "evicted", "lost with the cache index"
 
 
 def namespace(engine_namespace: str, head: Sequence[int]) -> str:
@@ -91,7 +92,9 @@ class SectionStates:
     def restore(self, piece: Piece, model, seq: int, start: int) -> bool:
         entry = self.find(piece)
         if entry is None:
-            self._why[piece.tokens] = EVICTED if self._was_seen(piece) else NO_STATE
+            seen = self._seen_at(piece)
+            self._why[piece.tokens] = (NO_STATE if seen is None else
+                                       LOST if seen < self.cache.index_created else EVICTED)
             return False
         if self.cache.load(entry, model, seq=seq, start=start):
             return True
@@ -137,21 +140,28 @@ class SectionStates:
                 db = connect(Path(self.cache.directory) / SEEN_NAME, check_same_thread=False)
                 db.execute("CREATE TABLE IF NOT EXISTS seen (namespace TEXT NOT NULL, full_hash TEXT NOT NULL, "
                            "PRIMARY KEY (namespace, full_hash))")
+                if "saved" not in {r[1] for r in db.execute("PRAGMA table_info(seen)")}:  # (rows before: 0)
+                    try:
+                        db.execute("ALTER TABLE seen ADD COLUMN saved REAL NOT NULL DEFAULT 0")
+                    except sqlite3.OperationalError as exc:  # another process added it meanwhile
+                        if "duplicate column" not in str(exc):
+                            raise
                 self._seen = db
             except sqlite3.Error:
                 return None
         return self._seen
 
-    def _was_seen(self, piece: Piece) -> bool:
+    def _seen_at(self, piece: Piece) -> float | None:
+        """When this directory last saved ``piece``'s state (0: before that was recorded); None: never."""
         db = self._db()
         if db is None:
-            return False
+            return None
         try:
-            row = db.execute("SELECT 1 FROM seen WHERE namespace = ? AND full_hash = ?",
+            row = db.execute("SELECT saved FROM seen WHERE namespace = ? AND full_hash = ?",
                              (self.namespace, full_hash(token_bytes(piece.tokens)))).fetchone()
         except sqlite3.Error:
-            return False
-        return row is not None
+            return None
+        return None if row is None else float(row[0])
 
     def _mark_seen(self, piece: Piece) -> None:
         db = self._db()
@@ -159,8 +169,9 @@ class SectionStates:
             return
         try:
             with transaction(db):
-                db.execute("INSERT OR IGNORE INTO seen VALUES (?, ?)",
-                           (self.namespace, full_hash(token_bytes(piece.tokens))))
+                db.execute("INSERT INTO seen (namespace, full_hash, saved) VALUES (?, ?, ?) "
+                           "ON CONFLICT (namespace, full_hash) DO UPDATE SET saved = excluded.saved",
+                           (self.namespace, full_hash(token_bytes(piece.tokens)), time.time()))
         except sqlite3.Error:
             pass
 
@@ -170,4 +181,4 @@ class SectionStates:
             self._seen = None
 
 
-__all__ = ["EVICTED", "NO_STATE", "SectionStates", "namespace"]
+__all__ = ["EVICTED", "LOST", "NO_STATE", "SectionStates", "namespace"]

@@ -31,7 +31,8 @@ Left-overs
     orphans older than a few minutes, and rows whose file is gone. It runs when a
     cache is opened, at most once an hour per directory (:data:`SWEEP_INTERVAL`),
     after a rebuild, and on :meth:`PrefixCache.clear`; its cost is one directory
-    listing.
+    listing. A new index made beside state files means the index was lost: its
+    orphans are removed at once, with a note (they cannot be found again).
 
 What the caller guarantees
     :meth:`PrefixCache.save` saves sequence ``seq`` of a model as it is: the caller
@@ -94,6 +95,7 @@ class PrefixCache(ExactLookup):
         #: Why the cache cannot be used at all ("" when it can); prompts then run uncached.
         self.unavailable = ""
         self._notes: list[str] = []
+        self.swept_bytes = 0  # what the last sweep freed
         self._lock = threading.RLock()
         self._index: CacheIndex | None = None
         self._open()
@@ -136,7 +138,20 @@ class PrefixCache(ExactLookup):
             self._remove_files(self._index.reformat())
             self.sweep(min_age=0.0)
             return
+        if self._index.made:
+            self._adopt_lost()
+            return
         self._maybe_sweep()
+
+    def _adopt_lost(self) -> None:
+        """A new index beside state files: the index was lost (deleted by hand, a disk restored without
+        it). Its states cannot be found again (their names hold a digest of what they are, not what):
+        they are removed at once, not left outside ``cache.max_gb`` until a sweep, and it is said."""
+        removed = self.sweep(min_age=0.0, temp_age=_ORPHAN_AGE)  # a temporary file may be a save in flight
+        if removed:
+            self._notes.append(f"the prefix cache index {self.directory / INDEX_NAME} was missing: rebuilt empty, "
+                               f"{removed} orphaned state file(s) ({self.swept_bytes / 1e6:,.1f} MB) removed "
+                               "(their prefixes are computed again and saved)")
 
     @contextlib.contextmanager
     def _directory_lock(self) -> Iterator[None]:
@@ -199,6 +214,12 @@ class PrefixCache(ExactLookup):
         self.last_error = f"prefix cache {what} failed: {exc}"
         if isinstance(exc, sqlite3.Error) and is_damaged(exc):
             self._rebuild(exc)
+
+    @property
+    def index_created(self) -> float:
+        """When the index was made (0: before this was recorded, or none): what a directory saved before
+        then was lost with an earlier index."""
+        return self._index.created if self._index is not None else 0.0
 
     def take_notes(self) -> list[str]:
         """What the cache did about faults since the last call (rebuilt, read-only...), for a prompt's notes."""
@@ -501,16 +522,19 @@ class PrefixCache(ExactLookup):
                 self._unlink(p.name)
         return n
 
-    def sweep(self, *, min_age: float = _ORPHAN_AGE) -> int:
-        """Remove left-overs of crashed processes or of a lost index: unindexed state and temporary files
-        older than ``min_age`` seconds, and rows whose file is gone. Returns how many were removed."""
+    def sweep(self, *, min_age: float = _ORPHAN_AGE, temp_age: float | None = None) -> int:
+        """Remove left-overs of crashed processes or of a lost index: unindexed state files older than
+        ``min_age`` seconds (temporary ones: ``temp_age``, by default the same), and rows whose file is
+        gone. Returns how many were removed (:attr:`swept_bytes`: the files' bytes)."""
         index = self._index
+        self.swept_bytes = 0
         if index is None or index.read_only:
             return 0
         try:
             known = index.files()
             now = time.time()
-            removed, present = sweep_files(self.directory, set(known), min_age=min_age)
+            removed, self.swept_bytes, present = sweep_files(self.directory, set(known), min_age=min_age,
+                                                             temp_age=temp_age)
             gone = [i for f, i in known.items() if f not in present]
             if gone:
                 index.delete_ids(gone)
