@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import cli
-from pipeline.engine.cache import store as cache_mod
+from pipeline.engine.cache import directory as cache_dir
 from pipeline.engine.cache.store import PrefixCache
 from pipeline.engine.cache.index import INDEX_NAME
 from pipeline.engine.cache.keys import block_hash, chain_hashes, full_hash, token_bytes
@@ -145,7 +145,7 @@ def test_orphans_of_a_lost_index_are_swept_at_most_once_an_hour(tmp_path, monkey
         age(orphan, 3600)
     with PrefixCache(directory, max_bytes=2**30) as cache:  # swept a moment ago: not again
         assert orphan.exists() and cache.stats()["entries"] == 1
-    monkeypatch.setattr(cache_mod, "SWEEP_INTERVAL", 0.0)
+    monkeypatch.setattr(cache_dir, "SWEEP_INTERVAL", 0.0)
     with PrefixCache(directory, max_bytes=2**30) as cache:
         assert not orphan.exists() and cache.stats()["entries"] == 0
 

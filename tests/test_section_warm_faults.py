@@ -199,6 +199,7 @@ def test_a_second_warm_waits_for_the_first_and_its_counts_add_up(moe, tmp_path, 
     (no timing: each step waits for the one before); the second then finds every state the first saved."""
     import fcntl
 
+    import pipeline.engine.cache.directory as directory
     import pipeline.engine.cache.store as store
 
     ingest(moe, tmp_path, shelf)
@@ -232,7 +233,7 @@ def test_a_second_warm_waits_for_the_first_and_its_counts_add_up(moe, tmp_path, 
                 raise
 
     monkeypatch.setattr(store, "write_state", write_state)
-    monkeypatch.setattr(store, "fcntl", Flock())
+    monkeypatch.setattr(directory, "fcntl", Flock())
 
     def warm(name: str) -> None:
         try:
