@@ -83,6 +83,17 @@ class EngineError(RagError):
     exit_code = 6
 
 
+class UpstreamError(EngineError):
+    """A generator or embedding server (``openai:`` models) could not be reached, or kept failing, for
+    ``remote.max_wait`` seconds. ``starting``: it answered 503, as llama-server does while it loads its
+    model, so asking again in a moment may work (``rag serve`` then answers 503 with ``Retry-After``,
+    else 502)."""
+
+    def __init__(self, *args: object, starting: bool = False):
+        super().__init__(*args)
+        self.starting = starting
+
+
 class Cancelled(RagError):
     """The call was cancelled (a cancel token, an asyncio cancellation, Ctrl-C) before it finished."""
 
