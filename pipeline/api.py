@@ -325,8 +325,12 @@ class Pipeline:
         """Prefill every section of the collection once, in order, on its own, and save its state, so
         that any question's prompt is composed from states (``ask.compose = "auto"``): for collections
         larger than the context. ``progress(done, total)`` counts the sections' tokens. Returns
-        ``{"mode": "sections", "documents", "sections", "saved", "cached" (had a state already),
-        "tokens", "prefilled_tokens", "bytes_written", "seconds", "notes"}``."""
+        ``{"mode": "sections", "documents", "sections", "saved", "cached" (had a whole state already, or
+        another process saved it meanwhile), "not_saved", "repaired" (states found missing or damaged, saved
+        again), "tokens", "prefilled_tokens", "bytes_written", "seconds", "notes"}``: ``saved + cached +
+        not_saved`` is ``sections``. A second call while another process warms the same states waits for
+        it. A full cache disk stops it at the first state it cannot save
+        (:class:`~pipeline.errors.DiskFullError`, exit 4)."""
         from .ask.warm import warm_sections
 
         return warm_sections(self.runtime, progress=progress)

@@ -57,6 +57,13 @@ class StoreError(RagError):
     exit_code = 4
 
 
+class DiskFullError(RagError):
+    """A disk rag writes to is full: the store's, the prefix cache's, an output file's. Exit 4, as for
+    the store: the message says what was kept, and a rerun once there is room finishes the work."""
+
+    exit_code = 4
+
+
 class StoreBusyError(StoreError):
     """Another process holds the store; Chroma's embedded mode is not process-safe."""
 
@@ -74,6 +81,17 @@ class EngineError(RagError):
     """llama.cpp could not load a model or run a prompt with the given settings."""
 
     exit_code = 6
+
+
+class UpstreamError(EngineError):
+    """A generator or embedding server (``openai:`` models) could not be reached, or kept failing, for
+    ``remote.max_wait`` seconds. ``starting``: it answered 503, as llama-server does while it loads its
+    model, so asking again in a moment may work (``rag serve`` then answers 503 with ``Retry-After``,
+    else 502)."""
+
+    def __init__(self, *args: object, starting: bool = False):
+        super().__init__(*args)
+        self.starting = starting
 
 
 class Cancelled(RagError):

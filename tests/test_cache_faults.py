@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import cli
-from pipeline.engine.cache import store as cache_mod
+from pipeline.engine.cache import directory as cache_dir
 from pipeline.engine.cache.store import PrefixCache
 from pipeline.engine.cache.index import INDEX_NAME
 from pipeline.engine.cache.keys import block_hash, chain_hashes, full_hash, token_bytes
@@ -134,7 +134,9 @@ def test_orphans_of_a_lost_index_are_swept_at_most_once_an_hour(tmp_path, monkey
         age(directory / name, 3600)
     (directory / INDEX_NAME).unlink()  # the index is lost: the state files are orphans
     with PrefixCache(directory, max_bytes=2**30) as cache:
-        assert cache.take_notes() == ["2 left-over prefix cache file(s) removed"]
+        assert cache.take_notes() == [f"the prefix cache index {directory / INDEX_NAME} was missing: rebuilt empty, "
+                                      "2 orphaned state file(s) (0.0 MB) removed (their prefixes are computed again "
+                                      "and saved)"]
         assert not any((directory / n).exists() for n in names)
         gone = fake_entry(cache, 500)
         (directory / gone).unlink()  # a row whose file vanished
@@ -143,9 +145,30 @@ def test_orphans_of_a_lost_index_are_swept_at_most_once_an_hour(tmp_path, monkey
         age(orphan, 3600)
     with PrefixCache(directory, max_bytes=2**30) as cache:  # swept a moment ago: not again
         assert orphan.exists() and cache.stats()["entries"] == 1
-    monkeypatch.setattr(cache_mod, "SWEEP_INTERVAL", 0.0)
+    monkeypatch.setattr(cache_dir, "SWEEP_INTERVAL", 0.0)
     with PrefixCache(directory, max_bytes=2**30) as cache:
         assert not orphan.exists() and cache.stats()["entries"] == 0
+
+
+def test_a_lost_index_is_said_and_its_orphans_are_removed_at_once(tmp_path):
+    """States saved a moment ago and orphaned by a deleted index stay outside cache.max_gb until the next
+    sweep unless they are removed when the new index is made; a temporary file may be a save in flight."""
+    directory = tmp_path / "cache"
+    with PrefixCache(directory, max_bytes=2**30) as cache:
+        names = [fake_entry(cache, n) for n in (300, 400, 500)]
+        old = cache.index_created
+    in_flight = directory / ".cafe-0000.state.123.tmp"
+    in_flight.write_bytes(b"x")
+    for p in directory.glob(INDEX_NAME + "*"):
+        p.unlink()
+    with PrefixCache(directory, max_bytes=2**30) as cache:
+        notes = cache.take_notes()
+        assert len(notes) == 1 and notes[0].startswith(f"the prefix cache index {directory / INDEX_NAME} was "
+                                                       "missing: rebuilt empty, 3 orphaned state file(s)")
+        assert not any((directory / n).exists() for n in names) and in_flight.exists()
+        assert cache.stats()["entries"] == 0 and cache.index_created > old > 0
+    with PrefixCache(directory, max_bytes=2**30) as cache:  # the same index, opened again: nothing to say
+        assert cache.take_notes() == [] and cache.index_created > old
 
 
 READ_ONLY_CHECK = textwrap.dedent("""

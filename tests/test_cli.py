@@ -95,6 +95,19 @@ def test_unreadable_file_is_reported_but_exit_is_zero_unless_strict(store_dir, c
     assert run("ingest", str(corpus), "--strict").exit_code == 1
 
 
+def test_a_run_where_every_file_failed_exits_1_and_says_so(tmp_store, tmp_path):
+    docs = tmp_path / "broken"
+    docs.mkdir()
+    (docs / "a.pdf").write_bytes(b"%PDF-1.4 garbage")
+    (docs / "b.pdf").write_bytes(b"%PDF-1.4 more garbage")
+    (docs / "c.png").write_bytes(b"\x89PNG\r\n\x1a\n")  # skipped: not a failure, not a success either
+    result = run("ingest", str(docs))
+    assert result.exit_code == 1
+    assert "2 failed" in result.output and "no file could be ingested: 2 failed" in result.output
+    result = run("ingest", str(docs), "--json")
+    assert result.exit_code == 1 and json.loads(result.stdout)["counts"]["failed"] == 2
+
+
 def test_search_before_ingest_is_a_clear_error(tmp_store):
     result = run("search", "anything")
     assert result.exit_code == 4

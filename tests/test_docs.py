@@ -103,7 +103,8 @@ def test_the_reference_lists_every_setting_with_its_variable_and_default():
         assert f"| `{key}` |" in text and f"`{variable}`" in text
     section, name = "engine", "n_ctx"
     assert listed[f"{section}.{name}"].default == getattr(getattr(Config(), section), name)
-    assert f"| `engine.n_ctx` | int | `{toml_value(Config().engine.n_ctx)}` | `RAG_ENGINE_N_CTX` |" in text
+    assert (f"| `engine.n_ctx` | int | `{toml_value(Config().engine.n_ctx)}` | between 0 and 16,777,216 tokens "
+            "(0 = the trained context) | `RAG_ENGINE_N_CTX` |") in text
 
 
 def test_rag_config_reference_prints_it():

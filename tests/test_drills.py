@@ -39,6 +39,11 @@ HOLDS = [
     "config.args.serve-off-loopback", "config.env.serve-allow-missing",
     "http.ingest-missing", "http.ingest-symlink-file", "http.host-rebound", "http.text-plain", "http.deep-json",
     "summarize.prompt-file-dev-zero",
+    # settings past their range, ingest limits, an upstream that is down
+    "config.env.cache-max-gb-huge", "config.env.cache-ram-gb-huge", "config.env.remote-connect-timeout-huge",
+    "config.message.compose-recompute-negative", "config.message.ram-gb-negative", "config.message.max-gb-zero",
+    "config.range.cache.max_gb", "config.range.remote.connect_timeout", "config.range.ingest.max_file_mb",
+    "files.max-file-mb-past-memory", "files.every-file-failed", "http.generator-unreachable",
 ]
 
 

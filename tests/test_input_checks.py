@@ -114,9 +114,9 @@ def test_a_file_that_never_ends_is_refused_quickly(tmp_store, option):
 
 
 def test_thread_counts_are_bounded_and_clamped_to_the_cores(tmp_store):
-    with pytest.raises(ConfigError, match=f"at most {MAX_THREADS}"):
+    with pytest.raises(ConfigError, match=f"between 0 and {MAX_THREADS}"):
         load_config(environ={"RAG_ENGINE_THREADS": "10000"})
-    with pytest.raises(ConfigError, match=f"at most {MAX_THREADS}"):
+    with pytest.raises(ConfigError, match=f"between 0 and {MAX_THREADS}"):
         load_config(environ={"RAG_EMBED_THREADS": "10000"})
     ran = rag("ask", "x", env={"RAG_ENGINE_THREADS": "10000"})
     assert ran.returncode == 2 and "engine.threads" in _one_error(ran)
@@ -143,3 +143,17 @@ def test_list_settings_come_from_toml_arrays_and_comma_separated_variables(tmp_p
         load_config(cfg, environ={})
     with pytest.raises(ConfigError, match="NUL"):
         load_config(environ={}, overrides={"serve.allow": ("/a\0b",)})
+
+
+def test_a_file_size_limit_larger_than_memory_ingests_every_file(store_dir, tmp_path):
+    """``ingest.max_file_mb`` far above free memory (30 GB under a 3 GiB address space): each file is
+    read at its own size, so none fails (each used to fail with MemoryError, and the run exit 0)."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text("# Pumps\n\nThe pump runs at 5 litres a minute.\n")
+    (docs / "b.txt").write_text("Tomato plants need full sun.\n")
+    ran = rag("ingest", "--json", str(docs), env={"RAG_INGEST_MAX_FILE_MB": "30000"}, max_memory=3 << 30,
+              timeout=300)
+    assert ran.returncode == 0, ran.stderr.decode()
+    assert json.loads(ran.stdout)["counts"] == {"new": 2, "changed": 0, "unchanged": 0, "skipped": 0, "failed": 0,
+                                                "removed": 0, "missing": 0}

@@ -345,3 +345,12 @@ def test_gzip_is_bounded_and_checked(tmp_path: Path) -> None:
     whole = gzip.compress(b"# Title\n\n" + os.urandom(4000).hex().encode())
     broken.write_bytes(whole[:len(whole) // 2])  # cut off mid-stream
     assert _load_error(broken).startswith("corrupt gzip file")
+
+
+@pytest.mark.parametrize("name,data", [("notes.txt", b"Otters hold hands.\n"),
+                                       ("notes.txt.gz", gzip.compress(b"Otters hold hands.\n"))])
+def test_a_size_limit_larger_than_memory_reads_the_file_as_it_is(tmp_path: Path, name: str, data: bytes) -> None:
+    """The buffer grows with what the file holds, never to the size of the limit (1 TiB here:
+    ``read(limit + 1)`` allocated that much and failed every file with MemoryError)."""
+    (tmp_path / name).write_bytes(data)
+    assert load(tmp_path / name, max_bytes=1 << 40).units[0].text == "Otters hold hands."

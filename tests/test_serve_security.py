@@ -432,3 +432,78 @@ def test_a_body_that_stalls_is_a_408_and_frees_the_request(monkeypatch):
         asyncio.run(Body.read(request, limit=1000))
     assert caught.value.status == 408 and "stalled" in caught.value.message
     assert time.monotonic() - started < 5
+
+
+# -- a generator server behind this one that is down or starting ----------------------------------------
+
+
+class _Starting:
+    """A stand-in for a llama-server still loading its model: 503 ``Loading model`` to everything."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _loading(self):
+                data = json.dumps({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+                self.send_response(503)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data.encode())
+
+            do_GET = do_POST = _loading
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def ingested_root(tmp_path_factory, model_home):
+    root = tmp_path_factory.mktemp("upstream")
+    (root / "docs").mkdir()
+    (root / "docs" / "notes.txt").write_text("Tomato plants need full sun and regular watering.\n")
+    ran = subprocess.run([sys.executable, "-m", "pipeline", "ingest", str(root / "docs")],
+                         env=serve_env(root, model_home), capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    return root
+
+
+CHAT = {"messages": [{"role": "user", "content": "What do tomato plants need?"}]}
+
+
+@pytest.mark.parametrize("upstream", ["gone", "starting"])
+def test_a_generator_server_that_is_down_is_502_and_one_starting_503_with_retry_after(ingested_root, model_home,
+                                                                                      upstream):
+    stub = _Starting() if upstream == "starting" else None
+    url = stub.url if stub else f"http://127.0.0.1:{free_port()}/v1"  # nobody listens there
+    env = serve_env(ingested_root, model_home, RAG_MODELS_GENERATOR=f"openai:{url}#m", RAG_REMOTE_MAX_WAIT="1",
+                    RAG_REMOTE_CONNECT_TIMEOUT="0.5")
+    server = RagServer(env, log=ingested_root / f"serve-{upstream}.log").start()
+    try:
+        for body in (CHAT, {**CHAT, "stream": True}):
+            status, answer, headers = server.request("POST", "/v1/chat/completions", json_body=body)
+            message = answer["error"]["message"]
+            if upstream == "gone":
+                assert (status, answer["error"]["type"]) == (502, "upstream_error"), answer
+                assert "retry-after" not in headers and "ConnectError" in message
+            else:
+                assert (status, answer["error"]["type"]) == (503, "upstream_starting"), answer
+                assert headers["retry-after"] == "5" and "HTTP 503 Loading model" in message
+            assert message.startswith("connecting to the generator server: no server answered within "
+                                      "remote.max_wait = 1 s")
+            assert message.count("(") == message.count(")")
+        assert "Traceback" not in server.output()
+    finally:
+        server.stop()
+        if stub:
+            stub.close()

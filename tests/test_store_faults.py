@@ -15,6 +15,7 @@ import time
 import pytest
 
 from full_disk import small_disk
+from pipeline import disk
 from pipeline.errors import StoreError
 from pipeline.store import failures
 
@@ -107,7 +108,7 @@ def test_a_full_disk_is_named_whatever_words_chroma_uses(tmp_path, monkeypatch):
         st = real(path)
         return os.statvfs_result((st.f_bsize, 4096, st.f_blocks, 2, 2, st.f_files, st.f_ffree, st.f_favail,
                                   st.f_flag, st.f_namemax))
-    monkeypatch.setattr(failures.os, "statvfs", nearly_full)
+    monkeypatch.setattr(disk.os, "statvfs", nearly_full)
     err = failures.storage_error(compaction, store)
     assert "is full" in str(err) and "Failed to apply logs" in str(err)
     assert "is full" in str(failures.storage_error(OSError(errno.ENOSPC, "No space left on device"), store))

@@ -1,4 +1,5 @@
-"""`rag summarize` outputs and processes: a full disk under --jsonl is one message (exit 2), --jsonl is
+"""`rag summarize` outputs and processes: a full disk under --jsonl or --out is one message (exit 4, as for
+the store), an output path that cannot be used is bad input (exit 2), --jsonl is
 replaced whole (a killed rerun leaves the previous file), output names never collide, and two
 processes on one job share its units instead of each computing all of them."""
 
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from full_disk import small_disk
-from pipeline.errors import InputError
+from pipeline.errors import DiskFullError, InputError
 from pipeline._testhooks import PREFIX
 from pipeline.summarize.outputs import Outputs, Summary, output_names
 from test_summarize import FakeEngine, doc_chunks, fake_job
@@ -70,22 +71,32 @@ class _FullDisk:
         raise OSError(errno.ENOSPC, "No space left on device")
 
 
-def test_jsonl_on_a_full_disk_is_one_input_error(tmp_path, monkeypatch):
-    """The fault-injecting twin of the tmpfs test: the error is raised once, and closing stays quiet."""
+def test_jsonl_on_a_full_disk_is_one_disk_full_error(tmp_path, monkeypatch):
+    """The fault-injecting twin of the tmpfs test: the error is raised once (a full disk, exit 4, not bad
+    input), and closing stays quiet."""
     import pipeline.summarize.outputs as summary
 
     monkeypatch.setattr(summary, "open", lambda *a, **kw: _FullDisk(), raising=False)
     (tmp_path / "s.jsonl").write_text("previous\n")
     out = Outputs(out_dir=None, jsonl=tmp_path / "s.jsonl", sources=["/d/a.md"], n_prompts=1)
-    with pytest.raises(InputError, match="No space left on device") as caught:
+    with pytest.raises(DiskFullError, match=r"^cannot write the output: the disk holding .* is full \(.*No space "
+                                            r"left on device\)") as caught:
         out.write(_summary("/d/a.md"))
+    assert caught.value.exit_code == 4
     assert caught.value.__suppress_context__  # one message, not a chain of tracebacks
     out.close()  # no second error
     out.finish()
     assert (tmp_path / "s.jsonl").read_text() == "previous\n"  # the previous file stays whole
 
 
-def test_jsonl_on_a_real_full_disk_is_exit_2_with_one_line(tmp_path, store_dir):
+def test_an_output_path_that_cannot_be_used_is_bad_input(tmp_path):
+    (tmp_path / "a-file").write_text("x\n")
+    with pytest.raises(InputError, match="cannot write the output") as caught:
+        Outputs(out_dir=tmp_path / "a-file", jsonl=None, sources=["/d/a.md"], n_prompts=1)
+    assert not isinstance(caught.value, DiskFullError) and caught.value.exit_code == 2
+
+
+def test_outputs_on_a_real_full_disk_are_exit_4_with_one_line(tmp_path, store_dir):
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "a.txt").write_text("Tomato plants need full sun and regular watering.\n")
@@ -95,10 +106,10 @@ def test_jsonl_on_a_real_full_disk_is_exit_2_with_one_line(tmp_path, store_dir):
         ran = rag(*args, "--jsonl", str(disk.path / "out" / "s.jsonl"))
         out_dir = rag(*args, "--out", str(disk.path / "md"))
     for r in (ran, out_dir):
-        assert r.returncode == 2, r.stderr
+        assert r.returncode == 4, r.stderr
         assert "Traceback" not in r.stderr
         lines = r.stderr.strip().splitlines()
-        assert lines[-1].startswith("Error: cannot write the output") and sum(
+        assert lines[-1].startswith("Error: cannot write the output: the disk holding") and sum(
             ln.startswith("Error:") for ln in lines) == 1, r.stderr
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DiskFullError
 from ..records import PackedSection, Prompt, Section
 from .packing import Shelf, gather, number, shelf_prompt
 from .prompt import Layout, SectionTokens, Tokenize, shape_of
@@ -166,6 +166,9 @@ def _warm_one(rt: "Runtime", shelf: Shelf, name: str, prompt: Prompt | None) -> 
         reused = engine.reusable(shape_of(prompt))
         before = {e.id for e in cache.entries(engine.namespace)}
         outcome = "saved" if engine.warm(prompt.prefix_tokens, boundaries=prompt.boundaries) else "cached"
+        if outcome == "cached" and cache.disk_full:
+            raise DiskFullError(f"{cache.last_error}: the prefix of {name} was prefilled but not saved. Free "
+                                "some space and run `rag warm` again")
         written = sum(e.bytes for e in cache.entries(engine.namespace) if e.id not in before)
         prefilled = len(prompt.prefix_tokens) - reused if outcome == "saved" else 0
         rt.pack_history.record(engine.namespace, shelf.collection, [p.section.key for p in prompt.sections])

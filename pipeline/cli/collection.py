@@ -16,7 +16,8 @@ from .common import (UserError, cli, display_path, echo_json, handles_errors, js
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @store_options
 @click.option("--prune", is_flag=True, help="Remove documents whose files disappeared from the given folders.")
-@click.option("--strict", is_flag=True, help="Exit with status 1 if any file or folder could not be read.")
+@click.option("--strict", is_flag=True, help="Exit with status 1 if any file or folder could not be read "
+              "(without it, only when every file failed).")
 @click.option("--include", "include", multiple=True, metavar="GLOB",
               help="Only files matching GLOB (name, or path under the folder if it has a '/'); repeatable.")
 @click.option("--exclude", "exclude", multiple=True, metavar="GLOB",
@@ -56,6 +57,9 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
         if warmed is not None:
             data["warm"] = warmed
         echo_json(data)
+    if report.nothing_read:  # every file failed: say so, whatever the options
+        click.echo(f"no file could be ingested: {len(report.failed)} failed", err=True)
+        ctx.exit(1)
     if strict and report.failed:
         ctx.exit(1)
 
@@ -147,7 +151,8 @@ def _warm_sections(rag, *, quiet: bool) -> dict:
 
 def _say_sections(report: dict) -> None:
     click.echo(f"warmed {report['sections']} sections of {report['documents']} documents "
-               f"({report['tokens']:,} tokens): {report['saved']} saved, {report['cached']} already saved; "
+               f"({report['tokens']:,} tokens): {report['saved']} saved, {report['cached']} already saved"
+               f"{f', {n} not saved' if (n := report.get('not_saved')) else ''}; "
                f"{report['prefilled_tokens']:,} tokens prefilled in {report['seconds']:.1f} s, "
                f"{report['bytes_written'] / 1e6:,.1f} MB of states written")
     c = report.get("calibration")

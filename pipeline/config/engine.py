@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..engine.gguf.ggml import KV_TYPE_IDS
 from ..errors import ConfigError
+from .ranges import MAX_THREADS, check_section
 from .sources import toml_value
 
 KV_TYPES = tuple(KV_TYPE_IDS)
@@ -24,8 +25,6 @@ PLANNED_KEYS = ("n_ctx", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v"
                 "cpu_moe", "cpu_moe_from", "mmap")
 #: KV cache types that are not quantised: llama.cpp needs flash attention for any other V cache type.
 UNQUANTISED_KV = ("f32", "f16", "bf16")
-#: The most threads ggml runs one computation with (``GGML_MAX_N_THREADS``).
-MAX_THREADS = 512
 
 
 @dataclass(frozen=True)
@@ -95,23 +94,13 @@ class EngineConfig:
         if self.type_v not in UNQUANTISED_KV and not self.flash_attn:
             raise ConfigError(f"engine.type_v = {self.type_v!r} is a quantised V cache, which llama.cpp runs only "
                               "with flash attention: set engine.flash_attn = true, or engine.type_v = \"f16\"")
-        if self.n_ctx < 0 or self.n_batch < 1 or self.n_ubatch < 1:
-            raise ConfigError("engine.n_ctx must be >= 0 (0 = trained context), n_batch and n_ubatch >= 1")
+        check_section("engine", self)
         if self.n_ubatch > self.n_batch:
-            raise ConfigError(f"engine.n_ubatch ({self.n_ubatch}) cannot exceed engine.n_batch ({self.n_batch})")
+            raise ConfigError(f"engine.n_ubatch cannot exceed engine.n_batch ({self.n_batch}), got {self.n_ubatch}")
         if self.cpu_moe_from not in ("first", "last"):
             raise ConfigError(f"engine.cpu_moe_from must be 'first' or 'last', got {self.cpu_moe_from!r}")
-        if not 1 <= self.parallel <= 64:
-            raise ConfigError(f"engine.parallel must be between 1 and 64 (got {self.parallel})")
         if self.rope_scaling not in ("", "none", "linear", "yarn"):
             raise ConfigError(f"engine.rope_scaling must be '', 'linear' or 'yarn', got {self.rope_scaling!r}")
-        if self.n_seq_max < 1:
-            raise ConfigError(f"engine.n_seq_max must be >= 1, got {self.n_seq_max}")
-        if self.n_cpu_moe < 0 or self.threads < 0 or self.threads_batch < 0:
-            raise ConfigError("engine.n_cpu_moe, engine.threads and engine.threads_batch must be >= 0")
-        if max(self.threads, self.threads_batch) > MAX_THREADS:
-            raise ConfigError(f"engine.threads and engine.threads_batch must be at most {MAX_THREADS} (ggml's "
-                              f"limit; 0 = every usable core), got {max(self.threads, self.threads_batch)}")
         return self
 
     # -- what the settings mean for a model of ``n_layers`` layers (llama.cpp's placement rules) --

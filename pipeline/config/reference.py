@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Any
 
 from . import ENV_PREFIX, Config, toml_value
+from .ranges import RANGES
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,8 @@ def reference_markdown(config: type = Config) -> str:
         "Settings are layered: these defaults, then a TOML file (`--config FILE` or `RAG_CONFIG`), then",
         "`RAG_SECTION_KEY` environment variables, then command options. A TOML file sets a key in its",
         "section (`[engine]` `n_ctx = 16384`); `rag config` prints the effective settings as TOML that",
-        "`--config` reads back. Unknown sections and keys are errors; numbers must be finite and integers",
-        "fit 32 bits. See [the guide](guide.md#configuration).",
+        "`--config` reads back. Unknown sections and keys are errors; numbers must be finite and within",
+        "their range (an error names the setting and the value it got). See [the guide](guide.md#configuration).",
         "",
     ]
     every = settings(config)
@@ -112,11 +113,12 @@ def reference_markdown(config: type = Config) -> str:
 
 
 def _table(rows: list[Setting], *, variables: dict[str, str] | None = None) -> list[str]:
-    out = ["| setting | type | default | variable | meaning |", "| --- | --- | --- | --- | --- |"]
+    out = ["| setting | type | default | range | variable | meaning |", "| --- | --- | --- | --- | --- | --- |"]
     for s in rows:
         variable = (variables or {}).get(s.key) or (f"`{s.variable}`" if s.variable else "")
-        out.append(f"| `{s.key}` | {s.type} | {_cell(_code(toml_value(s.default)))} | {variable} | "
-                   f"{_cell(_markdown(s.doc))} |")
+        limits = RANGES.get(s.key)
+        out.append(f"| `{s.key}` | {s.type} | {_cell(_code(toml_value(s.default)))} | "
+                   f"{_cell(limits.describe()) if limits else ''} | {variable} | {_cell(_markdown(s.doc))} |")
     return out
 
 

@@ -7,16 +7,14 @@ The ``[engine]`` section is :mod:`.engine`; :class:`~pipeline.config.Config` hol
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .engine import MAX_THREADS
+from .ranges import check_section
 from ..store.names import check_collection_name
 from ..store.vectors import check_store_urls
 
 ASK_MODES = ("auto", "passages")
-MAX_RECOMPUTE = 1 << 20
 COMPOSE_MODES = ("auto", "on", "off")  # (pipeline.engine.reuse.budget.ComposeMode)
 COMPOSE_SEAMS = ("first", "last", "whole", "none")  # (pipeline.engine.reuse.seams.STRATEGIES a prompt can use)
 
@@ -63,15 +61,10 @@ class ChunkingConfig:
     """Questions the generator writes per chunk at ingest, indexed and embedded with it (doc2query); 0 = off (slow)."""
 
     def validate(self) -> "ChunkingConfig":
-        if self.size < 16:
-            raise ConfigError(f"chunking.size must be at least 16 tokens, got {self.size}")
-        if not 0 <= self.overlap < self.size:
-            raise ConfigError(f"chunking.overlap must be between 0 and chunking.size - 1, got {self.overlap}")
-        if self.section_tokens < 0:
-            raise ConfigError(f"chunking.section_tokens must be >= 0 (0 = from engine.n_ctx), got "
-                              f"{self.section_tokens}")
-        if self.doc2query < 0:
-            raise ConfigError(f"chunking.doc2query must be 0 (off) or more questions per chunk, got {self.doc2query}")
+        check_section("chunking", self)
+        if not self.overlap < self.size:
+            raise ConfigError(f"chunking.overlap must be between 0 and chunking.size - 1 ({self.size - 1}), "
+                              f"got {self.overlap}")
         return self
 
 
@@ -86,8 +79,7 @@ class IngestConfig:
     """Also follow symlinks that lead outside the folder being ingested."""
 
     def validate(self) -> "IngestConfig":
-        if not 0 <= self.max_file_mb < float("inf"):  # also refuses nan
-            raise ConfigError(f"ingest.max_file_mb must be a number >= 0 (0 = no limit), got {self.max_file_mb}")
+        check_section("ingest", self)
         return self
 
 
@@ -105,11 +97,7 @@ class EmbedConfig:
     """Tokens packed into one decode; 0 = follow the hardware (one chunk on a CPU, 4096 on a GPU)."""
 
     def validate(self) -> "EmbedConfig":
-        if self.threads < 0 or self.batch_tokens < 0:
-            raise ConfigError("embed.threads and embed.batch_tokens must be >= 0 (0 = automatic)")
-        if self.threads > MAX_THREADS:
-            raise ConfigError(f"embed.threads must be at most {MAX_THREADS} (ggml's limit; 0 = automatic), "
-                              f"got {self.threads}")
+        check_section("embed", self)
         return self
 
 
@@ -142,12 +130,7 @@ class StoreConfig:
 
     def validate(self) -> "StoreConfig":
         check_collection_name(self.collection)
-        if self.wait < 0:
-            raise ConfigError("store.wait must be >= 0 seconds")
-        if not 0 < self.timeout <= 3600:
-            raise ConfigError(f"store.timeout must be > 0 and at most 3600 seconds, got {self.timeout}")
-        if self.catalog_pool < 1:
-            raise ConfigError("store.catalog_pool must be >= 1 connection")
+        check_section("store", self)
         check_store_urls(self.url, self.catalog_url)
         return self
 
@@ -194,30 +177,24 @@ class RetrievalConfig:
     """Longest hypothetical answer HyDE generates, in generator tokens."""
 
     def validate(self) -> "RetrievalConfig":
-        if self.top_k < 1:
-            raise ConfigError(f"retrieval.top_k must be at least 1, got {self.top_k}")
+        check_section("retrieval", self)
         if not (self.dense or self.lexical):
             raise ConfigError("retrieval.dense and retrieval.lexical cannot both be off")
         if self.candidates < self.top_k:
-            raise ConfigError(f"retrieval.candidates ({self.candidates}) must be >= retrieval.top_k ({self.top_k})")
+            raise ConfigError(f"retrieval.candidates must be at least retrieval.top_k ({self.top_k}), "
+                              f"got {self.candidates}")
         if self.rerank not in ("scores", "none"):
             raise ConfigError(f"retrieval.rerank must be 'scores' or 'none', got {self.rerank!r}")
         if self.rerank_normalise not in ("max", "minmax"):
             raise ConfigError(f"retrieval.rerank_normalise must be 'max' or 'minmax', got {self.rerank_normalise!r}")
-        if self.rerank_candidates < 1 or not 0.0 <= self.rerank_dense_weight <= 1.0:
-            raise ConfigError("retrieval.rerank_candidates must be >= 1 and retrieval.rerank_dense_weight in [0, 1]")
-        if self.hyde_tokens < 1:
-            raise ConfigError(f"retrieval.hyde_tokens must be at least 1, got {self.hyde_tokens}")
         if self.fusion not in ("adaptive", "rrf"):
             raise ConfigError(f"retrieval.fusion must be 'adaptive' or 'rrf', got {self.fusion!r}")
-        if not 0.0 <= self.lexical_floor <= self.lexical_full <= 1.0:
-            raise ConfigError("retrieval.lexical_floor and lexical_full must satisfy 0 <= floor <= full <= 1, got "
-                              f"{self.lexical_floor} and {self.lexical_full}")
-        if not 0.0 <= self.lexical_sure <= 1.0:
-            raise ConfigError(f"retrieval.lexical_sure must be in [0, 1], got {self.lexical_sure}")
-        if not 0.0 <= self.dense_gap_floor <= self.dense_gap_full <= 2.0:
-            raise ConfigError("retrieval.dense_gap_floor and dense_gap_full must satisfy 0 <= floor <= full <= 2, got "
-                              f"{self.dense_gap_floor} and {self.dense_gap_full}")
+        if self.lexical_floor > self.lexical_full:
+            raise ConfigError(f"retrieval.lexical_floor must be at most retrieval.lexical_full ({self.lexical_full}), "
+                              f"got {self.lexical_floor}")
+        if self.dense_gap_floor > self.dense_gap_full:
+            raise ConfigError(f"retrieval.dense_gap_floor must be at most retrieval.dense_gap_full "
+                              f"({self.dense_gap_full}), got {self.dense_gap_floor}")
         return self
 
 
@@ -267,19 +244,9 @@ class AskConfig:
     def validate(self) -> "AskConfig":
         if self.mode not in ASK_MODES:
             raise ConfigError(f"ask.mode must be one of {', '.join(ASK_MODES)}, got {self.mode!r}")
-        if not 0.0 <= self.reuse_tolerance <= 1.0:
-            raise ConfigError(f"ask.reuse_tolerance must be in [0, 1], got {self.reuse_tolerance}")
-        if self.top_k < 1 or self.neighbours < 0 or self.max_tokens < 1:
-            raise ConfigError("ask.top_k and ask.max_tokens must be >= 1, ask.neighbours >= 0")
-        if not 0.0 <= self.mmr_lambda <= 1.0 or self.temperature < 0 or self.repeat_penalty <= 0:
-            raise ConfigError("ask.mmr_lambda must be in [0, 1], ask.temperature >= 0, ask.repeat_penalty > 0")
+        check_section("ask", self)
         if self.compose not in COMPOSE_MODES:
             raise ConfigError(f"ask.compose must be one of {', '.join(COMPOSE_MODES)}, got {self.compose!r}")
-        if not 0 <= self.compose_recompute <= MAX_RECOMPUTE:
-            raise ConfigError(f"ask.compose_recompute must be between 0 and {MAX_RECOMPUTE} tokens, "
-                              f"got {self.compose_recompute}")
-        if not 0.0 <= self.compose_max_kl <= 100.0:  # also refuses nan
-            raise ConfigError(f"ask.compose_max_kl must be between 0 and 100 nats per token, got {self.compose_max_kl}")
         if not set(self.compose_seams.split("+")) <= set(COMPOSE_SEAMS):
             raise ConfigError(f"ask.compose_seams must be {', '.join(COMPOSE_SEAMS)} or several joined by +, "
                               f"got {self.compose_seams!r}")
@@ -306,9 +273,9 @@ class SummarizeConfig:
     """Penalty on tokens repeated within the last 256; 1.0 = off."""
 
     def validate(self) -> "SummarizeConfig":
-        if not self.prompt.strip() or self.max_tokens < 1 or self.temperature < 0 or self.repeat_penalty <= 0:
-            raise ConfigError("summarize.prompt must not be empty, summarize.max_tokens >= 1, "
-                              "summarize.temperature >= 0, summarize.repeat_penalty > 0")
+        if not self.prompt.strip():
+            raise ConfigError("summarize.prompt must not be empty")
+        check_section("summarize", self)
         return self
 
 
@@ -341,10 +308,7 @@ class CacheConfig:
     """Host memory those states may use; least recently used ones go first."""
 
     def validate(self) -> "CacheConfig":
-        if self.max_gb <= 0 or self.min_tokens < 1 or self.boundary_states < 0:
-            raise ConfigError("cache.max_gb must be > 0, cache.min_tokens >= 1 and cache.boundary_states >= 0")
-        if self.ram_states < 0 or not self.ram_gb >= 0:
-            raise ConfigError("cache.ram_states must be >= 0 and cache.ram_gb >= 0")
+        check_section("cache", self)
         return self
 
 
@@ -371,12 +335,7 @@ class RemoteConfig:
     """Longest embedder input in tokens (the embedding server needs n_ubatch >= this + 2)."""
 
     def validate(self) -> "RemoteConfig":
-        if not (0 < self.connect_timeout < math.inf and 0 < self.read_timeout < math.inf
-                and 0 <= self.max_wait < math.inf):
-            raise ConfigError("remote.connect_timeout and remote.read_timeout must be > 0 seconds, "
-                              "remote.max_wait >= 0")
-        if self.embed_max_tokens < 16:
-            raise ConfigError(f"remote.embed_max_tokens must be at least 16, got {self.embed_max_tokens}")
+        check_section("remote", self)
         return self
 
 

@@ -106,10 +106,9 @@ def read_bytes(path: Path, *, limit: int = 0, truncate: bool = False) -> bytes:
     file that inflates without end costs no more than a file of the limit's size.
     """
     gz = Path(path).suffix.lower() == ".gz"
-    want = limit + 1 if limit else -1
     with open_regular(path) as fh:
         try:
-            data = gzip.GzipFile(fileobj=fh).read(want) if gz else fh.read(want)
+            data = _read_at_most(gzip.GzipFile(fileobj=fh) if gz else fh, limit + 1 if limit else 0)
         except (EOFError, zlib.error, gzip.BadGzipFile) as err:
             raise LoadError(f"corrupt gzip file: {describe(err)}") from None
         except OSError as err:
@@ -120,6 +119,22 @@ def read_bytes(path: Path, *, limit: int = 0, truncate: bool = False) -> bytes:
         what = "decompressed size" if gz else "size"
         raise NotADocument(f"{what} over the limit of {limit / 2**20:.3g} MB (ingest.max_file_mb)")
     return data
+
+
+_READ_BLOCK = 1 << 20
+
+
+def _read_at_most(fh, n: int) -> bytes:
+    """What ``fh`` holds, up to ``n`` bytes (0: all of it), read in blocks: a buffer grows with what
+    was read, never to the size of the limit (``read(n)`` allocates ``n`` bytes up front, so a limit
+    larger than free memory would fail every file)."""
+    out = bytearray()
+    while not n or len(out) < n:
+        block = fh.read(_READ_BLOCK if not n else min(_READ_BLOCK, n - len(out)))
+        if not block:
+            break
+        out += block
+    return bytes(out)
 
 
 def load(path: Path, *, max_bytes: int = 0) -> LoadedDocument:

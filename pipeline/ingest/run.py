@@ -77,6 +77,12 @@ class IngestReport:
         return [f for f in self.files if f.status == "failed"]
 
     @property
+    def nothing_read(self) -> bool:
+        """Whether files failed and none was read (new, changed or unchanged): a run that must not look
+        like a success."""
+        return bool(self.failed) and not any(f.status in ("new", "changed", "unchanged") for f in self.files)
+
+    @property
     def notable_skips(self) -> list[FileOutcome]:
         """Skipped files worth a line: special files, links, size limit (not mere file types)."""
         return [f for f in self.files if f.status == "skipped" and not (f.reason or "").startswith(_ROUTINE_SKIPS)]

@@ -14,7 +14,7 @@ from ..errors import RagError
 from . import handlers
 from .folders import ReadableFolders
 from .guards import Guard, Policy
-from .http_errors import HTTPError, error_response, status_for
+from .http_errors import HTTPError, error_response, headers_for, status_for
 from .limits import DEFAULT_MAX_BODY, DEFAULT_PORT
 from .writer import IngestWriter
 
@@ -63,7 +63,7 @@ async def _refused(request, exc: HTTPError):
 
 async def _library_error(request, err: RagError):
     status, kind = status_for(err)
-    return error_response(status, str(err), kind)
+    return error_response(status, str(err), kind, headers=headers_for(err))
 
 
 async def _starlette_error(request, exc):

@@ -3,7 +3,11 @@ the shape OpenAI clients expect."""
 
 from __future__ import annotations
 
-from ..errors import Cancelled, ConfigError, EngineError, InputError, RagError, StoreBusyError, StoreError
+from ..errors import (Cancelled, ConfigError, DiskFullError, EngineError, InputError, RagError, StoreBusyError,
+                      StoreError, UpstreamError)
+
+#: Seconds a client is told to wait (``Retry-After``) before asking a generator server that is starting again.
+RETRY_AFTER = 5
 
 
 class HTTPError(Exception):
@@ -18,8 +22,12 @@ def status_for(err: RagError) -> tuple[int, str]:
     """The HTTP status and error type of a library error."""
     if isinstance(err, (InputError, ConfigError)):
         return 400, "invalid_request_error"
+    if isinstance(err, UpstreamError):  # the generator or embedding server behind this one
+        return (503, "upstream_starting") if err.starting else (502, "upstream_error")
     if isinstance(err, StoreBusyError):
         return 503, "store_busy"
+    if isinstance(err, DiskFullError):
+        return 507, "insufficient_storage"
     if isinstance(err, StoreError):
         return 404, "not_found_error"
     if isinstance(err, Cancelled):
@@ -27,6 +35,13 @@ def status_for(err: RagError) -> tuple[int, str]:
     if isinstance(err, EngineError) and "context" in str(err):
         return 400, "context_length_exceeded"
     return 500, "server_error"
+
+
+def headers_for(err: RagError) -> dict | None:
+    """The headers an error's answer carries: ``Retry-After`` where asking again soon may work."""
+    if isinstance(err, UpstreamError) and err.starting:
+        return {"Retry-After": str(RETRY_AFTER)}
+    return None
 
 
 def error_body(status: int, message: str, kind: str, code: str | int | None = None) -> dict:

@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from ..errors import InputError
+from ..disk import is_disk_full
+from ..errors import DiskFullError, InputError, RagError
 
 if TYPE_CHECKING:
     from ..engine.contract import EngineStats
@@ -168,6 +169,16 @@ def output_names(sources: Sequence[str]) -> dict[str, str]:
             for s, n in names.items()}
 
 
+def _output_error(exc: OSError, where: Path) -> RagError:
+    """A failed write of an output as a person's error: a full disk is exit 4 (as for the store), any
+    other failure (a folder that is a file, no permission) a bad output path, exit 2."""
+    if is_disk_full(exc, where):
+        return DiskFullError(f"cannot write the output: the disk holding {where} is full ({exc}). The summaries "
+                             "computed are kept in the job: free some space and run the command again; it "
+                             "writes them without computing them again")
+    return InputError(f"cannot write the output: {exc}")
+
+
 class Outputs:
     """Markdown files (one per document and prompt) and a JSON Lines file, written as summaries finish.
 
@@ -192,7 +203,11 @@ class Outputs:
                 self.written.append(str(jsonl))
         except OSError as exc:
             self.close()
-            raise InputError(f"cannot write the output: {exc}") from None
+            raise _output_error(exc, self._where) from None
+
+    @property
+    def _where(self) -> Path:
+        return self.out_dir if self.out_dir is not None else self._jsonl_path
 
     def path_for(self, summary: Summary) -> Path | None:
         if self.out_dir is None:
@@ -214,7 +229,7 @@ class Outputs:
                 self._jsonl.flush()
         except OSError as exc:
             self.close()
-            raise InputError(f"cannot write the output: {exc}") from None
+            raise _output_error(exc, self._where) from None
 
     def finish(self) -> None:
         """The run is complete: the JSON Lines file replaces the previous one."""
@@ -226,7 +241,7 @@ class Outputs:
             os.replace(self._partial, self._jsonl_path)
         except OSError as exc:
             self._partial.unlink(missing_ok=True)
-            raise InputError(f"cannot write the output: {exc}") from None
+            raise _output_error(exc, self._where) from None
 
     def close(self) -> None:
         """Give up what :meth:`finish` did not make final (the previous JSON Lines file stays)."""

@@ -21,7 +21,9 @@ expected outcome. The areas:
 - summarize: `rag summarize` outputs and jobs (:mod:`summarize_area`): full disks, killed
           reruns, colliding names, two processes on one job;
 - servers, disk: a Chroma server or PostgreSQL that is stopped, refused or misnamed, and a
-          store on a full disk (:mod:`servers_area`).
+          store on a full disk (:mod:`servers_area`);
+- sections: `rag warm --sections` (:mod:`sections_area`): its cache disk filling, its state
+          files deleted, cut short or flipped, two at once, its cache index deleted.
 
 It prints `area | tried | handled | defects`, then each defect with what was expected and
 what happened; --json writes the same. The exit status is 1 when a defect was found.
@@ -560,6 +562,12 @@ def _config_cases() -> list[tuple[str, dict, list[str], set[int]]]:
                 continue
             cases += [(f"env.{key}={v or 'empty'}", {var: v}, ["config"], {2}) for v in bad]
     cases += [
+        ("env.cache-max-gb-huge", {"RAG_CACHE_MAX_GB": "1.7e299"}, ["cache", "stats"], {2}),
+        ("env.cache-ram-gb-huge", {"RAG_CACHE_RAM_GB": "1.7e299"}, ["cache", "stats"], {2}),
+        ("env.remote-connect-timeout-huge", {"RAG_REMOTE_CONNECT_TIMEOUT": "1e10",
+                                             "RAG_MODELS_GENERATOR": "openai:http://127.0.0.1:9/v1#m"}, ["ask", "x"], {2}),
+    ]
+    cases += [
         ("env.unknown-key", {"RAG_ENGINE_N_CTXX": "1"}, ["config"], {2}),
         ("env.unknown-section-warns", {"RAG_ENGIN_N_CTX": "1"}, ["config"], {0}),
         ("env.chunk-overlap", {"RAG_CHUNKING_OVERLAP": "300"}, ["config"], {2}),
@@ -644,6 +652,60 @@ def _config_probe(env: dict, args: list[str], codes: set[int]) -> Callable[[Dril
     return check
 
 
+def _range_cases() -> list[tuple[str, str, str, object]]:
+    """(probe name, variable, value, the value as parsed): every numeric setting just past its upper
+    bound, and the values that once gave a message naming another setting or none."""
+    from pipeline.config import Config
+    from pipeline.config.ranges import RANGES
+
+    cases = []
+    for key, r in RANGES.items():
+        section, name = key.split(".")
+        default = getattr(getattr(Config(), section), name)
+        value = int(r.high) + 1 if isinstance(default, int) else r.high * 10
+        cases.append((f"config.range.{key}", f"RAG_{section}_{name}".upper(), str(value), value))
+    cases += [("config.message.compose-recompute-negative", "RAG_ASK_COMPOSE_RECOMPUTE", "-1", -1),
+              ("config.message.ram-gb-negative", "RAG_CACHE_RAM_GB", "-0.5", -0.5),
+              ("config.message.max-gb-zero", "RAG_CACHE_MAX_GB", "0", 0.0)]
+    return cases
+
+
+def _range_probe(variable: str, value: str, parsed: object) -> Callable[[Drill], None]:
+    """``variable=value`` is exit 2 with one line that names that setting and the value it got."""
+    def check(d: Drill) -> None:
+        ran = clean(d.rag("config", env={**store_env(d.fresh("range")), variable: value}), codes={2})
+        key = variable[len("RAG_"):].lower().replace("_", ".", 1)
+        line = ran.err.strip().splitlines()[-1]
+        if not line.startswith(f"Error: {key} ") or repr(parsed) not in line:
+            raise Defect(f"the message does not name {key} and the value {parsed!r}: {line!r}")
+    return check
+
+
+def _ingest_probe(make: Callable[[Path], None], env: dict, *, code: int, new: int, failed: int,
+                  max_memory: int | None = None) -> Callable[[Drill], None]:
+    """``rag ingest --json`` of a folder ``make`` fills: exit ``code``, ``new`` files ingested, ``failed`` failed."""
+    def check(d: Drill) -> None:
+        base = d.fresh("ingest")
+        (base / "docs").mkdir()
+        make(base / "docs")
+        ran = clean(d.rag("ingest", "--json", str(base / "docs"), env={**store_env(base), **env},
+                          max_memory=max_memory, timeout=300), codes={code})
+        counts = json.loads(ran.out)["counts"]
+        if (counts["new"], counts["failed"]) != (new, failed):
+            raise Defect(f"expected {new} new and {failed} failed, got {counts}: {ran.brief()}")
+    return check
+
+
+def _two_texts(root: Path) -> None:
+    (root / "a.md").write_text("# Pumps\n\nThe pump runs at 5 litres a minute.\n")
+    (root / "b.txt").write_text("Tomato plants need full sun.\n")
+
+
+def _broken_pdfs(root: Path) -> None:
+    (root / "a.pdf").write_bytes(b"%PDF-1.4 garbage")
+    (root / "b.pdf").write_bytes(b"%PDF-1.4 more garbage")
+
+
 # -- the probe list ---------------------------------------------------------------------------------
 
 
@@ -676,11 +738,22 @@ def probes(*, kills: int) -> list[Probe]:
     for name, env, args, codes in _config_cases():
         expect = f"exit {'/'.join(map(str, sorted(codes)))}, one-line message, no traceback"
         out.append(Probe("config", f"config.{name}", expect, _config_probe(env, args, codes)))
+    for name, variable, value, parsed in _range_cases():
+        out.append(Probe("config", name, f"{variable}={value}: exit 2, the message names the setting and the value",
+                         _range_probe(variable, value, parsed)))
+    out += [
+        Probe("files", "files.max-file-mb-past-memory", "ingest.max_file_mb = 30000 under a 4 GiB address space: "
+              "every file ingested", _ingest_probe(_two_texts, {"RAG_INGEST_MAX_FILE_MB": "30000"}, code=0, new=2,
+                                                   failed=0, max_memory=4 << 30)),
+        Probe("files", "files.every-file-failed", "a folder of broken PDFs: exit 1, not a success",
+              _ingest_probe(_broken_pdfs, {}, code=1, new=0, failed=2)),
+    ]
     import http_area
+    import sections_area
     import servers_area
     import summarize_area
 
-    for area in (http_area, summarize_area, servers_area):
+    for area in (http_area, summarize_area, servers_area, sections_area):
         out += [Probe(a, name, expect, check) for a, name, expect, check in area.PROBES]
     return out
 
@@ -731,7 +804,7 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--areas", default="kill,files,cache,config,http,summarize,servers,disk",
+    ap.add_argument("--areas", default="kill,files,cache,config,http,summarize,servers,disk,sections",
                     help="comma-separated areas to run")
     ap.add_argument("--only", help="comma-separated probe names (overrides --areas)")
     ap.add_argument("--kills", type=int, default=5, help="kill -9 trials of each kind")

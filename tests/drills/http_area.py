@@ -227,6 +227,28 @@ def probe_port_in_use(d: Drill) -> None:
         raise Defect(f"it announced serving before failing: {ran.brief()}")
 
 
+def probe_generator_unreachable(d: Drill) -> None:
+    """The generator is a server nobody answers for: a chat completion is 502 (not 500), streaming or not."""
+    from pipeline.dev.servers import free_port
+
+    base = d.fresh("http-upstream")
+    (base / "docs").mkdir()
+    (base / "docs" / "notes.txt").write_text("Tomato plants need full sun and regular watering.\n")
+    clean(d.rag("ingest", str(base / "docs"), env=store_env(base)), codes={0})
+    env = {**d.env, **store_env(base), "RAG_REMOTE_MAX_WAIT": "1", "RAG_REMOTE_CONNECT_TIMEOUT": "0.5",
+           "RAG_MODELS_GENERATOR": f"openai:http://127.0.0.1:{free_port()}/v1#m"}
+    server = RagServer(env, log=base / "serve.log").start()
+    d.cleanups.append(server.stop)
+    for stream in (False, True):
+        body = _expect(server.request("POST", "/v1/chat/completions", json_body={
+            "stream": stream, "messages": [{"role": "user", "content": "What do tomato plants need?"}]}),
+            502, f"an unreachable generator (stream={stream})")
+        message = body["error"]["message"]
+        if message.count("(") != message.count(")"):
+            raise Defect(f"the message's parentheses do not close: {message}")
+    _no_traceback(server)
+
+
 PROBES = [
     ("http", "http.ingest-outside-file", "an outside file is 403, the same body as any refusal",
      _refused_path(lambda s: str(s["outside"] / "secret.txt"))),
@@ -289,6 +311,8 @@ PROBES = [
     ("http", "http.client-leaves", "a non-streaming answer stops when its client leaves", probe_client_leaves),
     ("http", "http.sigterm-mid-ingest", "SIGTERM waits for the running ingest to commit", probe_sigterm_mid_ingest),
     ("http", "http.port-in-use", "a busy port is one error line, exit 2, before 'serving on'", probe_port_in_use),
+    ("http", "http.generator-unreachable", "a generator server nobody answers for is 502, not 500",
+     probe_generator_unreachable),
     ("http", "http.bad-host", "--host 256.1.1.1 is one error line, exit 2",
      lambda d: clean(d.rag("serve", "--host", "256.1.1.1", timeout=60), codes={2})),
 ]

@@ -88,9 +88,9 @@ def _full_disk_output(option: str):
         docs, env = _setup(d, "sum-full", 1)
         disk = _small_disk(d, "sum-disk")
         target = disk / ("out/s.jsonl" if option == "--jsonl" else "md")
-        ran = clean(d.rag("summarize", str(docs), *ARGS, option, str(target), env=env, timeout=600), codes={2})
-        if "cannot write the output" not in ran.err:
-            raise Defect(f"the message does not say the output could not be written: {ran.brief()}")
+        ran = clean(d.rag("summarize", str(docs), *ARGS, option, str(target), env=env, timeout=600), codes={4})
+        if "cannot write the output" not in ran.err or "is full" not in ran.err:
+            raise Defect(f"the message does not say the output could not be written to a full disk: {ran.brief()}")
     return check
 
 
@@ -137,9 +137,10 @@ PROBES = [
      probe_name_collision),
     ("summarize", "summarize.jsonl-killed-rerun", "a rerun killed mid-way leaves the previous --jsonl whole",
      probe_jsonl_killed_rerun),
-    ("summarize", "summarize.jsonl-full-disk", "--jsonl on a full disk: exit 2, one line",
+    ("summarize", "summarize.jsonl-full-disk", "--jsonl on a full disk: exit 4 (a full disk), one line",
      _full_disk_output("--jsonl")),
-    ("summarize", "summarize.out-full-disk", "--out on a full disk: exit 2, one line", _full_disk_output("--out")),
+    ("summarize", "summarize.out-full-disk", "--out on a full disk: exit 4 (a full disk), one line",
+     _full_disk_output("--out")),
     ("summarize", "summarize.two-processes", "two processes on one job compute each unit once", probe_two_processes),
     ("summarize", "summarize.kill-resume", "a job killed mid-way resumes to the uninterrupted output",
      probe_kill_resume),

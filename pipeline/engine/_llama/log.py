@@ -107,6 +107,13 @@ class LlamaLog:
         finally:
             _log_lock.release()
 
+    def pass_on(self) -> None:
+        """After the block, hand what was captured to the callback that was in place (what ``chain`` does
+        as messages come): for a capture that keeps back what it reports itself, and only that."""
+        if self._prev_cb:
+            for r in self.records:
+                self._prev_cb(r.level, r.text.encode("utf-8"), self._prev_ud)
+
     # ---- reading
 
     @property

@@ -36,10 +36,24 @@ class SequenceMemory:
         """Bytes of ``seq``'s state (its KV cells or recurrent state), framing excluded."""
         return int(llama_cpp.llama_state_seq_get_size(self._ctx, seq))
 
+    #: Why the last :meth:`save_state` failed, in llama.cpp's words ("write error: No space left on
+    #: device"); "" after a save that worked.
+    last_save_error: str = ""
+
     def save_state(self, path: str | os.PathLike[str], tokens: Sequence[int], *, seq: int = 0) -> bool:
-        """Write ``seq``'s state and ``tokens`` (what it holds) to ``path``; False if llama.cpp failed."""
+        """Write ``seq``'s state and ``tokens`` (what it holds) to ``path``; False if llama.cpp failed,
+        with :attr:`last_save_error` saying why (llama.cpp's error line is kept off stderr: the caller
+        reports the failure in its own words)."""
+        from .log import LOG_ERROR, LlamaLog
+
         arr = (llama_cpp.llama_token * len(tokens))(*tokens)
-        return bool(llama_cpp.llama_state_seq_save_file(self._ctx, os.fsencode(path), seq, arr, len(tokens)))
+        with LlamaLog(chain=False) as log:
+            ok = bool(llama_cpp.llama_state_seq_save_file(self._ctx, os.fsencode(path), seq, arr, len(tokens)))
+        errors = " ".join(r.text.strip() for r in log.records if r.level == LOG_ERROR and r.text.strip())
+        self.last_save_error = "" if ok else (errors.split(": ", 1)[-1] if errors else "llama.cpp gave no reason")
+        if ok or not errors:
+            log.pass_on()
+        return ok
 
     def load_state(self, path: str | os.PathLike[str], *, capacity: int, seq: int = 0) -> list[int] | None:
         """Restore ``seq`` from ``path``: the tokens it holds (at most ``capacity``), None if llama.cpp failed."""

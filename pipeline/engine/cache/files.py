@@ -117,13 +117,14 @@ def check_file(path: Path, *, size: int, digest: str) -> str:
     return ""
 
 
-def sweep_files(directory: Path, known: Collection[str], *, min_age: float) -> tuple[int, set[str]]:
+def sweep_files(directory: Path, known: Collection[str], *, min_age: float,
+                temp_age: float | None = None) -> tuple[int, int, set[str]]:
     """Delete the state and temporary files of ``directory`` that are not ``known`` and are older than
-    ``min_age`` seconds: (how many were deleted, the names of those present). Raises :class:`OSError`
-    where the directory cannot be listed."""
+    ``min_age`` seconds (temporaries: ``temp_age``, by default the same): (how many were deleted, their
+    bytes, the names of those present). Raises :class:`OSError` where the directory cannot be listed."""
     import time
 
-    removed, present, now = 0, set(), time.time()
+    removed, freed, present, now = 0, 0, set(), time.time()
     with os.scandir(directory) as it:
         for item in it:
             if not is_state_file(item.name):
@@ -131,13 +132,16 @@ def sweep_files(directory: Path, known: Collection[str], *, min_age: float) -> t
             present.add(item.name)
             if item.name in known:
                 continue
+            age = min_age if item.name.endswith(STATE_SUFFIX) or temp_age is None else temp_age
             try:
-                if now - item.stat().st_mtime >= min_age:
+                st = item.stat()
+                if now - st.st_mtime >= age:
                     os.unlink(item.path)
                     removed += 1
+                    freed += st.st_size
             except OSError:
                 pass
-    return removed, present
+    return removed, freed, present
 
 
 __all__ = ["STATE_SUFFIX", "TMP_SUFFIX", "check_file", "file_digest", "is_state_file", "state_name",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable
@@ -86,6 +87,8 @@ class CacheIndex:
         self.path = Path(path)
         self.read_only = read_only
         self._lock = threading.RLock()
+        #: Whether this open made the file (there was no index before).
+        self.made = not read_only and not self.path.exists()
         if read_only:
             self._db = _connect_read_only(self.path, timeout)
         else:
@@ -94,8 +97,11 @@ class CacheIndex:
         try:
             with self._lock:
                 if not read_only:  # executescript commits any open transaction: the script holds its own
+                    # (``created``: when the index was made; 0 for one made before it was recorded)
+                    created = repr(time.time()) if self.made else "0"
                     try:
-                        self._db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+                        self._db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "INSERT OR IGNORE INTO meta (key, value) "
+                                               f"VALUES ('created', '{created}');COMMIT;")
                     except BaseException:
                         if self._db.in_transaction:
                             self._db.execute("ROLLBACK")
@@ -107,6 +113,12 @@ class CacheIndex:
             raise
         #: Whether the index was written by another version of the key scheme (:meth:`reformat` it).
         self.stale = row is None or row[0] != str(FORMAT)
+        try:
+            #: When the index was made (seconds since the epoch; 0: before this was recorded). Anything
+            #: a cache directory saved before then was lost with an earlier index, not evicted.
+            self.created = float(self.get_meta("created") or 0.0)
+        except ValueError:
+            self.created = 0.0
 
     def write(self):
         """A write transaction (see :func:`pipeline._sqlite.transaction`)."""

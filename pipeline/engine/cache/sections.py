@@ -11,9 +11,10 @@ section's cells alone, at the positions right after the head (``len(head)..``), 
 is where :mod:`.compose` restores it before moving it to its place.
 
 Why a state was not found is said per section (:meth:`SectionStates.why`): "no state
-yet", or "evicted" for a section this cache directory saved before (recorded in a side
-table of the directory's own, ``sections.sqlite``; if that table is lost, an evicted
-section just reads as "no state yet").
+yet", "evicted" for a section this cache directory saved before (recorded, with when, in a
+side table of the directory's own, ``sections.sqlite``; if that table is lost, an evicted
+section just reads as "no state yet"), or "lost with the cache index" for one saved before
+the index was made again (deleted or damaged: raising ``cache.max_gb`` would not help).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from .store import PrefixCache
 from ..reuse.shape import Piece
 
 SEEN_NAME = "sections.sqlite"
-NO_STATE, EVICTED = "no state yet", "evicted"
+NO_STATE, EVICTED, LOST = "no state yet", "evicted", "lost with the cache index"
 
 
 def namespace(engine_namespace: str, head: Sequence[int]) -> str:
@@ -52,9 +53,12 @@ class SectionStates:
         self.cache = cache
         self.namespace = namespace(engine_namespace, head)
         self.start = len(head)
-        self.notes: list[str] = []
         self.saved = 0  # states saved through this object
         self.saved_bytes = 0
+        #: Why the last save failed for lack of space ("" while none has): once the disk is full, no
+        #: other save is tried through this object (each would write a file only to fail too).
+        self.full = ""
+        self._unsaved: dict[str, int] = {}  # why states were not saved -> how many
         self._why: dict[tuple[int, ...], str] = {}
         self._seen: sqlite3.Connection | None = None
 
@@ -65,13 +69,32 @@ class SectionStates:
         return self.cache.find(self.namespace, piece.tokens)
 
     def held(self, pieces: Sequence[Piece]) -> list[bool]:
-        """Which of ``pieces`` have a saved state (what a packer or a pool weighs prompts by)."""
-        return [self.find(p) is not None for p in pieces]
+        """Which of ``pieces`` have a saved state whose file is there (what a packer or a pool weighs
+        prompts by; a probe: nothing is changed)."""
+        return [(e := self.find(p)) is not None and self.cache.present(e) for p in pieces]
+
+    def verified(self, piece: Piece) -> Entry | None:
+        """The saved state of ``piece`` if its file is there and whole (size and checksum); a missing or
+        damaged one is dropped, and :meth:`damaged` then says why."""
+        entry = self.find(piece)
+        if entry is None:
+            return None
+        if self.cache.verify(entry):
+            return entry
+        self._why[piece.tokens] = f"its state was discarded ({self.cache.last_error})"
+        return None
+
+    def damaged(self, piece: Piece) -> str:
+        """Why ``piece``'s state was dropped by :meth:`verified` or :meth:`restore` ("" when it was not)."""
+        why = self._why.get(piece.tokens, "")
+        return why if why.startswith("its state was discarded") else ""
 
     def restore(self, piece: Piece, model, seq: int, start: int) -> bool:
         entry = self.find(piece)
         if entry is None:
-            self._why[piece.tokens] = EVICTED if self._was_seen(piece) else NO_STATE
+            seen = self._seen_at(piece)
+            self._why[piece.tokens] = (NO_STATE if seen is None else
+                                       LOST if seen < self.cache.index_created else EVICTED)
             return False
         if self.cache.load(entry, model, seq=seq, start=start):
             return True
@@ -83,14 +106,25 @@ class SectionStates:
 
     # -- saving ---------------------------------------------------------------------------------
 
+    @property
+    def notes(self) -> list[str]:
+        """What went wrong saving, one line per cause (a question whose states cannot be saved says so
+        once, not once per section)."""
+        return [f"{n} section state{'s' * (n != 1)} not saved: {why}" for why, n in self._unsaved.items()]
+
     def store(self, piece: Piece, model, seq: int, start: int) -> None:
         if self.cache.read_only or self.cache.unavailable:
+            return
+        if self.full:
+            self._unsaved[self.full] += 1
             return
         t0 = time.time()
         entry = self.cache.save(self.namespace, piece.tokens, model, seq=seq, start=start)
         if entry is None:
             if self.cache.last_error:
-                self.notes.append(f"section state not saved: {self.cache.last_error}")
+                self._unsaved[self.cache.last_error] = self._unsaved.get(self.cache.last_error, 0) + 1
+            if self.cache.disk_full:
+                self.full = self.cache.last_error
             return
         if entry.created >= t0:
             self.saved += 1
@@ -106,21 +140,28 @@ class SectionStates:
                 db = connect(Path(self.cache.directory) / SEEN_NAME, check_same_thread=False)
                 db.execute("CREATE TABLE IF NOT EXISTS seen (namespace TEXT NOT NULL, full_hash TEXT NOT NULL, "
                            "PRIMARY KEY (namespace, full_hash))")
+                if "saved" not in {r[1] for r in db.execute("PRAGMA table_info(seen)")}:  # (rows before: 0)
+                    try:
+                        db.execute("ALTER TABLE seen ADD COLUMN saved REAL NOT NULL DEFAULT 0")
+                    except sqlite3.OperationalError as exc:  # another process added it meanwhile
+                        if "duplicate column" not in str(exc):
+                            raise
                 self._seen = db
             except sqlite3.Error:
                 return None
         return self._seen
 
-    def _was_seen(self, piece: Piece) -> bool:
+    def _seen_at(self, piece: Piece) -> float | None:
+        """When this directory last saved ``piece``'s state (0: before that was recorded); None: never."""
         db = self._db()
         if db is None:
-            return False
+            return None
         try:
-            row = db.execute("SELECT 1 FROM seen WHERE namespace = ? AND full_hash = ?",
+            row = db.execute("SELECT saved FROM seen WHERE namespace = ? AND full_hash = ?",
                              (self.namespace, full_hash(token_bytes(piece.tokens)))).fetchone()
         except sqlite3.Error:
-            return False
-        return row is not None
+            return None
+        return None if row is None else float(row[0])
 
     def _mark_seen(self, piece: Piece) -> None:
         db = self._db()
@@ -128,8 +169,9 @@ class SectionStates:
             return
         try:
             with transaction(db):
-                db.execute("INSERT OR IGNORE INTO seen VALUES (?, ?)",
-                           (self.namespace, full_hash(token_bytes(piece.tokens))))
+                db.execute("INSERT INTO seen (namespace, full_hash, saved) VALUES (?, ?, ?) "
+                           "ON CONFLICT (namespace, full_hash) DO UPDATE SET saved = excluded.saved",
+                           (self.namespace, full_hash(token_bytes(piece.tokens)), time.time()))
         except sqlite3.Error:
             pass
 
@@ -139,4 +181,4 @@ class SectionStates:
             self._seen = None
 
 
-__all__ = ["EVICTED", "NO_STATE", "SectionStates", "namespace"]
+__all__ = ["EVICTED", "LOST", "NO_STATE", "SectionStates", "namespace"]

@@ -4,7 +4,9 @@ A :class:`PrefixCache` is a directory holding one llama.cpp sequence-state file 
 entry (:mod:`.files`: unique names, atomic writes, digests, durability) and an index of
 what each file holds (:mod:`.index`, keyed as :mod:`.keys` describes). Several
 processes may use one directory at the same time: index writes are SQLite
-transactions, and no process ever overwrites a file another one may be reading.
+transactions, and no process ever overwrites a file another one may be reading. How
+the directory is opened, kept and recovered (a damaged or lost index, a read-only
+directory, left-over files) is :mod:`.directory`.
 
 Integrity
     The index records each file's size and a digest. :meth:`PrefixCache.load`
@@ -13,25 +15,6 @@ Integrity
     llama.cpp restored exactly the claimed tokens. Any failure clears the
     sequence, deletes the entry and its file, and returns False: the caller
     prefills from scratch, so a bad cache costs time, never a wrong answer.
-
-Faults cost time, never an answer
-    Nothing here raises during a prompt. A directory that cannot be created or used
-    (``cache.path`` names a file, no permission) makes the cache *unavailable*
-    (:attr:`PrefixCache.unavailable` says why) and every prompt runs uncached. A
-    read-only directory is used read-only: saved states still load, nothing new is
-    saved. A damaged index (not a database, corrupt pages) is rebuilt empty the
-    moment it is seen, and the state files it described are swept away. Other
-    failures (a busy index, a full disk) make that one lookup a miss or that one
-    save not happen, with :attr:`PrefixCache.last_error` saying why. Notes about
-    what was done (:meth:`PrefixCache.take_notes`) reach the prompt's stats.
-
-Left-overs
-    A state file that no index row names (its process crashed between writing and
-    indexing, or the index was lost) is an orphan: :meth:`PrefixCache.sweep` deletes
-    orphans older than a few minutes, and rows whose file is gone. It runs when a
-    cache is opened, at most once an hour per directory (:data:`SWEEP_INTERVAL`),
-    after a rebuild, and on :meth:`PrefixCache.clear`; its cost is one directory
-    listing.
 
 What the caller guarantees
     :meth:`PrefixCache.save` saves sequence ``seq`` of a model as it is: the caller
@@ -44,34 +27,24 @@ What the caller guarantees
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import sqlite3
-import threading
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Collection, Iterator, Sequence
+from typing import TYPE_CHECKING, Collection, Sequence
 
-from ...errors import ConfigError, EngineError
-from .files import check_file, is_state_file, state_name, sweep_files, write_state
-from .index import INDEX_NAME, CacheIndex, Entry, is_damaged
+from ...disk import free_bytes, is_disk_full
+from ...errors import EngineError
+from .directory import SWEEP_INTERVAL, CacheDirectory
+from .files import check_file, state_name, write_state
+from .index import Entry, is_damaged
 from .protocol import ExactLookup
 from .keys import SHORT_BLOCK_HASH, block_hash, chain_hashes, full_hash, token_bytes
 
 if TYPE_CHECKING:
     from .._llama import Model
 
-LOCK_NAME = "index.lock"
 
-SWEEP_INTERVAL = 3600.0
-"""Seconds between two automatic sweeps of one cache directory."""
-
-_ORPHAN_AGE = 600.0  # seconds before an unindexed state or temporary file counts as left over
-_REBUILT_ORPHAN_AGE = 60.0  # after a lost index nothing old can be found again
-
-
-class PrefixCache(ExactLookup):
+class PrefixCache(CacheDirectory, ExactLookup):
     """Prefix KV states of llama.cpp sequences, on disk, with an SQLite index and LRU eviction.
 
     ``max_bytes`` caps the total size of the state files; saving past it evicts
@@ -81,137 +54,13 @@ class PrefixCache(ExactLookup):
 
     def __init__(self, directory: str | os.PathLike[str], *, max_bytes: int, fsync: bool = False,
                  timeout: float = 30.0):
-        self.directory = Path(directory)
         self.max_bytes = int(max_bytes)
         self.fsync = fsync
-        self.timeout = timeout
         self.last_load_seconds = 0.0
         self.last_save_seconds = 0.0
-        self.last_error = ""
-        #: Why the cache cannot be used at all ("" when it can); prompts then run uncached.
-        self.unavailable = ""
-        self._notes: list[str] = []
-        self._lock = threading.RLock()
-        self._index: CacheIndex | None = None
-        self._open()
-
-    # -- opening, faults, rebuilding ----------------------------------------------------------
-
-    @property
-    def read_only(self) -> bool:
-        """Whether saved states can be loaded but nothing can be written (a read-only directory)."""
-        return self._index is not None and self._index.read_only
-
-    def _open(self) -> None:
-        if self.directory.exists() and not self.directory.is_dir():
-            self.unavailable = f"{self.directory} is not a directory"
-            return
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            self.unavailable = f"cannot create {self.directory}: {exc.strerror or exc}"
-            return
-        index_path = self.directory / INDEX_NAME
-        try:
-            self._index = CacheIndex(index_path, timeout=self.timeout)
-        except sqlite3.Error as exc:
-            if is_damaged(exc):
-                self._rebuild(exc)
-                return
-            if os.access(self.directory, os.W_OK) or not index_path.exists():
-                self.unavailable = f"cannot open {index_path}: {exc}"
-                return
-            try:  # a read-only directory: use what is there, save nothing
-                self._index = CacheIndex(index_path, timeout=self.timeout, read_only=True)
-            except sqlite3.Error as exc2:
-                self.unavailable = f"{self.directory} is read-only and its index cannot be read ({exc2})"
-                return
-            self._notes.append(f"the prefix cache {self.directory} is read-only: saved states are used, "
-                               "no new ones are saved")
-            return
-        if self._index.stale:  # written by another version of the key scheme: start over
-            self._remove_files(self._index.reformat())
-            self.sweep(min_age=0.0)
-            return
-        self._maybe_sweep()
-
-    @contextlib.contextmanager
-    def _directory_lock(self) -> Iterator[None]:
-        """An exclusive lock on the directory (across processes), for rebuilding the index."""
-        fd = os.open(self.directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
-    def _rebuild(self, cause: BaseException) -> None:
-        """Replace a damaged index with an empty one (unless another process already did); sweep orphans."""
-        with self._lock:
-            old, self._index = self._index, None
-            if old is not None:
-                with contextlib.suppress(sqlite3.Error):
-                    old.close()
-            index_path = self.directory / INDEX_NAME
-            try:
-                with self._directory_lock():
-                    try:  # another process may have rebuilt it meanwhile
-                        self._index = CacheIndex(index_path, timeout=self.timeout)
-                        if self._index.intact():
-                            return
-                        raise sqlite3.DatabaseError("database disk image is malformed")
-                    except sqlite3.Error as exc:
-                        if not is_damaged(exc):
-                            raise
-                        if self._index is not None:
-                            self._index.close()
-                            self._index = None
-                        for suffix in ("", "-wal", "-shm", "-journal"):
-                            with contextlib.suppress(FileNotFoundError):
-                                os.unlink(f"{index_path}{suffix}")
-                        self._index = CacheIndex(index_path, timeout=self.timeout)
-            except (OSError, sqlite3.Error) as exc:
-                self._index = None
-                self.unavailable = f"the index {index_path} is damaged ({cause}) and cannot be rebuilt: {exc}"
-                return
-            removed = self.sweep(min_age=_REBUILT_ORPHAN_AGE)
-            self._notes.append(f"the prefix cache index {index_path} was damaged ({cause}): rebuilt empty"
-                               + (f", {removed} orphaned state file(s) removed" if removed else ""))
-
-    def _fault(self, what: str, exc: BaseException) -> None:
-        """Record a failed index operation; a damaged index is rebuilt at once."""
-        self.last_error = f"prefix cache {what} failed: {exc}"
-        if isinstance(exc, sqlite3.Error) and is_damaged(exc):
-            self._rebuild(exc)
-
-    def take_notes(self) -> list[str]:
-        """What the cache did about faults since the last call (rebuilt, read-only...), for a prompt's notes."""
-        with self._lock:
-            notes, self._notes = self._notes, []
-        return notes
-
-    def _path(self, entry: Entry) -> Path:
-        return self.directory / entry.file
-
-    def _unlink(self, name: str) -> None:
-        with contextlib.suppress(OSError):
-            (self.directory / name).unlink()
-
-    def _remove_files(self, names: Sequence[str]) -> None:
-        for name in names:
-            self._unlink(name)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._index is not None:
-                self._index.close()
-                self._index = None
-
-    def __enter__(self) -> PrefixCache:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        #: Whether the last :meth:`save` failed for lack of space on the cache's disk.
+        self.disk_full = False
+        super().__init__(directory, timeout=timeout)
 
     # -- lookup -------------------------------------------------------------------------------
 
@@ -264,6 +113,7 @@ class PrefixCache(ExactLookup):
         """
         t0 = time.perf_counter()
         self.last_error = ""
+        self.disk_full = False
         if self._index is None:
             self.last_error = f"the prefix cache is unavailable: {self.unavailable}"
             return None
@@ -297,24 +147,30 @@ class PrefixCache(ExactLookup):
         try:
             written = write_state(self.directory, name, model, tokens, seq=seq, fsync=self.fsync)
         except OSError as exc:
-            self.last_error = f"could not write the state file: {exc}"
-            return None
+            return self._not_written(exc, f"could not write the state file: {exc}", need=expected)
         if written is None:
-            self.last_error = "llama.cpp could not save the sequence state"
-            return None
+            why = getattr(model, "last_save_error", "") or "llama.cpp gave no reason"
+            return self._not_written(OSError(why), f"llama.cpp could not save the sequence state ({why})",
+                                     need=expected)
         size, digest = written
 
         if size > self.max_bytes:  # it alone is over the cap: do not keep it
             self._unlink(name)
             self.last_error = f"the state ({size:,} bytes) is larger than the cache ({self.max_bytes:,})"
             return None
-        now = time.time()
+        return self._index_new(namespace, data, fh, name, size, digest, t0)
+
+    def _index_new(self, namespace: str, data: bytes, fh: str, name: str, size: int, digest: str,
+                   t0: float) -> Entry | None:
+        """Index the state file ``name`` just written (evicting past ``max_bytes``): its entry, or None
+        when the index failed (the file is then removed)."""
+        n = len(data) // 4
         remove: list[str] = []
         try:
             with self._index.write() as db:
                 new_id = self._index.insert(db, namespace=namespace, n_tokens=n, full_hash=fh,
                                             block_hash=block_hash(n, chain_hashes(data)), file=name, size=size,
-                                            digest=digest, now=now)
+                                            digest=digest, now=time.time())
                 if new_id is not None:
                     evicted = self._index.evict(db, self.max_bytes, keep=new_id)
                     remove += evicted
@@ -324,6 +180,9 @@ class PrefixCache(ExactLookup):
         except sqlite3.Error as exc:
             self._unlink(name)
             self._fault("save", exc)
+            if is_disk_full(exc, self.directory):
+                self.disk_full = True
+                self.last_error = f"the disk holding the prefix cache {self.directory} is full ({exc})"
             return None
         self._remove_files(remove)
         self.last_save_seconds = time.perf_counter() - t0
@@ -332,6 +191,19 @@ class PrefixCache(ExactLookup):
         except sqlite3.Error as exc:
             self._fault("save", exc)
             return None
+
+    def _not_written(self, exc: OSError | None, why: str, *, need: int) -> None:
+        """A state file that could not be written: :attr:`last_error` says why, and :attr:`disk_full`
+        whether it was for lack of space (then the message says the disk is full, and how full)."""
+        self.disk_full = is_disk_full(exc, self.directory, need=need)
+        if self.disk_full:
+            free = free_bytes(self.directory)
+            room = f"{free:,} bytes free, a state of about {need:,} bytes to write" if free is not None else ""
+            said = (exc.strerror or str(exc)) if exc is not None else ""
+            detail = "; ".join(x for x in (said, room) if x)
+            why = f"the disk holding the prefix cache {self.directory} is full ({detail})"
+        self.last_error = why
+        return None
 
     def _existing(self, namespace: str, fh: str) -> Entry | None:
         """The entry saved for this prefix, marked used; a row whose file is gone is removed."""
@@ -391,6 +263,24 @@ class PrefixCache(ExactLookup):
                 self._fault("bookkeeping", exc)
         return True
 
+    def present(self, entry: Entry) -> bool:
+        """Whether ``entry``'s file is there at its indexed size (one ``stat``, changing nothing): what a
+        probe of which states are held counts by, so that an entry whose file is gone is not held."""
+        try:
+            return self._path(entry).stat().st_size == entry.bytes
+        except OSError:
+            return False
+
+    def verify(self, entry: Entry) -> bool:
+        """Whether ``entry``'s file is there and whole (its size and checksum, as :meth:`load` checks them
+        before llama.cpp reads it); one that is not is dropped, row and file, and :attr:`last_error` says why."""
+        self.last_error = ""
+        damage = check_file(self._path(entry), size=entry.bytes, digest=entry.digest)
+        if damage:
+            self._drop(entry, damage)
+            self.last_error = damage
+        return not damage
+
     def _fail(self, entry: Entry, model: Model | None, seq: int, why: str, t0: float) -> bool:
         if model is not None:
             model.trim(0, seq=seq)
@@ -411,75 +301,6 @@ class PrefixCache(ExactLookup):
         self._unlink(entry.file)  # file names are unique per save: no other entry uses it
 
     # -- maintenance --------------------------------------------------------------------------
-
-    def _require(self) -> CacheIndex:
-        """The index, for the maintenance calls a person makes (``rag cache``): errors are raised."""
-        if self._index is None:
-            raise ConfigError(f"the prefix cache cannot be used: {self.unavailable}")
-        return self._index
-
-    def forget(self, namespace: str | None = None) -> int:
-        """Delete every entry (of one namespace); return how many."""
-        files = self._writable().forget(namespace)
-        self._remove_files(files)
-        return len(files)
-
-    def _writable(self) -> CacheIndex:
-        index = self._require()
-        if index.read_only:
-            raise EngineError(f"the prefix cache {self.directory} is read-only: nothing can be deleted")
-        return index
-
-    def clear(self) -> int:
-        """Delete every entry, every state and temporary file in the directory, and the counters.
-
-        A damaged index is rebuilt first (opening the cache does that), so this always
-        resets a cache whose directory can be written.
-        """
-        index = self._writable()
-        try:
-            n = self.forget()
-            index.reset_counters()
-        except sqlite3.Error as exc:
-            if not is_damaged(exc):
-                raise EngineError(f"could not clear the prefix cache: {exc}") from None
-            self._rebuild(exc)
-            n = 0
-        for p in self.directory.iterdir():
-            if is_state_file(p.name):
-                self._unlink(p.name)
-        return n
-
-    def sweep(self, *, min_age: float = _ORPHAN_AGE) -> int:
-        """Remove left-overs of crashed processes or of a lost index: unindexed state and temporary files
-        older than ``min_age`` seconds, and rows whose file is gone. Returns how many were removed."""
-        index = self._index
-        if index is None or index.read_only:
-            return 0
-        try:
-            known = index.files()
-            now = time.time()
-            removed, present = sweep_files(self.directory, set(known), min_age=min_age)
-            gone = [i for f, i in known.items() if f not in present]
-            if gone:
-                index.delete_ids(gone)
-                removed += len(gone)
-            index.set_meta("last_sweep", repr(now))
-        except (OSError, sqlite3.Error) as exc:
-            self.last_error = f"prefix cache sweep failed: {exc}"
-            return 0
-        return removed
-
-    def _maybe_sweep(self) -> None:
-        """Sweep if this directory was not swept in the last :data:`SWEEP_INTERVAL` seconds."""
-        try:
-            last = float(self._index.get_meta("last_sweep") or 0.0)
-        except (sqlite3.Error, ValueError):
-            last = 0.0
-        if time.time() - last >= SWEEP_INTERVAL:
-            removed = self.sweep()
-            if removed:
-                self._notes.append(f"{removed} left-over prefix cache file(s) removed")
 
     def stats(self) -> dict:
         """Entries, bytes, cap, hits and the other counters, per-namespace counts, bytes per token."""

@@ -36,7 +36,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from ...errors import ConfigError, EngineError, redact
+from ...errors import ConfigError, EngineError, UpstreamError, redact
 
 PREFIX = "openai:"
 
@@ -72,9 +72,10 @@ class RemoteRef:
 class Transient(Exception):
     """A failure worth retrying (connection, timeout, 429, 5xx, a stream cut short)."""
 
-    def __init__(self, url: str, reason: str):
+    def __init__(self, url: str, reason: str, *, status: int | None = None):
         super().__init__(f"{redact(url)}: {reason}")
         self.url = url
+        self.status = status  # the HTTP status that made it, where there was one
 
 
 def _api_root(url: str) -> str:
@@ -116,7 +117,7 @@ class Server:
 
     def _check(self, resp) -> None:
         if resp.status_code == 429 or resp.status_code >= 500:
-            raise Transient(self.url, f"HTTP {resp.status_code}")
+            raise Transient(self.url, f"HTTP {resp.status_code} {_detail(resp)}".rstrip(), status=resp.status_code)
         if resp.status_code >= 400:
             raise EngineError(f"the server {redact(self.url)} refused the request: HTTP {resp.status_code} "
                               f"{_detail(resp)}")
@@ -175,16 +176,22 @@ class Server:
 
 
 def _detail(resp) -> str:
+    """What a server said with its error status, on one line, cut (and marked so) past a few hundred characters."""
     try:
         body = resp.json()
     except ValueError:
-        return resp.text[:200]
+        return _clip(resp.text, 200)
     if isinstance(body, dict):
         err = body.get("error") or body.get("detail") or body
         if isinstance(err, dict):
             err = err.get("message") or err
-        return str(err)[:300]
-    return str(body)[:200]
+        return _clip(str(err), 300)
+    return _clip(str(body), 200)
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n].rstrip() + " [...]"
 
 
 class Retry:
@@ -245,8 +252,9 @@ class Retry:
             pass
         names = ", ".join(redact(s.url) for s in servers)
         reason = str(last[0]) if last else "no attempt"
-        raise EngineError(f"{what}: no server answered within remote.max_wait = {self.max_wait:g} s "
-                          f"({names}); last failure: {reason}")
+        raise UpstreamError(f"{what}: no server answered within remote.max_wait = {self.max_wait:g} s "
+                            f"({names}); last failure: {reason}",
+                            starting=bool(last) and getattr(last[0], "status", None) == 503)
 
 
 class TokenText:

@@ -27,7 +27,7 @@ from ..contract import CacheKind, EngineStats, Generation, GeneratorBase
 from ..context_lock import CancelToken
 from ..reuse.shape import PromptShape, common_prefix
 from ..templates import FALLBACK, render_chat
-from ...errors import EngineError, redact
+from ...errors import EngineError, UpstreamError, redact
 
 _DEFAULT_N_CTX = 2048  # llama_cpp.server's own default, where a server does not say
 
@@ -243,6 +243,7 @@ class RemoteGenerator(GeneratorBase):
         deadline = time.monotonic() + self.remote.max_wait
         shown = ""  # what the caller has already been given
         last = "no attempt"
+        last_status = None
         failures = 0
         while True:
             for server in self.retry.order(order):
@@ -285,7 +286,7 @@ class RemoteGenerator(GeneratorBase):
                 except Transient as exc:
                     self.retry.mark(server, False)
                     failures += 1
-                    last = str(exc)
+                    last, last_status = str(exc), exc.status
                     self._log(f"warning: {last}: retrying")
                     continue
                 self.retry.mark(server, True)
@@ -298,9 +299,10 @@ class RemoteGenerator(GeneratorBase):
                 return
             if time.monotonic() + 0.01 >= deadline:
                 where = ", ".join(redact(s.url) for s in order)
-                raise EngineError(f"no generator server completed the answer within remote.max_wait = "
-                                  f"{self.remote.max_wait:g} s ({where}); last failure: {last}"
-                                  + ("; the answer shown so far is incomplete" if shown else ""))
+                raise UpstreamError(f"no generator server completed the answer within remote.max_wait = "
+                                    f"{self.remote.max_wait:g} s ({where}); last failure: {last}"
+                                    + ("; the answer shown so far is incomplete" if shown else ""),
+                                    starting=last_status == 503 and not shown)
             delay = min(backoff(_Attempt(failures)), max(0.0, deadline - time.monotonic()))
             time.sleep(delay)
 

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from ..cache.protocol import StateStore
 
 
+_NOT_SAVED = "prefix state not saved: "
+_NOT_SAVED_FULL = "prefix states not saved (no other is tried for this prompt): "
+
+
 class PrefixReuse:
     """The prefix reuse of one engine over an optional disk store and host-memory store.
 
@@ -214,10 +218,12 @@ class PrefixReuse:
         """Save what the memory holds (on disk, and in host memory for a model that cannot cut its memory);
         a failure costs a note, never the answer."""
         entry = None
-        if disk and self._disk() and not self.store.read_only:  # a read-only store was said once, when opened
+        full = any(n.startswith(_NOT_SAVED_FULL) for n in stats.notes)  # said once; no other write is tried
+        if disk and self._disk() and not self.store.read_only and not full:  # (read-only: said when opened)
             entry = memory.save(self.store, self._namespace())
             if entry is None and self.store.last_error:
-                stats.notes.append(f"prefix state not saved: {self.store.last_error}")
+                said = _NOT_SAVED_FULL if getattr(self.store, "disk_full", False) else _NOT_SAVED
+                stats.notes.append(said + self.store.last_error)
         kept = self._keep_in_ram(memory)
         return entry if entry is not None else kept
 

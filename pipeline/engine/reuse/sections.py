@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from ...errors import DiskFullError
 from ..cache.sections import SectionStates
 from ..contract import CacheKind
 from .memory import Memory
@@ -138,31 +139,60 @@ class SectionReuse:
              progress: Callable[[int, int], None] | None = None) -> dict:
         """Compute and save the state of each of ``sections`` (token lists) that has none, each on
         its own after ``head``, in order: what composed prompts restore. ``progress(done, total)``
-        counts the sections' tokens. Leaves ``memory`` holding ``head``."""
-        from .._llama import composing
-        from .compose import compute
+        counts the sections' tokens. Leaves ``memory`` holding ``head``.
 
+        Each saved state is checked first (its file there, its size and checksum): a missing or damaged
+        one is dropped and saved again. One process warms a set of states at a time (a lock in the cache
+        directory): a second waits, then finds what the first saved, so ``saved + cached`` counts every
+        section. The first save that fails for lack of space stops the warm with a
+        :class:`~pipeline.errors.DiskFullError` that says how much was saved."""
         if memory.composed or memory.tokens[:len(head)] != list(head) or not memory.cut(len(head)):
             self._head(memory, head, prefill)
         states = SectionStates(self.store, self._namespace(), head)
-        total, done, computed, found, t0 = sum(map(len, sections)), 0, 0, 0, time.perf_counter()
+        t0 = time.perf_counter()
         try:
-            for tokens in sections:
-                piece = Piece(tuple(tokens))
-                if states.find(piece) is not None:
-                    found += 1
-                else:
-                    compute(model, len(head), piece, states, scratch=1)
-                    composing.seq_remove(model, 1)
-                    computed += len(piece)
-                done += len(piece)
-                if progress is not None:
-                    progress(done, total)
+            with self.store.exclusive(f"sections-{states.namespace[:32]}.lock") as waited:
+                counts = self._warm_each(model, len(head), sections, states, progress)
         finally:
             states.close()
-        return {"sections": len(sections), "saved": states.saved, "cached": found,
-                "tokens": total, "prefilled_tokens": computed, "bytes_written": states.saved_bytes,
-                "seconds": round(time.perf_counter() - t0, 3), "notes": list(states.notes)}
+        notes = ["waited for another process warming the same section states"] if waited else []
+        if counts["repaired"]:
+            notes.append(f"{counts['repaired']} section state(s) were missing or damaged: saved again")
+        return {"sections": len(sections), "saved": states.saved, "cached": counts["found"],
+                "not_saved": len(sections) - states.saved - counts["found"], "repaired": counts["repaired"],
+                "tokens": counts["total"], "prefilled_tokens": counts["computed"], "bytes_written": states.saved_bytes,
+                "seconds": round(time.perf_counter() - t0, 3), "notes": notes + states.notes}
+
+    @staticmethod
+    def _warm_each(model, h: int, sections: Sequence[Sequence[int]], states: SectionStates,
+                   progress: Callable[[int, int], None] | None) -> dict:
+        from .._llama import composing
+        from .compose import compute
+
+        total, done, computed, found, repaired = sum(map(len, sections)), 0, 0, 0, 0
+        for tokens in sections:
+            piece = Piece(tuple(tokens))
+            if states.verified(piece) is not None:
+                found += 1
+            else:
+                repaired += bool(states.damaged(piece))
+                saved = states.saved
+                compute(model, h, piece, states, scratch=1)
+                composing.seq_remove(model, 1)
+                computed += len(piece)
+                if states.full:
+                    raise DiskFullError(
+                        f"{states.full}: {states.saved} section state(s) saved now "
+                        f"({states.saved_bytes / 1e6:,.1f} MB), {found} saved before, "
+                        f"{len(sections) - states.saved - found} of {len(sections)} without a state. Free some "
+                        "space (or set cache.max_gb below what the disk holds) and run `rag warm --sections` "
+                        "again: it computes only the sections still without a state")
+                if states.saved == saved and states.find(piece) is not None:
+                    found += 1  # saved meanwhile by a process that does not take the lock (a question)
+            done += len(piece)
+            if progress is not None:
+                progress(done, total)
+        return {"total": total, "computed": computed, "found": found, "repaired": repaired}
 
     def _head(self, memory: Memory, head: Sequence[int], prefill: Callable[[Sequence[int], int], None]) -> int:
         """Bring ``memory`` to exactly ``head``: its state restored from the store (its tokens, what it
