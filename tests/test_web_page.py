@@ -159,7 +159,7 @@ def test_an_asked_question_fills_answer_sources_and_stats_and_a_follow_up_contin
     _ask(tab, "And what colour are they?", enter=True)
     assert tab.text("#answer").strip()
     earlier = tab.text("#conversation")
-    assert question in earlier
+    assert question in earlier and "TTFT" in earlier and "manual.pdf" in earlier  # the first turn stays shown
     sent = tab.eval("window.__sent")
     assert [m["role"] for m in sent[-1]["messages"]] == ["user", "assistant", "user"]
     assert sent[-1]["messages"][0]["content"] == question and sent[-1]["stream"] is True

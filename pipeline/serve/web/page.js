@@ -13,6 +13,7 @@
     busy: false,
     retry: null,      // what to do once a token is given
     formats: {},      // source -> format, from GET /status
+    sources: [],      // the current answer's sources
   };
 
   class NeedToken extends Error {}
@@ -170,12 +171,14 @@
     const turn = $('turn');
     if (turn.hidden || turn.dataset.state !== 'done') return;  // a failed turn is not part of the conversation
     const old = el('article', null, {class: 'earlier'});
-    old.append(el('h3', $('asked').textContent), el('div', $('answer').textContent, {class: 'answer'}));
+    const sources = el('ol', null, {class: 'sources'});
+    renderSources(sources, state.sources);
+    old.append(el('h3', $('asked').textContent), el('div', $('answer').textContent, {class: 'answer'}),
+               el('p', $('stats').textContent, {class: 'stats'}), sources);
     $('conversation').append(old);
   }
 
-  function renderSources(sources) {
-    const list = $('sources');
+  function renderSources(list, sources) {
     list.replaceChildren();
     for (const s of sources || []) {
       const li = el('li', null, {value: String(s.n)});
@@ -247,6 +250,7 @@
     const answer = $('answer');
     answer.textContent = '';
     $('sources').replaceChildren();
+    state.sources = [];
     $('stats').textContent = 'Waiting for the first token…';
     for (const k of Object.keys($('stats').dataset)) delete $('stats').dataset[k];
     const messages = state.history.concat([{role: 'user', content: question}]);
@@ -261,7 +265,10 @@
       if (!resp.ok) throw new Error(await failure(resp));
       await readEvents(resp, (chunk) => {
         if (chunk.error) { failed = chunk.error.message || 'the answer failed'; return; }
-        if (chunk.sources) renderSources(chunk.sources);
+        if (chunk.sources) {
+          state.sources = chunk.sources;
+          renderSources($('sources'), chunk.sources);
+        }
         const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
         if (delta && delta.content) {
           if (firstText === null) {
