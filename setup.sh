@@ -25,3 +25,14 @@ if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl 
              "the PostgreSQL catalog tests will be skipped" >&2
     fi
 fi
+# 5. Chromium (Debian's package), for the tests that open `rag serve`'s web page in a real headless browser;
+#    only where it is missing and apt-get can install it.
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "installing Debian's chromium package (for the web page's browser tests)" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "warning: Chromium is not installed and cannot be installed here (needs root and apt-get):" \
+             "the web page's browser tests will be skipped" >&2
+    fi
+fi

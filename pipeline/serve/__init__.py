@@ -13,7 +13,10 @@ Endpoints (JSON in and out; errors are ``{"error": {"message", "type", "code"}}`
 - ``POST /ingest``: ``{"paths": [...], "prune": false}`` → 202 and a job, only for paths inside
   the folders the operator allowed (:mod:`.folders`); the job runs in the server's one writer
   thread while reads go on (``GET /ingest/{id}`` follows it).
-- ``GET /status``, ``GET /health`` (the only endpoint open without the token).
+- ``GET /documents?source=SOURCE``: a document of the collection, read-only, as it was ingested
+  (:mod:`.documents`); nothing else can be named.
+- ``GET /status``, ``GET /health`` (open without the token, as are the web page's files).
+- ``GET /``: a web page for asking (:mod:`.page`; its files are in ``web/``).
 
 Who is answered (:mod:`.guards`): the ``Host`` the server listens on, same-origin pages or
 ``--cors-origin`` ones, ``RAG_SERVE_TOKEN`` holders when it is set, JSON bodies only. Bounds

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import RagError
-from . import handlers
+from . import handlers, page
+from .documents import document
 from .folders import ReadableFolders
 from .guards import Guard, Policy
 from .http_errors import HTTPError, error_response, headers_for, status_for
@@ -29,7 +30,11 @@ ROUTES = [
     ("/ingest/{job}", handlers.ingest_job, ["GET"]),
     ("/v1/models", handlers.models, ["GET"]),
     ("/v1/chat/completions", handlers.chat_completions, ["POST"]),
+    ("/documents", document, ["GET"]),
+    *((path, page.endpoint(path), ["GET"]) for path in page.ASSETS),
 ]
+#: What is answered without the token: liveness, and the page's files (they hold no data).
+OPEN_PATHS = ("/health", *page.ASSETS)
 
 
 def create_app(rag: "Pipeline", *, token: str | None = None, max_body: int = DEFAULT_MAX_BODY,
@@ -45,7 +50,7 @@ def create_app(rag: "Pipeline", *, token: str | None = None, max_body: int = DEF
 
     settings = rag.config.serve
     folders = ReadableFolders(settings.allow if allow is None else allow)
-    policy = Policy.make(host=host, port=port, token=token,
+    policy = Policy.make(host=host, port=port, token=token, open_paths=OPEN_PATHS,
                          allow_hosts=settings.allow_hosts if allow_hosts is None else allow_hosts,
                          cors_origins=settings.cors_origins if cors_origins is None else cors_origins)
     app = Starlette(routes=[Route(path, fn, methods=methods) for path, fn, methods in ROUTES],

@@ -5,7 +5,8 @@ given with ``--allow-host``), the defence against DNS rebinding that Jupyter and
 use: a page on ``evil.example`` whose name was rebound to 127.0.0.1 still sends
 ``Host: evil.example``. A browser's ``Origin`` must be the server's own or one given
 with ``--cors-origin`` (those get CORS headers and preflight answers). With a token
-(``RAG_SERVE_TOKEN``), every request but ``/health`` needs it. A ``POST`` body must be
+(``RAG_SERVE_TOKEN``), every request needs it but those for the paths the app leaves open
+(``/health`` and the web page's files, which hold no data). A ``POST`` body must be
 ``Content-Type: application/json``: a browser sends a cross-site form or ``text/plain``
 POST without asking first, never JSON.
 """
@@ -74,10 +75,11 @@ class Policy:
     origins: frozenset[str]
     any_origin: bool
     token: str | None
+    open_paths: frozenset[str] = frozenset({"/health"})  # answered without the token
 
     @classmethod
     def make(cls, *, host: str, port: int, allow_hosts: Sequence[str] = (), cors_origins: Sequence[str] = (),
-             token: str | None = None) -> "Policy":
+             token: str | None = None, open_paths: Sequence[str] = ("/health",)) -> "Policy":
         bound = host.strip("[]").lower()
         unspecified = bound in ("", "0.0.0.0", "::")
         names = {"localhost"} if unspecified else {bound}
@@ -86,7 +88,7 @@ class Policy:
         extra = {parsed for h in allow_hosts if h != "*" and (parsed := split_host(h))}
         return cls(port=port, names=frozenset(names), any_ip=unspecified, extra=frozenset(extra),
                    any_host="*" in allow_hosts, origins=frozenset(o.rstrip("/").lower() for o in cors_origins),
-                   any_origin="*" in cors_origins, token=token or None)
+                   any_origin="*" in cors_origins, token=token or None, open_paths=frozenset(open_paths))
 
     def host_allowed(self, value: str | None) -> bool:
         if self.any_host:
@@ -156,7 +158,7 @@ class Guard:
             from starlette.responses import Response
 
             return Response(status_code=204, headers=_PREFLIGHT_HEADERS), origin
-        if path != "/health" and not p.token_ok(headers.get("authorization", "")):
+        if path not in p.open_paths and not p.token_ok(headers.get("authorization", "")):
             return error_response(401, "missing or wrong bearer token", "authentication_error"), cors
         if method == "POST" and headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
             return error_response(415, "a POST body must be JSON sent with Content-Type: application/json",

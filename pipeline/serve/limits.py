@@ -21,6 +21,8 @@ MAX_PATHS = 1000
 MAX_TOKENS = 1_000_000
 """Largest ``max_tokens`` a chat request may ask for (the context bounds it further)."""
 MAX_TEMPERATURE = 5.0
+MAX_SOURCE_CHARS = 4096
+"""Longest document name ``GET /documents`` looks up (a path of the file system: PATH_MAX)."""
 FINISHED_JOBS_KEPT = 100
 """Finished ingest jobs ``GET /ingest/{id}`` still knows; older ones are forgotten."""
 GRACEFUL_SHUTDOWN_SECONDS = 10
@@ -29,4 +31,5 @@ ANSWERS_GRACE_SECONDS = GRACEFUL_SHUTDOWN_SECONDS - 2
 """How long after a stop answers still running are cancelled (a 503), before the server closes them."""
 
 __all__ = ["DEFAULT_PORT", "DEFAULT_MAX_BODY", "MAX_HEADER_BYTES", "BODY_STALL_SECONDS", "MAX_PATHS", "MAX_TOKENS",
-           "MAX_TEMPERATURE", "MAX_TOP_K", "FINISHED_JOBS_KEPT", "GRACEFUL_SHUTDOWN_SECONDS", "ANSWERS_GRACE_SECONDS"]
+           "MAX_TEMPERATURE", "MAX_SOURCE_CHARS", "MAX_TOP_K", "FINISHED_JOBS_KEPT", "GRACEFUL_SHUTDOWN_SECONDS",
+           "ANSWERS_GRACE_SECONDS"]

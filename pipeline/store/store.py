@@ -292,6 +292,10 @@ class Store:
     def documents(self) -> dict[str, DocumentRecord]:
         return self.catalog.documents(self.name)
 
+    def document(self, source: str) -> DocumentRecord | None:
+        """The committed document named exactly ``source`` (as :meth:`documents` names it), or None."""
+        return self.catalog.document(self.name, source)
+
     def write_document(self, doc: DocumentRecord, chunks: Sequence["Chunk"], vectors: "np.ndarray",
                        sections: Sequence["Section"] = ()) -> None:
         """Make ``doc`` with these chunks, vectors and sections the committed version of its source."""

@@ -1,0 +1,64 @@
+"""The screenshot of the web page in docs/app.md, taken by the browser the tests use.
+
+    .venv/bin/python tests/web_screenshot.py docs/web-page.png
+
+Ingests samples/ into a temporary store, starts `rag serve` on it (default settings, shorter
+answers), opens `/?q=...` in headless Chromium, asks a follow-up, and saves the page as a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from urllib.parse import quote
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from browser import Browser, find_chromium  # noqa: E402
+from serving import RagServer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+QUESTION = "What is the difference between n_batch and n_ubatch?"
+FOLLOW_UP = "Which one should be the larger?"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, nargs="?", default=ROOT / "docs" / "web-page.png")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    args = parser.parse_args()
+    binary = find_chromium()
+    if binary is None:
+        sys.exit("no Chromium found: install Debian's chromium package, or name one with RAG_TEST_CHROMIUM")
+    with tempfile.TemporaryDirectory(prefix="rag-screenshot-") as tmp:
+        root = Path(tmp)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_") or k == "RAG_HOME"}
+        env.update(RAG_STORE_PATH=str(root / "store"), RAG_CACHE_PATH=str(root / "cache"),
+                   RAG_ASK_MAX_TOKENS=str(args.max_tokens))
+        subprocess.run([sys.executable, "-m", "pipeline", "ingest", str(ROOT / "samples")], env=env, check=True,
+                       capture_output=True)
+        server = RagServer(env, log=root / "serve.log").start()
+        browser = Browser(binary, root / "profile")
+        try:
+            page = browser.page(width=1000, height=800)
+            page.goto(f"{server.base}/?q={quote(QUESTION)}")
+            done = "document.getElementById('turn').dataset.state === 'done'"
+            page.wait_for(done, timeout=1800)
+            page.type("#question", FOLLOW_UP)
+            page.click("#ask")
+            page.wait_for(f"document.getElementById('asked').textContent === {FOLLOW_UP!r} && {done}", timeout=1800)
+            page.eval("document.activeElement.blur()")
+            page.screenshot(args.out)
+        finally:
+            browser.close()
+            server.stop()
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
