@@ -408,3 +408,14 @@ def test_no_top_level_module_shadows_the_standard_library():
     # And the build script itself starts (its --help exits before building anything).
     run = subprocess.run([sys.executable, str(PACKAGE / "_build.py"), "--help"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
+
+
+#: The most modules directly under ``pipeline/`` (besides ``__init__`` and ``__main__``): past it, the
+#: top level stops telling a reader which part of the product a module belongs to.
+MAX_TOP_LEVEL_MODULES = 12
+
+
+def test_the_package_top_level_stays_small():
+    """A new concept goes into the folder of the part it belongs to (``ask/``, ``engine/``, ...), not beside them."""
+    top = sorted(p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("__"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules: {', '.join(top)}"

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..ask import packing
 from ..ask.prompt import Layout, SectionTokens, pack, section_prompt, shape_of
-from ..digest import digest
+from .digest import digest
 from ..errors import EngineError, InputError, RagError
 from ..records import DocumentRecord, Passage, Prompt, Section
 from .jobstore import JobStore, StoredResult, Unit

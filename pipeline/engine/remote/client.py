@@ -319,7 +319,7 @@ class TokenText:
 
 
 def digest(*parts) -> str:
-    """A short stable hash of ``parts`` (names of what servers serve). Not :func:`pipeline.digest.digest`:
+    """A short stable hash of ``parts`` (names of what servers serve). Not :func:`pipeline.summarize.digest.digest`:
     a remote embedder's name is its identity in every collection it filled, so its form is frozen."""
     import hashlib
 
