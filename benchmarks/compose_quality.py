@@ -25,6 +25,7 @@ seconds of compose (restore, shift, recompute) against exact prefill of the docu
     .venv/bin/python benchmarks/compose_quality.py [--models smollm2,gemma3]
         [--corpora manual,dev] [--questions 4] [--ctx 8192] [--threads N] [--json OUT] [--quick]
         [--configs 'first 32,none'] [--no-reference]
+    .venv/bin/python benchmarks/compose_quality.py --report A.json [B.json]   # the tables of earlier --json runs
 
 ``--corpora gnuplot,asymptote`` are the held-out manuals: a report on them is a held-out figure only
 if no setting was chosen on them. Right answers are counted where a corpus knows the value asked for
@@ -82,6 +83,8 @@ def configs() -> list[tuple[str, Seams | int]]:
     return [(name, how) for name, how in out if ONLY is None or name in ONLY or name == "none"]
 
 
+DEFAULT_SEAMS = "first 32"  # ask.compose_seams / ask.compose_recompute's defaults
+BUDGET = 0.05  # ask.compose_max_kl's default
 ONLY: set[str] | None = None  # --configs: the rows to run ("none" always runs: the deviation oracle reads it)
 
 
@@ -395,6 +398,26 @@ def answers(results: list[dict]) -> dict[str, dict]:
     return out
 
 
+def policy(results: list[dict], *, seams: str = DEFAULT_SEAMS, budget: float = BUDGET) -> dict:
+    """Right answers of ``ask.compose = "auto"`` at ``budget``: per corpus (a collection), the model is
+    calibrated on its first prompt (as the product calibrates on its first answer, over the same 32
+    teacher-forced tokens) and every prompt of that corpus is composed with ``seams`` if that
+    calibration is within the budget, else prefilled exactly. Pair by pair against exact prefill."""
+    known = [r for r in results if "exact_correct" in r and seams in r["configs"]]
+    first: dict[str, float] = {}
+    for r in results:
+        if seams in r["configs"]:
+            first.setdefault(r["corpus"], r["configs"][seams]["kl"])
+    allowed = {c: kl <= budget for c, kl in first.items()}
+    pairs = [(bool(r["exact_correct"]),
+              bool(r["configs"][seams]["correct"]) if allowed[r["corpus"]] else bool(r["exact_correct"]))
+             for r in known]
+    right = sum(c for _, c in pairs)
+    return {"right": right, "n": len(pairs), "ci": wilson(right, len(pairs)),
+            "lost": sum(e and not c for e, c in pairs), "won": sum(c and not e for e, c in pairs),
+            "calibrations": {c: {"kl": first[c], "allowed": allowed[c]} for c in first}}
+
+
 def print_answers(title: str, table: dict[str, dict]) -> None:
     print(f"\n{title}: right answers (the greedy answer holds the value asked for)")
     print("| prefill | right | 95 % interval | lost / won against exact |")
@@ -416,6 +439,30 @@ def print_table(title: str, agg: dict[str, dict], exact_s: float) -> None:
               f"{a['seconds']:.2f} |")
 
 
+def summarize(mname: str, results: list[dict], *, sections: int) -> dict:
+    """Print one model's tables; its part of the JSON report."""
+    agg = aggregate(results)
+    exact_s = statistics.mean(r["exact_s"] for r in results)
+    right = [float(r["exact_correct"]) for r in results if "exact_correct" in r]
+    print_table(f"{mname}: {len(results)} prompts of {statistics.mean(r['tokens'] for r in results):,.0f} tokens "
+                f"({sections} sections)" + (f"; exact prefill's answer right in {statistics.mean(right):.0%} "
+                                            f"of the {len(right)} with a known answer" if right else ""),
+                agg, exact_s)
+    table = answers(results)
+    auto = f"auto at the default budget ({BUDGET})"
+    if any(DEFAULT_SEAMS in r["configs"] for r in results):
+        table[auto] = policy(results)
+    print_answers(mname, table)
+    for cname, c in table.get(auto, {}).get("calibrations", {}).items():
+        print(f"  calibrated on the first prompt of {cname}: KL {c['kl']:.4f}, "
+              f"{'composes' if c['allowed'] else 'stays exact'} at {BUDGET}")
+    prof = {k: statistics.mean(r["profile"][k] for r in results if r["profile"].get(k) is not None)
+            for k in results[0]["profile"]}
+    print("KV deviation with nothing recomputed, mean by offset in a moved section: "
+          + ", ".join(f"{k} {v:.3f}" for k, v in prof.items()))
+    return {"aggregate": agg, "answers": table, "exact_s": exact_s, "profile": prof, "prompts": results}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="smollm2,gemma3")
@@ -432,6 +479,8 @@ def main(argv=None) -> int:
                     help="a smoke run: SmolLM2, the generated manual, one question, prompts for a 2K context")
     ap.add_argument("--configs", help="comma-separated rows to run, e.g. 'first 32,last 512' (default: all)")
     ap.add_argument("--verbose", action="store_true", help="time each step on stderr")
+    ap.add_argument("--report", type=Path, nargs="+", metavar="JSON",
+                    help="print the tables of earlier runs' --json files (one model each, or several) and exit")
     ap.add_argument("--no-reference", dest="reference", action="store_false",
                     help="leave out the q8_0-KV row (exact prefill with a quantised KV cache, for scale)")
     args = ap.parse_args(argv)
@@ -442,6 +491,12 @@ def main(argv=None) -> int:
         unknown = ONLY - {name for name, _ in configs()}
         if unknown:
             ap.error(f"unknown --configs {', '.join(sorted(unknown))}")
+    if args.report:
+        for path in args.report:
+            data = json.loads(path.read_text())
+            for mname, mr in data["models"].items():
+                summarize(mname, mr["prompts"], sections=data["sections"])
+        return 0
     if args.quick:
         args.models, args.corpora, args.questions, args.ctx = "smollm2", "manual", 1, 2048
     from pipeline.config import resolve_home
@@ -453,7 +508,9 @@ def main(argv=None) -> int:
     report: dict = {"ctx": args.ctx, "sections": args.sections, "answer_tokens": ANSWER, "models": {}}
     for mname in args.models.split(","):
         path = resolve(MODELS[mname], home=resolve_home(), fetch=True)
-        room = max(args.ctx, args.sections * (args.section_tokens or args.ctx // 4) * 5 // 4) + 512  # sections vary
+        # Sections follow pages, and a document's pages can be long (the development set's are whole files):
+        # room for prompts up to twice the nominal size, so that no question is left out for its length.
+        room = 2 * max(args.ctx, args.sections * (args.section_tokens or args.ctx // 4)) + 512
         run = Runner(path, ctx=room, threads=threads)
         reference = Runner(path, ctx=room, threads=threads, kv="q8_0") if args.reference else None
         layout = layout_for(run, path)
@@ -466,7 +523,7 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 pieces = [with_focus(p, text, starts, q.keyword) for p, starts, text in (secs[i] for i in idx)]
                 n = sum(len(p) for p in pieces) + len(layout.head_tokens) + 64 + ANSWER
-                if n > room:  # sections follow pages, so a few run long
+                if n > room:
                     print(f"  {mname} {cname:9} skipped: its {args.sections} sections need {n:,} of {room:,} cells",
                           flush=True)
                     continue
@@ -484,21 +541,7 @@ def main(argv=None) -> int:
         run.model.close()
         if reference is not None:
             reference.model.close()
-        agg = aggregate(results)
-        exact_s = statistics.mean(r["exact_s"] for r in results)
-        right = [float(r["exact_correct"]) for r in results if "exact_correct" in r]
-        print_table(f"{mname}: {len(results)} prompts of {statistics.mean(r['tokens'] for r in results):,.0f} tokens "
-                    f"({args.sections} sections)" + (f"; exact prefill's answer right in {statistics.mean(right):.0%} "
-                                                     f"of the {len(right)} with a known answer" if right else ""),
-                    agg, exact_s)
-        table = answers(results)
-        print_answers(mname, table)
-        prof = {k: statistics.mean(r["profile"][k] for r in results if r["profile"].get(k) is not None)
-                for k in results[0]["profile"]}
-        print("KV deviation with nothing recomputed, mean by offset in a moved section: "
-              + ", ".join(f"{k} {v:.3f}" for k, v in prof.items()))
-        report["models"][mname] = {"aggregate": agg, "answers": table, "exact_s": exact_s, "profile": prof,
-                                   "prompts": results}
+        report["models"][mname] = summarize(mname, results, sections=args.sections)
     if args.json:
         from pipeline.dev.bench import document, row
 
