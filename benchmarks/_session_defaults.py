@@ -133,8 +133,14 @@ def print_table(out: dict) -> None:
         print(f"| {'auto (default)' if name == 'defaults' else name} | {s['ttft_q1']:.2f} | {s['ttft_rest_median']:.2f} | "
               f"**{s['speedup']:.1f}x** | {s['reused_median']:,.0f} | {s['cited']}/{n} | {cal} |")
     c = out["cold"]
+    d = out["sessions"]["defaults"]
+    verdict = lambda ok: "PASS" if ok else "FAIL"  # noqa: E731
     print(f"\ncold question, composition allowed (on) against off: {c['on']:.2f} s / {c['off']:.2f} s = "
-          f"{c['ratio']:.2f} (<= 1.10)  [{'PASS' if out['pass'] else 'FAIL'}]")
+          f"{c['ratio']:.2f} (<= 1.10)  [{verdict(c['ratio'] <= 1.1)}]")
+    print(f"defaults: q1 / median q2-{n} = {d['speedup']:.1f}x (>= 10) [{verdict(d['speedup'] >= 10)}]; "
+          f"answer's page cited {d['cited']}/{n} (>= {n - 1}) [{verdict(d['cited'] >= n - 1)}]; "
+          f"calibrated [{verdict(bool(d['composition'] and d['composition'].get('tokens')))}]; "
+          f"all [{verdict(out['pass'])}]")
 
 
 __all__ = ["print_table", "run_defaults_case"]
