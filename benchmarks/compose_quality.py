@@ -509,7 +509,7 @@ def main(argv=None) -> int:
     for mname in args.models.split(","):
         path = resolve(MODELS[mname], home=resolve_home(), fetch=True)
         # Sections follow pages, and a document's pages can be long (the development set's are whole files):
-        # room for prompts up to twice the nominal size, so that no question is left out for its length.
+        # room for prompts up to twice the nominal size (a question whose prompt is longer still is skipped, and said so).
         room = 2 * max(args.ctx, args.sections * (args.section_tokens or args.ctx // 4)) + 512
         run = Runner(path, ctx=room, threads=threads)
         reference = Runner(path, ctx=room, threads=threads, kv="q8_0") if args.reference else None
