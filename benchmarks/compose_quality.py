@@ -55,6 +55,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import _corpora  # noqa: E402
 from pipeline.ask.prompt import Layout, render_section  # noqa: E402
+from pipeline.config.sections import AskConfig  # noqa: E402
 from pipeline.engine import _llama  # noqa: E402
 from pipeline.engine._llama import composing as mem  # noqa: E402
 from pipeline.engine._llama import state_format as kv_state  # noqa: E402
@@ -83,8 +84,8 @@ def configs() -> list[tuple[str, Seams | int]]:
     return [(name, how) for name, how in out if ONLY is None or name in ONLY or name == "none"]
 
 
-DEFAULT_SEAMS = "first 32"  # ask.compose_seams / ask.compose_recompute's defaults
-BUDGET = 0.05  # ask.compose_max_kl's default
+DEFAULT_SEAMS = f"{AskConfig.compose_seams} {AskConfig.compose_recompute}"  # the defaults' row of configs()
+BUDGET = AskConfig.compose_max_kl
 ONLY: set[str] | None = None  # --configs: the rows to run ("none" always runs: the deviation oracle reads it)
 
 
