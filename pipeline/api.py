@@ -335,6 +335,19 @@ class Pipeline:
 
         return warm_sections(self.runtime, progress=progress)
 
+    def warm_auto(self, *, progress: Callable[[int, int], None] | None = None) -> dict:
+        """What ``rag ingest`` runs after embedding with ``ingest.warm = "auto"`` (the default): where the
+        collection is larger than the context and the local generator can compose, calibrate composition
+        on the collection's own sections (once per model and settings) and, if it is within the budget,
+        save every section's state as :meth:`warm_sections` does, so every question, the first included, is
+        composed from states. Where the collection fits the context, the first question saves its prefix
+        for the next, and nothing is done here. Returns ``{"warmed": bool, "reason": str}``, and when
+        warmed :meth:`warm_sections`' report; ``"calibration"`` where one was measured. Skipped where the
+        states would take more than half of ``cache.max_gb``."""
+        from .ask.warm import warm_auto
+
+        return warm_auto(self.runtime, progress=progress)
+
     def settle(self, *, cancel: bool = False, log: Callable[[str], None] | None = None) -> None:
         """Wait for the work an answer left for afterwards: the composition calibration the first
         answer over a collection larger than the context asks for (``ask.compose = "auto"``, at most

@@ -63,9 +63,15 @@ SCHEMAS: dict[str, dict] = {
         {"collection": _str, "counts": {"type": "object", "additionalProperties": _int}, "chunks": _int,
          "tokens": _int, "seconds": _num, "embed_seconds": _num, "tokens_per_second": _num,
          "files": {"type": "array", "items": _obj({"path": _str, "status": _str})}},
-        {"warm": _obj({"mode": {"enum": ["whole", "sections"]}, "prefixes": {"type": "array", "items": _obj(
-            {"prefix": _str, "documents": _int, "sections": _int, "tokens": _int, "outcome": _str},
-            {"prefilled": _int, "bytes": _int})}}, {"purpose": _str, "prefilled_tokens": _int, "bytes_written": _int})})),
+        {"warm": {"anyOf": [  # --warm (ingest.warm = "on"): what `rag warm` reports
+            _obj({"mode": {"enum": ["whole", "sections"]}, "prefixes": {"type": "array", "items": _obj(
+                {"prefix": _str, "documents": _int, "sections": _int, "tokens": _int, "outcome": _str},
+                {"prefilled": _int, "bytes": _int})}}, {"purpose": _str, "prefilled_tokens": _int,
+                                                        "bytes_written": _int}),
+            # ingest.warm = "auto": whether section states were saved, why, and what `rag warm --sections` reports
+            _obj({"warmed": _bool, "reason": _str},
+                 {"sections": _int, "saved": _int, "cached": _int, "tokens": _int, "prefilled_tokens": _int,
+                  "bytes_written": _int, "seconds": _num, "calibration": {"type": ["object", "null"]}})]}})),
     "search": _versioned(_obj({"query": _str, "hits": {"type": "array", "items": HIT}}, closed=True)),
     "ask": _versioned(_obj(
         {"question": _str, "text": _str, "sources": {"type": "array", "items": SOURCE}, "stats": STATS,

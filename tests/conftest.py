@@ -10,6 +10,10 @@
   are missing, and is ``slow`` (marked so at collection): ``pytest -m "not slow"`` runs the rest,
   which use the deterministic fakes of ``tests/fakes.py`` (:func:`fake_pipeline`) or
   tiny generated models.
+* ``RAG_INGEST_WARM=off``: ``rag ingest`` does not save section states afterwards (what
+  ``ingest.warm = "auto"`` does for a collection larger than the context, the bundled samples
+  at the 8K default included), so an ingest in a test costs its embedding only; the tests of
+  that default set it back (``tests/test_ingest_warm.py``).
 * Every llama.cpp model a test loads must be closed by the end of the test (the
   ``make_pipeline`` and ``fake_pipeline`` factories close theirs).
 """
@@ -56,6 +60,7 @@ def _isolated_environment(tmp_path_factory, monkeypatch):
     if real_models.is_dir():
         (home / "models").symlink_to(real_models, target_is_directory=True)
     monkeypatch.setenv("RAG_HOME", str(home))
+    monkeypatch.setenv("RAG_INGEST_WARM", "off")
     yield home
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from ..engine.reuse.budget import Refusal
 from ..errors import ConfigError, DiskFullError
 from ..records import PackedSection, Prompt, Section
 from .packing import Shelf, gather, number, shelf_prompt
@@ -97,13 +98,71 @@ def warm_sections(rt: "Runtime", *, progress: Callable[[int, int], None] | None 
     packed = number(shelf, shelf.sections, rt.section_memo)
     head = rt.layout().head_tokens
     report = engine.warm_sections(head, [p.tokens for p in packed], progress=progress)
-    calibration = None
+    _calibrate(rt, shelf)
+    return {"mode": "sections", "documents": len(shelf.documents), **report, "calibration": _calibration(rt)}
+
+
+def _calibrate(rt: "Runtime", shelf: Shelf) -> None:
+    """Calibrate composition on one prompt of ``shelf``'s own sections, unless it is calibrated already
+    (or ``ask.compose`` is not ``auto``): once per model and settings."""
+    engine = rt.engine
+    if not rt.compose_policy.wants_calibration(engine.calibration):
+        return
     prompt = calibration_prompt(shelf, layout=rt.layout(), tokenize=engine.tokenize, memo=rt.section_memo,
                                 n_ctx=engine.n_ctx, reserve=rt.reserve())
     if prompt is not None:
-        record = engine.calibrate(shape_of(prompt))
-        calibration = record.to_dict(budget=rt.compose_policy.max_kl) if record is not None else None
-    return {"mode": "sections", "documents": len(shelf.documents), **report, "calibration": calibration}
+        engine.calibrate(shape_of(prompt))
+
+
+def _calibration(rt: "Runtime") -> dict | None:
+    record = rt.engine.calibration
+    return record.to_dict(budget=rt.compose_policy.max_kl) if record is not None else None
+
+
+def warm_auto(rt: "Runtime", *, progress: Callable[[int, int], None] | None = None) -> dict:
+    """:meth:`Pipeline.warm_auto <pipeline.api.Pipeline.warm_auto>`: section states where they pay, else
+    nothing, and why."""
+    from ..models import is_server
+
+    def skipped(reason: str, **more) -> dict:
+        return {"warmed": False, "reason": reason, **more}
+
+    policy = rt.compose_policy
+    if not policy.enabled:
+        return skipped("ask.compose is \"off\"")
+    if is_server(rt.config.models.generator):
+        return skipped("the generator is a server: its own cache holds its states")
+    cache = rt.prefix_cache
+    if cache is None or cache.unavailable or cache.read_only:
+        return skipped("the prefix cache cannot save states")
+    with rt.store(create=False) as store:
+        if store.info is None:
+            return skipped("the collection does not exist")
+        shelf = gather(store, sources=None, target=rt.section_tokens, fetch_tokens=2**62)
+    if not shelf.sections:
+        return skipped("the collection is empty")
+    engine = rt.engine
+    shelf.fixed_numbers = True
+    packed = number(shelf, shelf.sections, rt.section_memo)
+    tokens = sum(len(p.tokens) for p in packed)
+    if tokens <= rt.layout().budget(n_ctx=engine.n_ctx, reserve=rt.reserve(), suffix_tokens=0):
+        return skipped("the collection fits the context: the first question saves its prefix for the next")
+    refusal = engine.composition_refusal
+    if refusal is not None and refusal not in (Refusal.NOT_CALIBRATED, Refusal.OVER_BUDGET):
+        return skipped(refusal.value)
+    s = engine.settings
+    size = engine.info.kv_bytes(tokens, s.type_k, s.type_v)
+    room = rt.config.cache.max_gb * 1e9 / 2
+    if size > room:
+        return skipped(f"the section states would take about {size / 1e9:,.1f} GB, more than half of "
+                       f"cache.max_gb ({rt.config.cache.max_gb:g} GB): `rag warm --sections` saves them anyway")
+    _calibrate(rt, shelf)
+    refusal = engine.composition_refusal
+    if refusal is not None:
+        return skipped(refusal.value, calibration=_calibration(rt))
+    report = engine.warm_sections(rt.layout().head_tokens, [p.tokens for p in packed], progress=progress)
+    return {"warmed": True, "reason": "the collection is larger than the context and this model composes",
+            "mode": "sections", "documents": len(shelf.documents), **report, "calibration": _calibration(rt)}
 
 
 #: What a calibration prompt asks: any question works (it compares distributions), one that makes the
@@ -178,4 +237,5 @@ def _warm_one(rt: "Runtime", shelf: Shelf, name: str, prompt: Prompt | None) -> 
             "bytes": written, "outcome": outcome}
 
 
-__all__ = ["CALIBRATION_QUESTION", "WARM_PURPOSES", "calibration_prompt", "warm", "warm_plans", "warm_sections"]
+__all__ = ["CALIBRATION_QUESTION", "WARM_PURPOSES", "calibration_prompt", "warm", "warm_auto", "warm_plans",
+           "warm_sections"]

@@ -24,7 +24,9 @@ from .common import (UserError, cli, display_path, echo_json, handles_errors, js
               help="Leave out files and folders matching GLOB; repeatable.")
 @click.option("--follow-symlinks", is_flag=True, default=None,
               help="Also follow symlinks that leave the folder. [default: ingest.follow_symlinks]")
-@click.option("--warm", is_flag=True, help="Then prefill and save the prompt prefixes questions will hit (see `rag warm`).")
+@click.option("--warm/--no-warm", default=None,
+              help="Then prefill and save the states questions start from (see `rag warm`), or not. [default: "
+                   "ingest.warm, \"auto\": section states where the collection is larger than the context]")
 @json_option
 @click.pass_context
 @handles_errors
@@ -48,7 +50,9 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
             for f in report.failed:
                 click.echo(f"failed: {display_path(f.path)}: {printable(f.reason)}", err=True)
             click.echo(report.summary())
-        warmed = _warm(rag, quiet=as_json) if warm else None
+        setting = rag.config.ingest.warm if warm is None else ("on" if warm else "off")
+        warmed = (_warm(rag, quiet=as_json) if setting == "on" else
+                  _warm_auto(rag, quiet=as_json) if setting == "auto" else None)
     finally:
         bar.close()
         rag.close()
@@ -125,6 +129,32 @@ def warm(ctx, collection, store_path, purpose, sections, as_json):
         echo_json(report)
 
 
+def _warm_auto(rag, *, quiet: bool) -> dict:
+    """``ingest.warm = "auto"``: section states where the collection is larger than the context."""
+    import time
+
+    last = time.monotonic()
+
+    def lines(progress):
+        def every(done: int, total: int) -> None:  # off a terminal: a line every 10 s, as embedding does
+            nonlocal last
+            if progress is not None:
+                progress(done, total)
+            elif not quiet and time.monotonic() - last >= IngestProgress.every:
+                last = time.monotonic()
+                click.echo(f"section states: {done:,} of {total:,} tokens (`--no-warm` skips this)", err=True)
+        return rag.warm_auto(progress=every)
+
+    report = _counted(lines, label="section states", quiet=quiet)
+    if not quiet and report["warmed"]:
+        _say_sections(report)
+    elif not quiet and report.get("calibration"):  # measured, and over the budget: states would not be used
+        _say_calibration(report["calibration"])
+    elif not quiet and "cache.max_gb" in report["reason"]:
+        click.echo(f"note: {report['reason']}", err=True)
+    return report
+
+
 def _counted(call, *, label: str, quiet: bool):
     """``call(progress=...)`` with a progress bar on a terminal's stderr, driven by the library's
     ``progress(done, total)`` callback; none when ``quiet`` or stderr is not a terminal."""
@@ -155,13 +185,16 @@ def _say_sections(report: dict) -> None:
                f"{f', {n} not saved' if (n := report.get('not_saved')) else ''}; "
                f"{report['prefilled_tokens']:,} tokens prefilled in {report['seconds']:.1f} s, "
                f"{report['bytes_written'] / 1e6:,.1f} MB of states written")
-    c = report.get("calibration")
+    _say_calibration(report.get("calibration"))
+    for note in report["notes"]:
+        click.echo(f"note: {printable(note)}", err=True)
+
+
+def _say_calibration(c: dict | None) -> None:
     if c:
         verdict = "questions are composed" if c["allowed"] else "over ask.compose_max_kl: questions stay exact"
         click.echo(f"composition calibrated: mean KL {c['kl']:.4f} nats (budget {c['budget']}), top-1 "
                    f"{c['top1']:.1%} over {c['tokens']} tokens: {verdict}")
-    for note in report["notes"]:
-        click.echo(f"note: {printable(note)}", err=True)
 
 
 @cli.group()

@@ -16,6 +16,7 @@ from ..store.vectors import check_store_urls
 
 ASK_MODES = ("auto", "passages")
 COMPOSE_MODES = ("auto", "on", "off")  # (pipeline.engine.reuse.budget.ComposeMode)
+INGEST_WARM = ("auto", "on", "off")
 COMPOSE_SEAMS = ("first", "last", "whole", "none")  # (pipeline.engine.reuse.seams.STRATEGIES a prompt can use)
 
 
@@ -77,9 +78,13 @@ class IngestConfig:
     """Files larger than this (decompressed, for .gz) are skipped and reported; 0 = no limit."""
     follow_symlinks: bool = False
     """Also follow symlinks that lead outside the folder being ingested."""
+    warm: str = "auto"
+    """Then prefill the states questions start from: "auto" (section states, where the collection is larger than the context and the generator can compose), "on" (always, as `rag warm`), "off"."""
 
     def validate(self) -> "IngestConfig":
         check_section("ingest", self)
+        if self.warm not in INGEST_WARM:
+            raise ConfigError(f"ingest.warm must be one of {', '.join(INGEST_WARM)}, got {self.warm!r}")
         return self
 
 

@@ -211,6 +211,12 @@ class Engine(GeneratorBase):
         return self.planner.refusal(self.memory) is None
 
     @property
+    def composition_refusal(self) -> Refusal | None:
+        """Why sections-mode prompts are not composed now (the model loaded to know whether it shifts);
+        None: they are."""
+        return self.planner.refusal(self._loaded_memory())
+
+    @property
     def calibration(self) -> Calibration | None:
         """This model's composition calibration for the configured seams (None: not measured yet)."""
         return self.planner.calibration()

@@ -1,0 +1,147 @@
+"""``ingest.warm = "auto"`` (the default; the suite's fixtures set it off for speed): after an ingest,
+a collection larger than the context gets its composition calibrated and every section's state saved,
+so the first question is already composed; nothing is done where the collection fits the context,
+composition is off or over its budget, the model cannot shift, or the states would crowd the cache.
+Generated models and the fakes' hash embedder, then the CLI on the real default models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from fakes import HashEmbedder
+from pipeline import Pipeline
+from pipeline.cli import cli
+from pipeline.config import Config
+from pipeline.dev.synthetic import write_model, write_moe_model
+from pipeline.schemas import validate, versioned
+
+TOPICS = [("a-pumps.md", "pump"), ("b-valves.md", "valve"), ("c-sensors.md", "sensor"), ("d-cables.md", "cable")]
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    return write_moe_model(tmp_path_factory.mktemp("moe") / "moe.gguf", n_ctx_train=8192)
+
+
+def write_shelf(root, paragraphs: int = 24):
+    root.mkdir()
+    for name, topic in TOPICS:
+        paras = [f"Paragraph {i} of the {topic} manual: the {topic} unit {i} reports level {i * 7} "
+                 f"and code {topic[:3].upper()}-{i:03d}." for i in range(paragraphs)]
+        (root / name).write_text("\n\n".join(paras) + "\n")
+    return root
+
+
+def pipeline(model, tmp_path, **kw) -> Pipeline:
+    settings = {"models.generator": str(model), "engine.n_ctx": 2048, "engine.threads": 1, "ask.max_tokens": 6,
+                "chunking.size": 64, "chunking.overlap": 8, "chunking.section_tokens": 128,
+                "cache.path": str(tmp_path / "cache"), "ask.compose_max_kl": 100.0, **kw}
+    return Pipeline.from_config(overrides=settings, embedder=HashEmbedder())
+
+
+def states(tmp_path) -> int:
+    return sum(1 for _ in (tmp_path / "cache").rglob("*.state"))
+
+
+def test_the_default_is_auto():
+    assert Config().ingest.warm == "auto"
+
+
+def test_a_shelf_larger_than_the_context_is_calibrated_and_warmed_so_the_first_question_composes(moe, tmp_path):
+    docs = write_shelf(tmp_path / "shelf")
+    with pipeline(moe, tmp_path) as rag:
+        rag.ingest([docs])
+        seen = []
+        report = rag.warm_auto(progress=lambda done, total: seen.append((done, total)))
+    assert report["warmed"] is True and "larger than the context" in report["reason"]
+    assert report["sections"] >= 8 and report["saved"] + report["cached"] == report["sections"]
+    assert report["calibration"]["allowed"] is True and report["calibration"]["tokens"] >= 32
+    assert seen and seen[-1][0] == seen[-1][1] == report["tokens"]
+    with pipeline(moe, tmp_path) as rag:  # a new process: the first question, every state on disk
+        first = rag.ask("What does pump unit 3 report?")
+        assert rag.calibration()["allowed"] is True
+    st = first.stats
+    assert st.mode == "sections" and st.cache == "composed"
+    assert st.composed_sections == len(st.sections) >= 2 and st.states_saved == 0
+    assert st.prefill_tokens < st.prompt_tokens // 4  # only the seams and the question
+
+    with pipeline(moe, tmp_path) as rag:  # again: nothing new to save, no second calibration
+        again = rag.warm_auto()
+    assert again["warmed"] is True and again["prefilled_tokens"] == 0 and again["saved"] == 0
+    assert again["calibration"]["measured_at"] == report["calibration"]["measured_at"]
+
+
+def test_nothing_is_done_where_the_collection_fits_the_context(moe, tmp_path):
+    docs = write_shelf(tmp_path / "shelf", paragraphs=2)
+    with pipeline(moe, tmp_path) as rag:
+        rag.ingest([docs])
+        report = rag.warm_auto()
+    assert report == {"warmed": False, "reason": report["reason"]} and "fits the context" in report["reason"]
+    assert states(tmp_path) == 0
+
+
+@pytest.mark.parametrize("setting, expected", [
+    ({"ask.compose": "off"}, 'ask.compose is "off"'),
+    ({"cache.max_gb": 0.000001}, "more than half of cache.max_gb"),
+    ({"cache.enabled": False}, "the prefix cache cannot save states"),
+])
+def test_nothing_is_done_where_states_would_not_be_used_or_kept(moe, tmp_path, setting, expected):
+    docs = write_shelf(tmp_path / "shelf")
+    with pipeline(moe, tmp_path, **setting) as rag:
+        rag.ingest([docs])
+        report = rag.warm_auto()
+    assert report["warmed"] is False and expected in report["reason"]
+    assert not (tmp_path / "cache").exists() or states(tmp_path) == 0
+
+
+def test_a_model_that_cannot_shift_is_left_alone(tmp_path):
+    hybrid = write_model("qwen35moe", tmp_path / "hybrid.gguf", n_ctx_train=8192)
+    docs = write_shelf(tmp_path / "shelf")
+    with pipeline(hybrid, tmp_path) as rag:
+        rag.ingest([docs])
+        report = rag.warm_auto()
+    assert report["warmed"] is False and "cannot be shifted" in report["reason"]
+    assert states(tmp_path) == 0
+
+
+def test_over_the_budget_only_the_calibration_is_spent(moe, tmp_path):
+    docs = write_shelf(tmp_path / "shelf")
+    with pipeline(moe, tmp_path, **{"ask.compose_max_kl": 0.0}) as rag:
+        rag.ingest([docs])
+        report = rag.warm_auto()
+        sections = rag.sections().sections
+    assert report["warmed"] is False and "over the quality budget" in report["reason"]
+    assert report["calibration"]["allowed"] is False
+    assert report["calibration"]["sections"] < sections  # the calibration's own sections, not the shelf's
+
+
+@pytest.mark.slow
+def test_cli_ingest_warms_by_default_and_the_first_ask_is_composed(store_dir, tmp_path, monkeypatch):
+    """The real default models at a 1K context: the ingest's own messages and JSON, then ``rag ask``."""
+    monkeypatch.delenv("RAG_INGEST_WARM")
+    monkeypatch.setenv("RAG_ENGINE_N_CTX", "1024")
+    monkeypatch.setenv("RAG_ASK_MAX_TOKENS", "8")
+    monkeypatch.setenv("RAG_ASK_COMPOSE_MAX_KL", "100")  # a test of the mechanism, not of SmolLM2's quality
+    docs = write_shelf(tmp_path / "shelf", paragraphs=16)
+    runner = CliRunner()
+    out = runner.invoke(cli, ["ingest", str(docs)])
+    assert out.exit_code == 0, out.output
+    assert "composition calibrated" in out.output and "questions are composed" in out.output
+    assert "warmed " in out.output and "sections of 4 documents" in out.output
+
+    ran = runner.invoke(cli, ["ask", "What does pump unit 3 report?", "--json"])
+    assert ran.exit_code == 0, ran.output
+    st = json.loads(ran.stdout)["stats"]
+    assert st["cache"] == "composed" and st["composed_sections"] >= 2 and st["states_saved"] == 0
+
+    (docs / "e-pipes.md").write_text("\n\n".join(f"Pipe {i} holds {i * 3} litres." for i in range(60)) + "\n")
+    data = json.loads(runner.invoke(cli, ["ingest", str(docs), "--json"]).stdout)
+    validate("ingest", versioned(data))
+    warm = data["warm"]  # only the new document's sections computed; the calibration kept
+    assert warm["warmed"] is True and 0 < warm["saved"] < warm["sections"] and warm["cached"] > 0
+
+    out = runner.invoke(cli, ["ingest", str(docs), "--no-warm", "--json"])
+    assert out.exit_code == 0 and "warm" not in json.loads(out.stdout)
