@@ -4,8 +4,9 @@
 setup:
 	./setup.sh
 
-# Two different questions: the first prefills the packed documents (progress on the terminal), the second
-# reuses that prefix and prefills only itself; the last two lines compare them.
+# `rag ingest` saves each section's KV state of samples/ (larger than the 8K context) for the model that will
+# answer; then two different questions, each composed from those states, prefilling only its seams and
+# itself; the last two lines compare them.
 DEMO_QUESTIONS = "How much faster was prefill with 8 layers' experts on the CPU?" \
                  "What is the difference between n_batch and n_ubatch?"
 
@@ -13,7 +14,7 @@ DEMO_QUESTIONS = "How much faster was prefill with 8 layers' experts on the CPU?
 # default SmolLM2-135M on the development set (docs/performance.md, "Generators").
 demo: setup
 	.venv/bin/rag models pull gemma-3-270m
-	.venv/bin/rag ingest samples/
+	.venv/bin/rag --config configs/gemma-3-270m.toml ingest samples/
 	.venv/bin/rag --config configs/gemma-3-270m.toml ask --max-tokens 64 $(DEMO_QUESTIONS)
 
 test: setup

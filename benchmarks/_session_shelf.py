@@ -96,7 +96,8 @@ def run_composed_case(work: Path, *, quick: bool, section_tokens: int | None = N
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
     env.update({"RAG_HOME": os.environ.get("RAG_HOME", ""), "RAG_STORE_PATH": str(work / "store"),
                 "RAG_STORE_COLLECTION": "session-c", "RAG_CACHE_PATH": str(work / "cache-c"),
-                "RAG_ASK_COMPOSE": "auto", "RAG_ASK_MAX_TOKENS": "16", "RAG_CACHE_MAX_GB": "32"})
+                "RAG_ASK_COMPOSE": "auto", "RAG_ASK_MAX_TOKENS": "16", "RAG_CACHE_MAX_GB": "32",
+                "RAG_INGEST_WARM": "off"})  # a cold question first, then `rag warm --sections` by hand
     if section_tokens:
         env["RAG_CHUNKING_SECTION_TOKENS"] = str(section_tokens)
     if recompute is not None:

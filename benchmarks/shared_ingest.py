@@ -57,7 +57,7 @@ def run_config(kind: str, n: int, *, corpus: Path, base: Path, run: int, chroma:
     collection = f"bench-{kind}-{n}-{run}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_STORE_")}
     env.update(RAG_STORE_PATH=str(base / f"store-{collection}"), RAG_STORE_COLLECTION=collection,
-               RAG_CACHE_PATH=str(base / "cache"))
+               RAG_CACHE_PATH=str(base / "cache"), RAG_INGEST_WARM="off")  # embedding and the store only
     if kind == "server":
         env.update(RAG_STORE_URL=chroma, RAG_STORE_CATALOG_URL=pg)
     cmd = ([sys.executable, str(ROOT / "tests" / "fake_ingest.py"), str(corpus), str(delay)] if fake

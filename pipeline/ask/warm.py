@@ -12,6 +12,10 @@ with ``ask.compose = "auto"`` it then calibrates composition on one prompt of th
 collection's own sections (:func:`calibration_prompt`), so even the first question is
 composed. Unless composition is off, ``rag warm`` (and ``rag ingest --warm``) does that too
 for a collection that does not fit whole.
+
+``rag ingest`` runs :func:`warm_auto` by default (``ingest.warm = "auto"``): the same section
+states, calibrated first, but only where they pay and are kept: a collection larger than the
+context, a local generator that composes within its budget, states within half the cache.
 """
 
 from __future__ import annotations
