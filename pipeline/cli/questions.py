@@ -186,7 +186,8 @@ def _comparison(answers) -> list[str]:
         line = (f"question {i}: {st.ttft_seconds:.1f} s to the first token ({st.prefill_tokens:,} tokens prefilled, "
                 f"{st.cached_tokens:,} of {st.prompt_tokens:,} reused)")
         if i > 1 and st.ttft_seconds > 0 and first.ttft_seconds > 0:
-            line += f", {first.ttft_seconds / st.ttft_seconds:.1f}x faster than question 1"
+            ratio = first.ttft_seconds / st.ttft_seconds
+            line += f", {ratio:.1f}x faster than question 1" if ratio >= 1.5 else ", about as soon as question 1"
         lines.append(line)
     return lines
 
