@@ -71,7 +71,8 @@ SCHEMAS: dict[str, dict] = {
             # ingest.warm = "auto": whether section states were saved, why, and what `rag warm --sections` reports
             _obj({"warmed": _bool, "reason": _str},
                  {"sections": _int, "saved": _int, "cached": _int, "tokens": _int, "prefilled_tokens": _int,
-                  "bytes_written": _int, "seconds": _num, "calibration": {"type": ["object", "null"]}})]}})),
+                  "bytes_written": _int, "seconds": _num, "calibration": {"type": ["object", "null"]},
+                  "failed": _bool})]}})),
     "search": _versioned(_obj({"query": _str, "hits": {"type": "array", "items": HIT}}, closed=True)),
     "ask": _versioned(_obj(
         {"question": _str, "text": _str, "sources": {"type": "array", "items": SOURCE}, "stats": STATS,

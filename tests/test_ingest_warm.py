@@ -145,3 +145,56 @@ def test_cli_ingest_warms_by_default_and_the_first_ask_is_composed(store_dir, tm
 
     out = runner.invoke(cli, ["ingest", str(docs), "--no-warm", "--json"])
     assert out.exit_code == 0 and "warm" not in json.loads(out.stdout)
+
+
+def test_a_generator_that_does_not_load_leaves_the_ingest_standing(tmp_path):
+    docs = write_shelf(tmp_path / "shelf")
+    with pipeline(tmp_path / "missing.gguf", tmp_path) as rag:
+        report = rag.ingest([docs])
+        warm = rag.warm_auto()
+        assert rag.status().documents == 4
+    assert report.chunks > 0
+    assert warm["warmed"] is False and warm["failed"] is True
+    assert warm["reason"].startswith("section states not saved: ") and "missing.gguf" in warm["reason"]
+
+
+def test_a_full_cache_disk_stops_the_states_not_the_ingest(moe, tmp_path, monkeypatch):
+    import errno
+
+    import pipeline.engine.cache.store as store
+
+    docs = write_shelf(tmp_path / "shelf")
+    real, writes = store.write_state, []
+
+    def write_state(*args, **kwargs):  # the calibration's states fit; the fourth state after it does not
+        writes.append(args[1])
+        if len(writes) > 8:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "write_state", write_state)
+    with pipeline(moe, tmp_path) as rag:
+        rag.ingest([docs])
+        warm = rag.warm_auto()
+    assert warm["warmed"] is False and warm["failed"] is True and "is full" in warm["reason"]
+    assert "rag warm --sections` again" in warm["reason"]
+    monkeypatch.setattr(store, "write_state", real)  # room again: the next ingest saves what is missing
+    with pipeline(moe, tmp_path) as rag:
+        again = rag.warm_auto()
+    assert again["warmed"] is True and 0 < again["saved"] < again["sections"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_saving_states_keeps_the_ingest_and_exits_0(store_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("RAG_INGEST_WARM")
+
+    def interrupted(self, *, progress=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Pipeline, "warm_auto", interrupted)
+    docs = write_shelf(tmp_path / "shelf", paragraphs=4)
+    out = CliRunner().invoke(cli, ["ingest", str(docs)])
+    assert out.exit_code == 0, out.output
+    assert "section states interrupted: the documents are ingested" in out.output
+    status = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)
+    assert status["documents"] == 4

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from ..engine.reuse.budget import Refusal
-from ..errors import ConfigError, DiskFullError
+from ..errors import Cancelled, ConfigError, DiskFullError, RagError
 from ..records import PackedSection, Prompt, Section
 from .packing import Shelf, gather, number, shelf_prompt
 from .prompt import Layout, SectionTokens, Tokenize, shape_of
@@ -125,7 +125,17 @@ def _calibration(rt: "Runtime") -> dict | None:
 
 def warm_auto(rt: "Runtime", *, progress: Callable[[int, int], None] | None = None) -> dict:
     """:meth:`Pipeline.warm_auto <pipeline.api.Pipeline.warm_auto>`: section states where they pay, else
-    nothing, and why."""
+    nothing, and why. A failure (a generator that does not load, a full cache disk) is a reason too: the
+    ingest before it stands, and the questions compute what is missing."""
+    try:
+        return _warm_auto(rt, progress)
+    except Cancelled:
+        raise
+    except RagError as exc:
+        return {"warmed": False, "reason": f"section states not saved: {exc}", "failed": True}
+
+
+def _warm_auto(rt: "Runtime", progress: Callable[[int, int], None] | None) -> dict:
     from ..models import is_server
 
     def skipped(reason: str, **more) -> dict:

@@ -142,16 +142,23 @@ def _warm_auto(rag, *, quiet: bool) -> dict:
                 progress(done, total)
             elif not quiet and time.monotonic() - last >= IngestProgress.every:
                 last = time.monotonic()
-                click.echo(f"section states: {done:,} of {total:,} tokens (`--no-warm` skips this)", err=True)
+                click.echo(f"section states: {done:,} of {total:,} tokens (Ctrl-C or `--no-warm` skips this)", err=True)
         return rag.warm_auto(progress=every)
 
-    report = _counted(lines, label="section states", quiet=quiet)
+    try:
+        report = _counted(lines, label="section states", quiet=quiet)
+    except KeyboardInterrupt:  # the ingest is complete: Ctrl-C skips only what comes after it
+        reason = ("interrupted: the documents are ingested; the states saved so far are kept, and `rag warm "
+                  "--sections` (or the next `rag ingest`) saves the rest")
+        if not quiet:
+            click.echo(f"\nsection states {reason}", err=True)
+        return {"warmed": False, "reason": reason}
     if not quiet and report["warmed"]:
         _say_sections(report)
     elif not quiet and report.get("calibration"):  # measured, and over the budget: states would not be used
         _say_calibration(report["calibration"])
-    elif not quiet and "cache.max_gb" in report["reason"]:
-        click.echo(f"note: {report['reason']}", err=True)
+    elif not quiet and (report.get("failed") or "cache.max_gb" in report["reason"]):
+        click.echo(f"note: {printable(report['reason'])}", err=True)
     return report
 
 
