@@ -37,6 +37,10 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
     PDF, Markdown, text and HTML files are indexed (also gzip-compressed, e.g. README.md.gz),
     and files whose name says nothing (README, NEWS) when their content is text; other files
     are skipped. Unchanged files are not embedded again; changed files replace their old chunks.
+
+    Then, for a collection larger than the context, composition is calibrated on its own sections
+    and every section's KV state is saved, so that every question, the first included, is
+    composed from them (`ingest.warm = "auto"`; `--no-warm` skips it, Ctrl-C stops it).
     """
     rag = open_pipeline(ctx, **store_overrides(collection, store_path))
     bar = IngestProgress(bar=sys.stderr.isatty())
@@ -142,7 +146,8 @@ def _warm_auto(rag, *, quiet: bool) -> dict:
                 progress(done, total)
             elif not quiet and time.monotonic() - last >= IngestProgress.every:
                 last = time.monotonic()
-                click.echo(f"section states: {done:,} of {total:,} tokens (Ctrl-C or `--no-warm` skips this)", err=True)
+                click.echo(f"section states: {done:,} of {total:,} tokens (Ctrl-C or `--no-warm` skips this)",
+                           err=True)
         return rag.warm_auto(progress=every)
 
     try:

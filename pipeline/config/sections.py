@@ -71,8 +71,9 @@ class ChunkingConfig:
 
 @dataclass(frozen=True)
 class IngestConfig:
-    """What ``rag ingest`` reads. Files over ``max_file_mb`` (decompressed, for ``.gz``) are skipped
-    and reported; 0 = no limit. ``follow_symlinks`` also follows links that leave the folder."""
+    """What ``rag ingest`` reads, and what it prepares after. Files over ``max_file_mb`` (decompressed,
+    for ``.gz``) are skipped and reported; 0 = no limit. ``follow_symlinks`` also follows links that
+    leave the folder. ``warm``: see ``Pipeline.warm_auto``."""
 
     max_file_mb: float = 32.0
     """Files larger than this (decompressed, for .gz) are skipped and reported; 0 = no limit."""
