@@ -26,7 +26,7 @@ def _collection(d: Drill) -> dict:
     base = d.fresh("sections")
     write_corpus(base / "docs", 1)
     env = {**store_env(base), **SECTIONS}
-    clean(d.rag("ingest", str(base / "docs"), env=env, timeout=300), codes={0})
+    clean(d.rag("ingest", "--no-warm", str(base / "docs"), env=env, timeout=300), codes={0})  # warmed below
     warmed = _warm(d, env)
     if warmed["saved"] != warmed["sections"] or warmed["sections"] < 8:
         raise Defect(f"a first warm did not save every section: {warmed}")
