@@ -61,7 +61,8 @@ sys.modules.setdefault("drill", sys.modules[__name__])
 
 DOCUMENTED_EXITS = {0, 1, 2, 3, 4, 5, 6}
 FAST = {"RAG_ASK_MAX_TOKENS": "4", "RAG_ENGINE_N_CTX": "2048", "RAG_CACHE_MIN_TOKENS": "16",
-        "RAG_STORE_WAIT": "2", "RAG_ENGINE_TUNED": "false"}
+        "RAG_STORE_WAIT": "2", "RAG_ENGINE_TUNED": "false",
+        "RAG_INGEST_WARM": "off"}  # ingests embed only; `sections.ingest-killed-while-warming` sets it back
 
 
 class Defect(Exception):

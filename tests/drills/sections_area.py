@@ -143,6 +143,28 @@ def probe_lost_index(d: Drill) -> None:
                      "outside cache.max_gb")
 
 
+def probe_ingest_killed_while_warming(d: Drill) -> None:
+    """``rag ingest`` with its default warming, SIGKILLed after its third section state: the documents
+    stay, a rerun embeds nothing and completes the states, and a question is composed from them."""
+    base = d.fresh("sections-ingest-kill")
+    write_corpus(base / "docs", 1)
+    env = {**store_env(base), **SECTIONS, "RAG_INGEST_WARM": "auto",
+           "RAG_ASK_COMPOSE_MAX_KL": "10"}  # the mechanism, not SmolLM2 on 128-token sections (over 0.05)
+    killed = d.rag("ingest", str(base / "docs"), env={**env, "RAG_TEST_KILL_SECTION_SAVED": "3"}, timeout=600)
+    if killed.code not in (-9, 137):
+        raise Defect(f"the crash point was not reached (the warming did not run?): {killed.brief()}")
+    again = json.loads(clean(d.rag("ingest", "--json", str(base / "docs"), env=env, timeout=600), codes={0}).out)
+    warm = again.get("warm") or {}
+    if again["chunks"] != 0 or again["counts"].get("unchanged") != 6:
+        raise Defect(f"the killed ingest's documents were not all kept: {again['counts']}, {again['chunks']} chunks")
+    if not warm.get("warmed") or warm["saved"] + warm["cached"] != warm["sections"] or warm["cached"] < 3:
+        raise Defect(f"the rerun did not complete the section states from those saved: {warm}")
+    stats = json.loads(clean(d.rag("ask", "--json", QUESTION, env=env, timeout=300), codes={0}).out)["stats"]
+    if stats["cache"] != "composed" or stats["states_saved"] != 0:
+        raise Defect(f"the first question was not composed from the saved states: {stats['cache']}, "
+                     f"{stats['states_saved']} computed")
+
+
 PROBES = [
     ("sections", "sections.full-disk", "a cache disk that fills during warm --sections: exit 4 at the first "
      "state it cannot save, saying so; the rerun completes", probe_full_disk),
@@ -154,4 +176,7 @@ PROBES = [
      probe_two_at_once),
     ("sections", "sections.lost-index", "a deleted index: 'lost', not 'evicted'; said; its orphans removed at once",
      probe_lost_index),
+    ("sections", "sections.ingest-killed-while-warming", "rag ingest killed while saving section states: the "
+     "documents stay, the rerun embeds nothing and completes the states, the first question is composed",
+     probe_ingest_killed_while_warming),
 ]
