@@ -321,7 +321,8 @@ class Pipeline:
 
         return warm(self.runtime, progress=progress, purpose=purpose)
 
-    def warm_sections(self, *, progress: Callable[[int, int], None] | None = None) -> dict:
+    def warm_sections(self, *, progress: Callable[[int, int], None] | None = None,
+                      cancel: CancelToken | None = None) -> dict:
         """Prefill every section of the collection once, in order, on its own, and save its state, so
         that any question's prompt is composed from states (``ask.compose = "auto"``): for collections
         larger than the context. ``progress(done, total)`` counts the sections' tokens. Returns
@@ -330,12 +331,17 @@ class Pipeline:
         again), "tokens", "prefilled_tokens", "bytes_written", "seconds", "notes"}``: ``saved + cached +
         not_saved`` is ``sections``. A second call while another process warms the same states waits for
         it. A full cache disk stops it at the first state it cannot save
-        (:class:`~pipeline.errors.DiskFullError`, exit 4)."""
+        (:class:`~pipeline.errors.DiskFullError`, exit 4).
+
+        Questions come first: one asked meanwhile (another thread, ``rag serve``) runs before the next
+        section. ``cancel`` stops it within a micro-batch (:class:`~pipeline.errors.Cancelled`); the
+        states saved until then are kept, and a later call computes only the rest."""
         from .ask.warm import warm_sections
 
-        return warm_sections(self.runtime, progress=progress)
+        return warm_sections(self.runtime, progress=progress, cancel=cancel)
 
-    def warm_auto(self, *, progress: Callable[[int, int], None] | None = None) -> dict:
+    def warm_auto(self, *, progress: Callable[[int, int], None] | None = None,
+                  cancel: CancelToken | None = None) -> dict:
         """What ``rag ingest`` runs after embedding with ``ingest.warm = "auto"`` (the default): where the
         collection is larger than the context and the local generator can compose, calibrate composition
         on the collection's own sections (once per model and settings) and, if it is within the budget,
@@ -343,10 +349,11 @@ class Pipeline:
         composed from states. Where the collection fits the context, the first question saves its prefix
         for the next, and nothing is done here. Returns ``{"warmed": bool, "reason": str}``, and when
         warmed :meth:`warm_sections`' report; ``"calibration"`` where one was measured. Skipped where the
-        states would take more than half of ``cache.max_gb``."""
+        states would take more than half of ``cache.max_gb``. Questions come first, and ``cancel`` stops
+        it, as in :meth:`warm_sections`."""
         from .ask.warm import warm_auto
 
-        return warm_auto(self.runtime, progress=progress)
+        return warm_auto(self.runtime, progress=progress, cancel=cancel)
 
     def settle(self, *, cancel: bool = False, log: Callable[[str], None] | None = None) -> None:
         """Wait for the work an answer left for afterwards: the composition calibration the first

@@ -7,6 +7,8 @@ Generated models and the fakes' hash embedder, then the CLI on the real default 
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -15,6 +17,8 @@ from fakes import HashEmbedder
 from pipeline import Pipeline
 from pipeline.cli import cli
 from pipeline.config import Config
+from pipeline.engine.context_lock import CancelToken
+from pipeline.errors import Cancelled
 from pipeline.dev.synthetic import write_model, write_moe_model
 from pipeline.schemas import validate, versioned
 
@@ -198,3 +202,77 @@ def test_ctrl_c_while_saving_states_keeps_the_ingest_and_exits_0(store_dir, tmp_
     assert "section states interrupted: the documents are ingested" in out.output
     status = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)
     assert status["documents"] == 4
+
+
+def test_questions_come_first_while_section_states_are_saved(moe, tmp_path):
+    """A question asked while the states are saved runs between two sections, not after the last."""
+    docs = write_shelf(tmp_path / "shelf", paragraphs=48)
+    with pipeline(moe, tmp_path, **{"ask.compose": "on"}) as rag:
+        rag.ingest([docs])
+        engine = rag.runtime.engine
+        events: list[str] = []
+        asker: list[threading.Thread] = []
+
+        def question() -> None:
+            answer = rag.ask("What does valve unit 5 report?")
+            events.append(f"answer {answer.stats.cache}")
+
+        def progress(done: int, total: int) -> None:
+            events.append("section")
+            if not asker:  # after the first section: a question arrives and waits for the engine
+                asker.append(threading.Thread(target=question))
+                asker[0].start()
+                deadline = time.monotonic() + 60
+                while engine.lock.queued == 0 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+
+        report = rag.warm_sections(progress=progress)
+        asker[0].join()
+    assert report["saved"] + report["cached"] == report["sections"] > 8
+    answered = next(i for i, e in enumerate(events) if e.startswith("answer"))
+    assert events[answered] == "answer composed"
+    assert 1 <= answered < len(events) - 2  # states were still being saved after the answer
+
+
+def test_cancelling_keeps_the_states_saved_and_the_next_run_saves_the_rest(moe, tmp_path):
+    docs = write_shelf(tmp_path / "shelf")
+    token = CancelToken()
+    with pipeline(moe, tmp_path, **{"ask.compose": "on"}) as rag:
+        rag.ingest([docs])
+        with pytest.raises(Cancelled):
+            rag.warm_sections(progress=lambda done, total: token.cancel(), cancel=token)
+        kept = states(tmp_path)
+        assert kept >= 1
+        report = rag.warm_sections()
+        answer = rag.ask("What does pump unit 3 report?")  # the engine is whole after the cancel
+    assert 1 <= report["cached"] < report["sections"] and report["saved"] + report["cached"] == report["sections"]
+    assert states(tmp_path) > kept and answer.stats.cache == "composed"
+
+
+def test_a_question_asked_while_composition_is_calibrated_runs_first(moe, tmp_path):
+    """The calibration's exact prefill gives way to a question, then is taken up again: the warm goes on."""
+    docs = write_shelf(tmp_path / "shelf")
+    with pipeline(moe, tmp_path) as rag:
+        rag.ingest([docs])
+        engine = rag.runtime.engine
+        real, prefills, asker = engine.prefill, [], []
+
+        def question() -> None:
+            rag.ask("What does valve unit 5 report?")
+
+        def prefill(tokens, *, start=0):
+            prefills.append(threading.current_thread() is threading.main_thread())
+            if not asker:  # the calibration's first piece: a question arrives and waits for the engine
+                asker.append(threading.Thread(target=question))
+                asker[0].start()
+                deadline = time.monotonic() + 20
+                while engine.lock.queued == 0 and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            return real(tokens, start=start)
+
+        engine.prefill = prefill
+        report = rag.warm_auto()
+        asker[0].join()
+    assert prefills[0] is True and prefills[1] is False  # the question's prefill came next, not the calibration's
+    assert report["warmed"] is True and report["calibration"]["allowed"] is True
+    assert report["saved"] + report["cached"] == report["sections"] >= 8

@@ -29,6 +29,7 @@ from .packing import Shelf, gather, number, shelf_prompt
 from .prompt import Layout, SectionTokens, Tokenize, shape_of
 
 if TYPE_CHECKING:
+    from ..engine.context_lock import CancelToken
     from ..runtime import Runtime
 
 WARM_PURPOSES = ("ask", "summarize", "all")
@@ -87,7 +88,8 @@ def _writable_cache(rt: "Runtime"):
     return cache
 
 
-def warm_sections(rt: "Runtime", *, progress: Callable[[int, int], None] | None = None) -> dict:
+def warm_sections(rt: "Runtime", *, progress: Callable[[int, int], None] | None = None,
+                  cancel: "CancelToken | None" = None) -> dict:
     """:meth:`Pipeline.warm_sections <pipeline.api.Pipeline.warm_sections>`: every section of the
     collection, rendered as every pack renders it, prefilled once on its own and saved."""
     if not rt.compose_policy.enabled:
@@ -101,12 +103,12 @@ def warm_sections(rt: "Runtime", *, progress: Callable[[int, int], None] | None 
     shelf.fixed_numbers = True  # as questions over the whole collection number its documents
     packed = number(shelf, shelf.sections, rt.section_memo)
     head = rt.layout().head_tokens
-    report = engine.warm_sections(head, [p.tokens for p in packed], progress=progress)
-    _calibrate(rt, shelf)
+    report = engine.warm_sections(head, [p.tokens for p in packed], progress=progress, cancel=cancel)
+    _calibrate(rt, shelf, cancel)
     return {"mode": "sections", "documents": len(shelf.documents), **report, "calibration": _calibration(rt)}
 
 
-def _calibrate(rt: "Runtime", shelf: Shelf) -> None:
+def _calibrate(rt: "Runtime", shelf: Shelf, cancel: "CancelToken | None") -> None:
     """Calibrate composition on one prompt of ``shelf``'s own sections, unless it is calibrated already
     (or ``ask.compose`` is not ``auto``): once per model and settings."""
     engine = rt.engine
@@ -115,7 +117,7 @@ def _calibrate(rt: "Runtime", shelf: Shelf) -> None:
     prompt = calibration_prompt(shelf, layout=rt.layout(), tokenize=engine.tokenize, memo=rt.section_memo,
                                 n_ctx=engine.n_ctx, reserve=rt.reserve())
     if prompt is not None:
-        engine.calibrate(shape_of(prompt))
+        engine.calibrate(shape_of(prompt), cancel=cancel)
 
 
 def _calibration(rt: "Runtime") -> dict | None:
@@ -123,19 +125,20 @@ def _calibration(rt: "Runtime") -> dict | None:
     return record.to_dict(budget=rt.compose_policy.max_kl) if record is not None else None
 
 
-def warm_auto(rt: "Runtime", *, progress: Callable[[int, int], None] | None = None) -> dict:
+def warm_auto(rt: "Runtime", *, progress: Callable[[int, int], None] | None = None,
+              cancel: "CancelToken | None" = None) -> dict:
     """:meth:`Pipeline.warm_auto <pipeline.api.Pipeline.warm_auto>`: section states where they pay, else
     nothing, and why. A failure (a generator that does not load, a full cache disk) is a reason too: the
     ingest before it stands, and the questions compute what is missing."""
     try:
-        return _warm_auto(rt, progress)
+        return _warm_auto(rt, progress, cancel)
     except Cancelled:
         raise
     except RagError as exc:
         return {"warmed": False, "reason": f"section states not saved: {exc}", "failed": True}
 
 
-def _warm_auto(rt: "Runtime", progress: Callable[[int, int], None] | None) -> dict:
+def _warm_auto(rt: "Runtime", progress: Callable[[int, int], None] | None, cancel: "CancelToken | None") -> dict:
     from ..models import is_server
 
     def skipped(reason: str, **more) -> dict:
@@ -170,11 +173,12 @@ def _warm_auto(rt: "Runtime", progress: Callable[[int, int], None] | None) -> di
     if size > room:
         return skipped(f"the section states would take about {size / 1e9:,.1f} GB, more than half of "
                        f"cache.max_gb ({rt.config.cache.max_gb:g} GB): `rag warm --sections` saves them anyway")
-    _calibrate(rt, shelf)
+    _calibrate(rt, shelf, cancel)
     refusal = engine.composition_refusal
     if refusal is not None:
         return skipped(refusal.value, calibration=_calibration(rt))
-    report = engine.warm_sections(rt.layout().head_tokens, [p.tokens for p in packed], progress=progress)
+    report = engine.warm_sections(rt.layout().head_tokens, [p.tokens for p in packed], progress=progress,
+                                  cancel=cancel)
     return {"warmed": True, "reason": "the collection is larger than the context and this model composes",
             "mode": "sections", "documents": len(shelf.documents), **report, "calibration": _calibration(rt)}
 

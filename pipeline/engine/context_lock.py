@@ -253,6 +253,10 @@ class ContextLock:
         unregister = cancel.on_cancel(abort.set) if abort is not None else (lambda: None)
         try:
             yield
+        except EngineError:
+            if cancel is None or not cancel.cancelled or self._closing:
+                raise
+            raise Cancelled("cancelled while the engine ran it") from None  # the abort's doing
         finally:
             unregister()
             if abort is not None and not self._closing:  # close() keeps it set until it holds the context

@@ -241,7 +241,8 @@ class TextGenerator(Protocol):
     def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool: ...
 
     def warm_sections(self, head: Sequence[int], sections: Sequence[Sequence[int]], *,
-                      progress: Callable[[int, int], None] | None = None) -> dict: ...
+                      progress: Callable[[int, int], None] | None = None,
+                      cancel: CancelToken | None = None) -> dict: ...
 
     def reset(self) -> None: ...
 
@@ -309,7 +310,8 @@ class GeneratorBase:
         pass
 
     def warm_sections(self, head: Sequence[int], sections: Sequence[Sequence[int]], *,
-                      progress: Callable[[int, int], None] | None = None) -> dict:
+                      progress: Callable[[int, int], None] | None = None,
+                      cancel: CancelToken | None = None) -> dict:
         """Save each section's own state ahead of composed prompts: only a local engine can."""
         from ..errors import EngineError
 

@@ -250,10 +250,10 @@ class Engine(GeneratorBase):
     def generate(self, prompt: PromptShape | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                  repeat_penalty: float = 1.0, seed: int | None = None, stats: EngineStats | None = None,
                  stop_tokens: Sequence[int] = (), progress: Callable[[int, int], None] | None = None,
-                 cancel: CancelToken | None = None, exact: bool = False) -> Generation:
+                 cancel: CancelToken | None = None, exact: bool = False, preemptible: bool = False) -> Generation:
         """Stream the completion of ``prompt`` (a :class:`~.reuse.shape.PromptShape`, or plain tokens
         that share nothing with other prompts); ``exact``: never composed (what a calibration compares
-        composition against).
+        composition against); ``preemptible``: background work, cancelled when a prompt queues.
 
         Generation ends at an end-of-generation token or one of ``stop_tokens``;
         ``progress(done, total)`` is called after each prefilled piece (tokens not reused);
@@ -266,13 +266,14 @@ class Engine(GeneratorBase):
         stats.prompt_tokens = len(shape)
         sampling = (temperature, repeat_penalty, self.settings.seed if seed is None else seed)
         run = self._run(shape, max_tokens, sampling, stats, frozenset(stop_tokens), progress, cancel, self.lock.epoch,
-                        exact=exact)
+                        exact=exact, preemptible=preemptible)
         return Generation(self.lock.stream(run), stats)
 
     def _run(self, shape: PromptShape, max_tokens: int, sampling: tuple, stats: EngineStats,
              stop_tokens: frozenset[int] = frozenset(), progress: Callable[[int, int], None] | None = None,
-             cancel: CancelToken | None = None, epoch: int | None = None, *, exact: bool = False) -> Iterator[str]:
-        with self.turn(cancel, epoch):  # from the first piece until the stream ends, is closed or is collected
+             cancel: CancelToken | None = None, epoch: int | None = None, *, exact: bool = False,
+             preemptible: bool = False) -> Iterator[str]:
+        with self.turn(cancel, epoch, preemptible=preemptible):  # until the stream ends, is closed or collected
             try:
                 started, record = self._start(shape, stats, progress, exact=exact)
                 yield from self._decode(max_tokens, sampling, stats, stop_tokens, started, record)
@@ -426,15 +427,14 @@ class Engine(GeneratorBase):
             return len(prefix) in prefix_reuse.advance(done, shape, self.memory, stats, self._prefill_piece)
 
     def warm_sections(self, head: Sequence[int], sections: Sequence[Sequence[int]], *,
-                      progress: Callable[[int, int], None] | None = None) -> dict:
-        """Save the state of every section (token lists, each prefilled on its own after ``head``) that
-        has none: see :meth:`.reuse.sections.SectionReuse.warm`. Needs composition on and a model that shifts."""
-        with self.turn():
-            refusal = self.planner.refusal(self._loaded_memory())
-            if refusal in (Refusal.OFF, Refusal.NO_CACHE, Refusal.CANNOT_SHIFT):
-                raise EngineError(f"section states cannot be used: {refusal.value}")
-            return self.planner.sections.warm(self.llm, self.memory, list(head), sections, self._prefill_piece,
-                                              progress)
+                      progress: Callable[[int, int], None] | None = None, cancel: CancelToken | None = None) -> dict:
+        """Save the state of every section (token lists, each prefilled on its own after ``head``) that has
+        none (:meth:`.reuse.sections.SectionReuse.warm`), giving the context to any prompt that queues
+        meanwhile before the next section; ``cancel`` stops it within a micro-batch, keeping what is saved."""
+        with self.turn(cancel):
+            self.planner.require_sections(self._loaded_memory())
+        return self.planner.sections.warm(self.llm, self.memory, list(head), sections, self._prefill_piece, progress,
+                                          turn=lambda: self.turn(cancel), give_way=lambda: self.lock.queued > 0)
 
     def _loaded_memory(self) -> Memory:
         self.llm  # noqa: B018 - loaded: the memory's model answers what it can do

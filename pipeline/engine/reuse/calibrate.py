@@ -138,14 +138,30 @@ def run_pending(engine, *, cancel=None):
 def run_on(engine, prompt: PromptShape, *, cancel=None):
     """Answer ``prompt`` (a sections-mode prompt of the collection) exactly on ``engine``, recording its
     first answer positions, then :func:`run_pending`. None where no calibration is wanted
-    (``ask.compose`` not ``auto``, calibrated already, a model that cannot shift, one section)."""
-    from ...errors import EngineError
+    (``ask.compose`` not ``auto``, calibrated already, a model that cannot shift, one section).
+
+    Both steps are background work: a prompt that queues meanwhile runs first, and the step is taken
+    up again after it (an exact answer another prompt recorded meanwhile is measured instead), until
+    the calibration is done or ``cancel`` fires (:class:`~pipeline.errors.Cancelled`)."""
+    from ...errors import Cancelled, EngineClosed, EngineError
 
     if len(prompt) + TOKENS + 1 > engine.n_ctx:
         raise EngineError(f"the calibration prompt has {len(prompt):,} tokens; the context holds {engine.n_ctx:,}")
-    generation = engine.generate(prompt, max_tokens=TOKENS, cancel=cancel, exact=True)
-    generation.read()
-    return run_pending(engine, cancel=cancel)
+    while True:
+        if engine.pending_calibration is None:
+            try:
+                engine.generate(prompt, max_tokens=TOKENS, cancel=cancel, exact=True, preemptible=True).read()
+            except Cancelled as exc:
+                if isinstance(exc, EngineClosed) or (cancel is not None and cancel.cancelled):
+                    raise
+                continue  # gave way: the waiting prompt runs, then this one again
+            if engine.pending_calibration is None:
+                return None  # nothing to calibrate on this prompt
+        got = run_pending(engine, cancel=cancel)
+        if got is not None or engine.pending_calibration is None:
+            return got
+        if cancel is not None and cancel.cancelled:
+            raise Cancelled("cancelled before composition was measured")
 
 
 __all__ = ["Measured", "Recorder", "TOKENS", "compare", "measure", "run_on", "run_pending"]

@@ -116,6 +116,16 @@ class Planner:
             return Refusal.NO_CACHE
         return self.policy.refusal(can_shift=can_shift(memory), calibration=self.calibration())
 
+    def require_sections(self, memory: Memory) -> None:
+        """Refuse (:class:`~pipeline.errors.EngineError`) to save section states that no prompt would
+        ever compose from: composition off, no cache, a model that cannot shift. (A model not yet
+        calibrated, or over its budget, may still be: ``ask.compose = "on"``, another budget.)"""
+        from ...errors import EngineError
+
+        refusal = self.refusal(memory)
+        if refusal in (Refusal.OFF, Refusal.NO_CACHE, Refusal.CANNOT_SHIFT):
+            raise EngineError(f"section states cannot be used: {refusal.value}")
+
     def wants_calibration(self, shape: PromptShape, memory: Memory) -> bool:
         """Whether this prompt's exact answer should be measured against its composition: ``auto``,
         no calibration of enough tokens yet, a prompt of two sections or more, a model that shifts."""

@@ -17,7 +17,8 @@ Whether a prompt is composed at all is the planner's (:mod:`.planner`).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Callable, ContextManager, Sequence
 
 from ...errors import DiskFullError
 from ..cache.sections import SectionStates
@@ -136,23 +137,32 @@ class SectionReuse:
 
     def warm(self, model, memory: Memory, head: Sequence[int], sections: Sequence[Sequence[int]],
              prefill: Callable[[Sequence[int], int], None],
-             progress: Callable[[int, int], None] | None = None) -> dict:
+             progress: Callable[[int, int], None] | None = None, *,
+             turn: Callable[[], ContextManager] = nullcontext, give_way: Callable[[], bool] = lambda: False) -> dict:
         """Compute and save the state of each of ``sections`` (token lists) that has none, each on
         its own after ``head``, in order: what composed prompts restore. ``progress(done, total)``
         counts the sections' tokens. Leaves ``memory`` holding ``head``.
+
+        ``model`` and ``memory`` are used only within ``turn()`` (the engine's hold on its context),
+        and the turn is given up between two sections where ``give_way()`` says so (a prompt waits
+        for the engine), then taken again: the memory is then brought back to ``head`` first.
 
         Each saved state is checked first (its file there, its size and checksum): a missing or damaged
         one is dropped and saved again. One process warms a set of states at a time (a lock in the cache
         directory): a second waits, then finds what the first saved, so ``saved + cached`` counts every
         section. The first save that fails for lack of space stops the warm with a
         :class:`~pipeline.errors.DiskFullError` that says how much was saved."""
-        if memory.composed or memory.tokens[:len(head)] != list(head) or not memory.cut(len(head)):
-            self._head(memory, head, prefill)
         states = SectionStates(self.store, self._namespace(), head)
+        counts = {"total": sum(map(len, sections)), "done": 0, "computed": 0, "found": 0, "repaired": 0}
         t0 = time.perf_counter()
         try:
             with self.store.exclusive(f"sections-{states.namespace[:32]}.lock") as waited:
-                counts = self._warm_each(model, len(head), sections, states, progress)
+                i = 0
+                while i < len(sections):
+                    with turn():
+                        if memory.composed or memory.tokens[:len(head)] != list(head) or not memory.cut(len(head)):
+                            self._head(memory, head, prefill)
+                        i = self._warm_each(model, len(head), sections, i, states, counts, progress, give_way)
         finally:
             states.close()
         notes = ["waited for another process warming the same section states"] if waited else []
@@ -164,35 +174,37 @@ class SectionReuse:
                 "seconds": round(time.perf_counter() - t0, 3), "notes": notes + states.notes}
 
     @staticmethod
-    def _warm_each(model, h: int, sections: Sequence[Sequence[int]], states: SectionStates,
-                   progress: Callable[[int, int], None] | None) -> dict:
+    def _warm_each(model, h: int, sections: Sequence[Sequence[int]], start: int, states: SectionStates,
+                   counts: dict, progress: Callable[[int, int], None] | None, give_way: Callable[[], bool]) -> int:
+        """Warm ``sections[start:]`` until one is to give way before; the index reached."""
         from .._llama import composing
         from .compose import compute
 
-        total, done, computed, found, repaired = sum(map(len, sections)), 0, 0, 0, 0
-        for tokens in sections:
-            piece = Piece(tuple(tokens))
+        for i in range(start, len(sections)):
+            if i > start and give_way():
+                return i
+            piece = Piece(tuple(sections[i]))
             if states.verified(piece) is not None:
-                found += 1
+                counts["found"] += 1
             else:
-                repaired += bool(states.damaged(piece))
+                counts["repaired"] += bool(states.damaged(piece))
                 saved = states.saved
                 compute(model, h, piece, states, scratch=1)
                 composing.seq_remove(model, 1)
-                computed += len(piece)
+                counts["computed"] += len(piece)
                 if states.full:
                     raise DiskFullError(
                         f"{states.full}: {states.saved} section state(s) saved now "
-                        f"({states.saved_bytes / 1e6:,.1f} MB), {found} saved before, "
-                        f"{len(sections) - states.saved - found} of {len(sections)} without a state. Free some "
-                        "space (or set cache.max_gb below what the disk holds) and run `rag warm --sections` "
-                        "again: it computes only the sections still without a state")
+                        f"({states.saved_bytes / 1e6:,.1f} MB), {counts['found']} saved before, "
+                        f"{len(sections) - states.saved - counts['found']} of {len(sections)} without a state. "
+                        "Free some space (or set cache.max_gb below what the disk holds) and run `rag warm "
+                        "--sections` again: it computes only the sections still without a state")
                 if states.saved == saved and states.find(piece) is not None:
-                    found += 1  # saved meanwhile by a process that does not take the lock (a question)
-            done += len(piece)
+                    counts["found"] += 1  # saved meanwhile by a process that does not take the lock (a question)
+            counts["done"] += len(piece)
             if progress is not None:
-                progress(done, total)
-        return {"total": total, "computed": computed, "found": found, "repaired": repaired}
+                progress(counts["done"], counts["total"])
+        return len(sections)
 
     def _head(self, memory: Memory, head: Sequence[int], prefill: Callable[[Sequence[int], int], None]) -> int:
         """Bring ``memory`` to exactly ``head``: its state restored from the store (its tokens, what it
