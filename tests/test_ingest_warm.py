@@ -249,6 +249,43 @@ def test_cancelling_keeps_the_states_saved_and_the_next_run_saves_the_rest(moe, 
     assert states(tmp_path) > kept and answer.stats.cache == "composed"
 
 
+def test_the_servers_writer_saves_section_states_after_a_job_and_the_next_job_comes_first(moe, tmp_path):
+    from pipeline.serve.writer import IngestWriter
+
+    docs = write_shelf(tmp_path / "shelf")
+    with pipeline(moe, tmp_path, **{"ingest.warm": "auto"}) as rag:
+        writer = IngestWriter(rag)
+        job = writer.submit([docs], prune=False)
+        writer.wait_idle()
+        assert job.state == "done" and job.warm["warmed"] is True
+        assert job.warm["saved"] + job.warm["cached"] == job.warm["sections"] > 0
+        assert job.to_dict()["warm"] == job.warm
+
+        real, blocked = rag.warm_auto, threading.Event()
+
+        def slow(*, progress=None, cancel=None):  # the next warm runs until it is cancelled
+            rag.warm_auto = real
+            blocked.set()
+            deadline = time.monotonic() + 60
+            while not cancel.cancelled and time.monotonic() < deadline:
+                time.sleep(0.01)
+            raise Cancelled("cancelled")
+
+        rag.warm_auto = slow
+        (docs / "e-pipes.md").write_text("\n\n".join(f"Pipe {i} holds {i * 3} litres." for i in range(40)) + "\n")
+        second = writer.submit([docs], prune=False)
+        assert blocked.wait(60)
+        third = writer.submit([docs], prune=False)  # cancels the second job's warm, runs, then warms
+        writer.wait_idle()
+        assert second.state == "done" and "cancelled" in second.warm["reason"]
+        assert third.state == "done" and third.warm["warmed"] is True and third.warm["saved"] > 0
+
+        writer.stop_warming()  # the server stops: a job still runs, and warms nothing after
+        fourth = writer.submit([docs], prune=False)
+        writer.wait_idle()
+        assert fourth.state == "done" and fourth.warm is None
+
+
 def test_a_question_asked_while_composition_is_calibrated_runs_first(moe, tmp_path):
     """The calibration's exact prefill gives way to a question, then is taken up again: the warm goes on."""
     docs = write_shelf(tmp_path / "shelf")

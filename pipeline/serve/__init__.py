@@ -12,7 +12,8 @@ Endpoints (JSON in and out; errors are ``{"error": {"message", "type", "code"}}`
 - ``POST /search``: ``{"query", "top_k"}`` → ``{"schema": 1, "hits": [...]}``.
 - ``POST /ingest``: ``{"paths": [...], "prune": false}`` → 202 and a job, only for paths inside
   the folders the operator allowed (:mod:`.folders`); the job runs in the server's one writer
-  thread while reads go on (``GET /ingest/{id}`` follows it).
+  thread while reads go on (``GET /ingest/{id}`` follows it), then saves the collection's section
+  states where they pay (:mod:`.writer`).
 - ``GET /documents?source=SOURCE``: a document of the collection, read-only, as it was ingested
   (:mod:`.documents`); nothing else can be named.
 - ``GET /status``, ``GET /health`` (open without the token, as are the web page's files).

@@ -134,7 +134,9 @@ class _signals_stop_the_server:
 
 
 def _drain(writer: "IngestWriter", log: Callable[[str], None]) -> None:
+    writer.stop_warming()  # section states: those saved stay, the next ingest saves the rest
     if not writer.busy:
+        writer.wait_idle()  # within a micro-batch
         return
     log("waiting for the running ingest to finish (Ctrl-C or SIGTERM again stops now: the store is crash-safe, "
         "the next ingest finishes the job)")

@@ -1,5 +1,11 @@
 """The server's one writer: ingest jobs run in one thread, one after another, while reads go on.
 
+After a job, where ``ingest.warm`` is not "off", the writer saves the collection's section states
+(:meth:`Pipeline.warm_auto <pipeline.api.Pipeline.warm_auto>`: a collection larger than the context,
+a generator that composes) as ``rag ingest`` does. Questions come first meanwhile (the engine gives
+them the context between two sections); the next job, or the server stopping, cancels it, keeping
+the states already saved; the job's ``warm`` follows it.
+
 Finished jobs are kept for ``GET /ingest/{id}`` up to :data:`~.limits.FINISHED_JOBS_KEPT`,
 the oldest forgotten first, so a long-running server's memory does not grow with every post.
 """
@@ -14,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import RagError
+from ..engine.context_lock import CancelToken
+from ..errors import Cancelled, RagError
 from .limits import FINISHED_JOBS_KEPT
 
 if TYPE_CHECKING:
@@ -33,10 +40,11 @@ class IngestJob:
     report: dict | None = None
     error: dict | None = None
     files_done: int = 0
+    warm: dict | None = None  # after the ingest: {"state": "running", "done", "total"}, then warm_auto's report
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "id": self.id, "state": self.state, "paths": self.paths, "prune": self.prune,
-                "files_done": self.files_done, "report": self.report, "error": self.error}
+                "files_done": self.files_done, "report": self.report, "error": self.error, "warm": self.warm}
 
 
 class IngestWriter:
@@ -49,6 +57,8 @@ class IngestWriter:
         self._queue: deque[IngestJob] = deque()
         self._finished: deque[str] = deque()
         self._active = 0  # queued or running
+        self._warming: CancelToken | None = None  # the section states being saved after a job
+        self._stopped = False  # no more of them: the server stops
         self._cv = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="rag-ingest-writer", daemon=True)
         self._thread.start()
@@ -59,6 +69,8 @@ class IngestWriter:
             self.jobs[job.id] = job
             self._queue.append(job)
             self._active += 1
+            if self._warming is not None:
+                self._warming.cancel()  # the job first; the states are saved after it
             self._cv.notify_all()
         return job
 
@@ -72,9 +84,18 @@ class IngestWriter:
             return self._active > 0
 
     def wait_idle(self) -> None:
+        """Wait until no job is queued or running, nor section states are being saved."""
         with self._cv:
-            while self._active:
+            while self._active or self._warming is not None:
                 self._cv.wait()
+
+    def stop_warming(self) -> None:
+        """Cancel the section states being saved, if any (within a micro-batch; those saved stay), and
+        start none after a later job: the server stops."""
+        with self._cv:
+            self._stopped = True
+            if self._warming is not None:
+                self._warming.cancel()
 
     def _run(self) -> None:
         while True:
@@ -90,7 +111,12 @@ class IngestWriter:
                 self._finished.append(job.id)
                 while len(self._finished) > self.keep:
                     self.jobs.pop(self._finished.popleft(), None)
+                warm = (state == "done" and not self._queue and not self._stopped
+                        and self.rag.config.ingest.warm != "off")
+                self._warming = CancelToken() if warm else None
                 self._cv.notify_all()
+            if warm:
+                self._warm(job)
 
     def _ingest(self, job: IngestJob) -> str:
         def progress(event) -> None:
@@ -106,3 +132,23 @@ class IngestWriter:
         except Exception as exc:  # noqa: BLE001 - a job must never kill the writer
             job.error = {"message": f"internal error: {exc}", "type": type(exc).__name__}
         return "failed"
+
+    def _warm(self, job: IngestJob) -> None:
+        """Section states after ``job``, as ``rag ingest`` saves them by default (with "on" too: the
+        prefix of a collection that fits the context is saved by the server's first question)."""
+        def progress(done: int, total: int) -> None:
+            job.warm = {"state": "running", "done": done, "total": total}
+
+        job.warm = {"state": "running", "done": 0, "total": 0}
+        try:
+            job.warm = self.rag.warm_auto(progress=progress, cancel=self._warming)
+        except Cancelled:
+            job.warm = {"warmed": False, "reason": "cancelled (a later job, or the server stopping): the states "
+                                                   "saved so far are kept, and the next job saves the rest"}
+        except Exception as exc:  # noqa: BLE001 - the ingest stands; warming must never kill the writer
+            job.warm = {"warmed": False, "reason": f"section states not saved: internal error: {exc}",
+                        "failed": True}
+        finally:
+            with self._cv:
+                self._warming = None
+                self._cv.notify_all()
