@@ -308,7 +308,7 @@ def test_a_question_asked_while_composition_is_calibrated_runs_first(moe, tmp_pa
             return real(tokens, start=start)
 
         engine.prefill = prefill
-        report = rag.warm_auto()
+        report = rag.warm_auto(cancel=CancelToken())  # giving way does not cancel the caller's token
         asker[0].join()
     assert prefills[0] is True and prefills[1] is False  # the question's prefill came next, not the calibration's
     assert report["warmed"] is True and report["calibration"]["allowed"] is True

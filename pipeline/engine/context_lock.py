@@ -232,13 +232,28 @@ class ContextLock:
         not start a second prompt. ``cancel`` aborts what runs in the turn (through ``flag()``, the
         context's abort flag, got once the turn is granted); a stream made before the context was
         closed (``epoch``) never gets a turn after it. A ``preemptible`` turn (background work) is
-        cancelled as soon as another caller waits, and is not started while one does."""
+        cancelled as soon as another caller waits, and is not started while one does (its own token
+        then, cancelled with ``cancel`` too: giving way leaves the caller's token as it was)."""
         me = threading.get_ident()
-        if preemptible and cancel is None:
-            cancel = CancelToken()
         if self._holder == me:
             raise EngineError("this thread is still reading an earlier answer from this engine: finish it "
                               "(or close its stream) before starting another")
+        if preemptible:
+            own = CancelToken()
+            unlink = cancel.on_cancel(own.cancel) if cancel is not None else (lambda: None)
+            try:
+                with self._hold(own, epoch, flag, preemptible=True):
+                    yield
+            finally:
+                unlink()
+            return
+        with self._hold(cancel, epoch, flag):
+            yield
+
+    @contextmanager
+    def _hold(self, cancel: CancelToken | None, epoch: int | None, flag: Callable[[], AbortFlag] | None, *,
+              preemptible: bool = False) -> Iterator[None]:
+        me = threading.get_ident()
         self._lock.acquire(cancel=cancel)
         if self._closing or (epoch is not None and epoch != self.epoch):
             self._lock.release()
