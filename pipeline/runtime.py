@@ -281,9 +281,13 @@ class Runtime:
             except RagError:
                 engine = None
         n_ctx = engine.n_ctx if engine is not None else (c.engine.n_ctx or 8192)
-        # Only a local engine composes, and only on a model without recurrent layers.
-        composed = composed and isinstance(engine, Engine) and not any(
-            layer.kind == "recurrent" for layer in engine.info.layers)
+        # Only a local engine composes, and only on a model without recurrent layers. A local generator
+        # not fetched yet (a new home: `rag ingest` fetches it after the embedding, to warm) is taken to
+        # be one, as most are: cutting for it as for a server would leave every section a quarter of
+        # the size composing wants, until `rag sections --recut`.
+        if engine is not None:
+            composed = composed and isinstance(engine, Engine) and not any(
+                layer.kind == "recurrent" for layer in engine.info.layers)
         return target_tokens(n_ctx, chunk_size=c.chunking.size, composed=composed)
 
     def reserve(self, max_tokens: int | None = None) -> int:

@@ -218,6 +218,16 @@ def test_the_default_section_size_follows_the_context_and_the_compose_setting(ma
     assert make_pipeline(engine__n_ctx=8192, chunking__section_tokens=1024).section_tokens == 1024
 
 
+def test_a_generator_not_fetched_yet_gets_the_sections_composing_wants(make_pipeline, tmp_path):
+    """A new home: `rag ingest` cuts sections before it fetches the generator (to warm, after the
+    embedding), and cuts them as the model will run, not as for a server."""
+    absent = {"models__generator": "builtin:SmolLM2-135M-Instruct", "home": str(tmp_path / "new-home")}
+    rag = make_pipeline(engine__n_ctx=8192, **absent)
+    assert rag.section_tokens == 2048 and not rag.runtime.has("engine")
+    assert not (tmp_path / "new-home" / "models").exists()  # nothing fetched to decide it
+    assert make_pipeline(engine__n_ctx=8192, ask__compose="off", **absent).section_tokens == 512
+
+
 def test_warm_prepares_each_documents_leading_sections_when_the_collection_does_not_fit(
         make_pipeline, moe, tmp_path):
     docs = tmp_path / "warm"
