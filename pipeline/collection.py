@@ -100,7 +100,7 @@ def composition(rt: "Runtime") -> dict:
     if record is not None:
         out.update(kl=round(record.kl, 5), top1=round(record.top1, 4), tokens=record.tokens, prompts=record.prompts,
                    allowed=policy.mode is ComposeMode.ON or record.allowed(policy.max_kl),
-                   measured_at=record.measured_at)
+                   measured_at=record.measured_at, method=record.method)
     return out
 
 

@@ -85,7 +85,7 @@ SCHEMAS: dict[str, dict] = {
          "sources": {"type": "array", "items": _obj({"source": _str, "chunks": _int, "tokens": _int})}},
         {"composition": _obj({"mode": {"enum": ["auto", "on", "off"]}, "model": _opt_str, "seams": _str,
                               "kl": _opt_num, "top1": _opt_num, "tokens": _int, "prompts": _int, "budget": _num,
-                              "allowed": _bool}, {"measured_at": _num}),
+                              "allowed": _bool}, {"measured_at": _num, "method": _int}),
          "system": _obj({"rag": _str, "python": _str, "llama_cpp": _obj({"llama_cpp_python": _str,
                                                                          "system_info": _str}),
                          "models": {"type": "object"}, "cache": _obj({"enabled": _bool})})},

@@ -100,6 +100,27 @@ def test_warm_sections_calibrates_so_that_even_the_first_question_is_composed(mo
     assert first.stats.cache == "composed" and first.stats.sections_lost == []
 
 
+def test_the_calibration_answer_is_decoded_as_questions_answers_are(moe, tmp_path, shelf, monkeypatch):
+    """Without the answers' repeat penalty a small model's greedy answer soon repeats one line, positions
+    that agree whatever the context: the calibration would measure composition closer to exact than the
+    answers people read."""
+    from pipeline.engine.local import Engine
+
+    ingest(moe, tmp_path, shelf)
+    penalties = []
+    real = Engine.generate
+
+    def spy(self, prompt, **kw):
+        if kw.get("exact"):
+            penalties.append(kw.get("repeat_penalty"))
+        return real(self, prompt, **kw)
+
+    monkeypatch.setattr(Engine, "generate", spy)
+    with auto(moe, tmp_path, **{"ask.repeat_penalty": 1.3}) as rag:
+        report = rag.warm_sections()
+    assert report["calibration"] is not None and penalties == [1.3]
+
+
 def test_a_question_that_arrives_during_a_calibration_is_not_kept_waiting(moe, tmp_path, shelf):
     """The calibration's turn is preemptible: a question queueing for the engine cancels it, and it is
     measured after a later answer instead."""
@@ -211,3 +232,31 @@ def test_calibrations_are_kept_per_namespace_and_seams_and_survive_a_damaged_fil
     memory_only = Calibrations(None)
     memory_only.add(Calibration("m.gguf", "ns", "s", kl=0.1, top1=0.5, tokens=4))
     assert memory_only.get("ns", "s").kl == 0.1 and memory_only.all()[0].namespace == "ns"
+
+
+def test_a_record_measured_the_old_way_counts_as_none_and_is_replaced(tmp_path):
+    """Calibrations measured before answers were decoded with the repeat penalty judged composition on
+    repeated lines: they are measured again, not merged with."""
+    from pipeline.engine.reuse.budget import METHOD
+
+    old = Calibration("m.gguf", "ns", "first 32", kl=0.01, top1=1.0, tokens=64, method=METHOD - 1)
+    Calibrations(tmp_path).add(old)
+    assert Calibrations(tmp_path).get("ns", "first 32") is None and Calibrations(tmp_path).all() == []
+    assert ComposePolicy().wants_calibration(Calibrations(tmp_path).get("ns", "first 32"))
+    new = Calibrations(tmp_path).add(Calibration("m.gguf", "ns", "first 32", kl=0.09, top1=0.8, tokens=32))
+    assert new.tokens == 32 and new.kl == 0.09 and new.method == METHOD  # replaced, not merged
+    kept = Calibrations(tmp_path).get("ns", "first 32")
+    assert kept is not None and kept.kl == 0.09 and kept.method == METHOD
+    legacy = tmp_path / "legacy"  # a record written before records said how they were measured
+    legacy.mkdir()
+    Calibrations(legacy).add(old)
+    import sqlite3
+
+    db = sqlite3.connect(legacy / "calibrations.sqlite")
+    text = db.execute("SELECT record FROM calibrations").fetchone()[0]
+    d = json.loads(text)
+    del d["method"]
+    with db:
+        db.execute("UPDATE calibrations SET record = ?", (json.dumps(d),))
+    db.close()
+    assert Calibrations(legacy).get("ns", "first 32") is None

@@ -117,7 +117,7 @@ def _calibrate(rt: "Runtime", shelf: Shelf, cancel: "CancelToken | None") -> Non
     prompt = calibration_prompt(shelf, layout=rt.layout(), tokenize=engine.tokenize, memo=rt.section_memo,
                                 n_ctx=engine.n_ctx, reserve=rt.reserve())
     if prompt is not None:
-        engine.calibrate(shape_of(prompt), cancel=cancel)
+        engine.calibrate(shape_of(prompt), repeat_penalty=rt.config.ask.repeat_penalty, cancel=cancel)
 
 
 def _calibration(rt: "Runtime") -> dict | None:

@@ -236,7 +236,8 @@ class TextGenerator(Protocol):
 
     def calibrate_pending(self, *, cancel: CancelToken | None = None) -> Calibration | None: ...
 
-    def calibrate(self, prompt: PromptShape, *, cancel: CancelToken | None = None) -> Calibration | None: ...
+    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float = 1.0,
+                  cancel: CancelToken | None = None) -> Calibration | None: ...
 
     def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool: ...
 
@@ -302,7 +303,8 @@ class GeneratorBase:
         """Nothing to measure: only a local engine composes."""
         return None
 
-    def calibrate(self, prompt: PromptShape, *, cancel: CancelToken | None = None) -> Calibration | None:
+    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float = 1.0,
+                  cancel: CancelToken | None = None) -> Calibration | None:
         """Nothing to measure: only a local engine composes."""
         return None
 

@@ -403,10 +403,11 @@ class Engine(GeneratorBase):
         (:func:`.reuse.calibrate.run_pending`); the record now in force, or None."""
         return calibrate.run_pending(self, cancel=cancel)
 
-    def calibrate(self, prompt: PromptShape, *, cancel: CancelToken | None = None) -> Calibration | None:
-        """Answer ``prompt`` exactly, then measure composition on it (:func:`.reuse.calibrate.run_on`):
-        what ``rag warm --sections`` calibrates by."""
-        return calibrate.run_on(self, prompt, cancel=cancel)
+    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float = 1.0,
+                  cancel: CancelToken | None = None) -> Calibration | None:
+        """Answer ``prompt`` exactly (decoded with ``repeat_penalty``, as questions are), then measure
+        composition on it (:func:`.reuse.calibrate.run_on`): what ``rag warm --sections`` calibrates by."""
+        return calibrate.run_on(self, prompt, repeat_penalty=repeat_penalty, cancel=cancel)
 
     # -- warming ------------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 One row per (engine namespace, seams): the model file and every KV-shaping setting are
 in the namespace, so a changed model, context or KV type is calibrated anew. A record
-measured again (a later prompt) is merged with the one kept, weighed by its tokens.
+measured again (a later prompt) is merged with the one kept, weighed by its tokens. A record
+measured another way than calibrations are now (:data:`~..reuse.budget.METHOD`) counts as none:
+the next measurement replaces it.
 Never raises: a cache that cannot be used keeps the records of this process in memory,
 and a damaged file is replaced.
 """
@@ -59,7 +61,8 @@ class Calibrations:
             row = None
         finally:
             db.close()
-        return _record(row[0]) if row else None
+        record = _record(row[0]) if row else None
+        return record if record is not None and record.current else None
 
     def add(self, record: Calibration) -> Calibration:
         """Keep ``record`` (merged with the one kept for its namespace and seams); the record kept."""
@@ -68,13 +71,13 @@ class Calibrations:
         if db is None:
             with self._mu:
                 kept = self._memory.get(key)
-                self._memory[key] = kept.merged(record) if kept else record
+                self._memory[key] = kept.merged(record) if kept and kept.method == record.method else record
                 return self._memory[key]
         try:
             with transaction(db):
                 row = db.execute("SELECT record FROM calibrations WHERE namespace = ? AND seams = ?", key).fetchone()
                 kept = _record(row[0]) if row else None
-                merged = kept.merged(record) if kept else record
+                merged = kept.merged(record) if kept and kept.method == record.method else record
                 db.execute("INSERT OR REPLACE INTO calibrations VALUES (?, ?, ?)",
                            (*key, json.dumps(merged.to_dict())))
             return merged
@@ -86,7 +89,7 @@ class Calibrations:
             db.close()
 
     def all(self) -> list[Calibration]:
-        """Every record kept, newest first."""
+        """Every record kept that is measured the current way, newest first."""
         db = self._db(create=False)
         rows = []
         if db is not None:
@@ -100,7 +103,7 @@ class Calibrations:
             records = {(c.namespace, c.seams): c for c in self._memory.values()}
         for (text,) in rows:
             c = _record(text)
-            if c is not None:
+            if c is not None and c.current:
                 records.setdefault((c.namespace, c.seams), c)
         return sorted(records.values(), key=lambda c: -c.measured_at)
 
@@ -119,7 +122,8 @@ def _record(text: str) -> Calibration | None:
         d = json.loads(text)
         return Calibration(d["model"], d["namespace"], d["seams"], kl=float(d["kl"]), top1=float(d["top1"]),
                            tokens=int(d["tokens"]), prompts=int(d.get("prompts", 1)),
-                           sections=int(d.get("sections", 0)), measured_at=float(d.get("measured_at", 0.0)))
+                           sections=int(d.get("sections", 0)), measured_at=float(d.get("measured_at", 0.0)),
+                           method=int(d.get("method", 1)))
     except (ValueError, KeyError, TypeError):
         return None
 

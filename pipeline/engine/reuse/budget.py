@@ -49,13 +49,20 @@ class Refusal(str, enum.Enum):
     EXACT_FASTER = "exact reuse of the memory or a saved prefix was predicted faster than composing"
 
 
+#: How calibrations are measured now. 2: the exact answer compared on is decoded as questions' answers
+#: are, with ``ask.repeat_penalty``, over up to 64 positions (1: 32 positions without the penalty,
+#: where small models' answers repeat one line and measure composition as closer to exact than it is).
+#: A record of another method is measured again.
+METHOD = 2
+
+
 @dataclass(frozen=True)
 class Calibration:
     """One measurement of composed against exact prefill for a model file, its KV settings and the seams.
 
     ``kl`` is the mean KL(exact ‖ composed) in nats per token and ``top1`` the share of
     positions whose most likely token is the same, over ``tokens`` teacher-forced tokens
-    of ``prompts`` prompts of ``sections`` sections in all.
+    of ``prompts`` prompts of ``sections`` sections in all, measured by ``method`` (:data:`METHOD`).
     """
 
     model: str  # the model file's name (for people; the namespace keys it)
@@ -67,6 +74,12 @@ class Calibration:
     prompts: int = 1
     sections: int = 0
     measured_at: float = field(default_factory=time.time)
+    method: int = METHOD
+
+    @property
+    def current(self) -> bool:
+        """Whether it was measured the way calibrations are measured now."""
+        return self.method == METHOD
 
     def allowed(self, budget: float) -> bool:
         return self.kl <= budget
@@ -79,7 +92,8 @@ class Calibration:
         return Calibration(self.model, self.namespace, self.seams,
                            kl=(self.kl * self.tokens + other.kl * other.tokens) / n,
                            top1=(self.top1 * self.tokens + other.top1 * other.tokens) / n, tokens=n,
-                           prompts=self.prompts + other.prompts, sections=self.sections + other.sections)
+                           prompts=self.prompts + other.prompts, sections=self.sections + other.sections,
+                           method=other.method)
 
     def to_dict(self, *, budget: float | None = None) -> dict:
         d = asdict(self)
@@ -125,4 +139,4 @@ class ComposePolicy:
         return self.mode is ComposeMode.AUTO and (calibration is None or calibration.tokens < MIN_TOKENS)
 
 
-__all__ = ["Calibration", "ComposeMode", "ComposePolicy", "MIN_TOKENS", "Refusal"]
+__all__ = ["Calibration", "ComposeMode", "ComposePolicy", "METHOD", "MIN_TOKENS", "Refusal"]

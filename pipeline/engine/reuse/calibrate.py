@@ -28,8 +28,11 @@ if TYPE_CHECKING:
     from .memory import Memory
     from .sections import SectionReuse
 
-#: Answer positions compared per prompt.
-TOKENS = 32
+#: Answer positions compared per prompt, at most (an answer that ends sooner gives fewer: a record
+#: under :data:`~.budget.MIN_TOKENS` is measured again after a later answer). One prompt's positions
+#: vary a lot, and a small model's decided/undecided tokens vary with the CPU's arithmetic, so the
+#: sample is not smaller than this.
+TOKENS = 64
 
 
 @dataclass
@@ -135,10 +138,15 @@ def run_pending(engine, *, cancel=None):
                                                       sections=len(record.shape.sections.ends)))
 
 
-def run_on(engine, prompt: PromptShape, *, cancel=None):
+def run_on(engine, prompt: PromptShape, *, repeat_penalty: float = 1.0, cancel=None):
     """Answer ``prompt`` (a sections-mode prompt of the collection) exactly on ``engine``, recording its
     first answer positions, then :func:`run_pending`. None where no calibration is wanted
     (``ask.compose`` not ``auto``, calibrated already, a model that cannot shift, one section).
+
+    The answer is decoded as questions' answers are (pass ``ask.repeat_penalty``): a small model's
+    greedy answer without the penalty soon repeats one line, and positions that only copy the line
+    before agree whatever the context, so they would measure composition as closer to exact than
+    the answers users read.
 
     Both steps are background work: a prompt that queues meanwhile runs first, and the step is taken
     up again after it (an exact answer another prompt recorded meanwhile is measured instead), until
@@ -150,7 +158,8 @@ def run_on(engine, prompt: PromptShape, *, cancel=None):
     while True:
         if engine.pending_calibration is None:
             try:
-                engine.generate(prompt, max_tokens=TOKENS, cancel=cancel, exact=True, preemptible=True).read()
+                engine.generate(prompt, max_tokens=TOKENS, repeat_penalty=repeat_penalty, cancel=cancel, exact=True,
+                                preemptible=True).read()
             except Cancelled as exc:
                 if isinstance(exc, EngineClosed) or (cancel is not None and cancel.cancelled):
                     raise
