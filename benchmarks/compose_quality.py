@@ -401,9 +401,10 @@ def answers(results: list[dict]) -> dict[str, dict]:
 
 def policy(results: list[dict], *, seams: str = DEFAULT_SEAMS, budget: float = BUDGET) -> dict:
     """Right answers of ``ask.compose = "auto"`` at ``budget``: per corpus (a collection), the model is
-    calibrated on its first prompt (as the product calibrates on its first answer, over the same 32
-    teacher-forced tokens) and every prompt of that corpus is composed with ``seams`` if that
-    calibration is within the budget, else prefilled exactly. Pair by pair against exact prefill."""
+    calibrated on its first prompt (as the product calibrates on its first answer, but over this
+    benchmark's 32 greedy teacher-forced tokens, decoded without the answers' repeat penalty) and every
+    prompt of that corpus is composed with ``seams`` if that calibration is within the budget, else
+    prefilled exactly. Pair by pair against exact prefill."""
     known = [r for r in results if "exact_correct" in r and seams in r["configs"]]
     first: dict[str, float] = {}
     for r in results:

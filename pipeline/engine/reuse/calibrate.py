@@ -29,9 +29,9 @@ if TYPE_CHECKING:
     from .sections import SectionReuse
 
 #: Answer positions compared per prompt, at most (an answer that ends sooner gives fewer: a record
-#: under :data:`~.budget.MIN_TOKENS` is measured again after a later answer). One prompt's positions
-#: vary a lot, and a small model's decided/undecided tokens vary with the CPU's arithmetic, so the
-#: sample is not smaller than this.
+#: under :data:`~.budget.MIN_TOKENS` is measured again after a later answer). One prompt's figure
+#: varies with its answer, and a small model's answer with the CPU's arithmetic: 32 positions moved
+#: it by more than half the default budget.
 TOKENS = 64
 
 
