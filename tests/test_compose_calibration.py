@@ -216,6 +216,8 @@ def test_the_policy_and_its_records():
     assert not policy.wants_calibration(c) and policy.wants_calibration(None)
     merged = Calibration("m.gguf", "ns", "first 32", kl=0.02, top1=1.0, tokens=16).merged(c)
     assert merged.tokens == 48 and merged.kl == pytest.approx((0.02 * 16 + 0.04 * 32) / 48) and merged.prompts == 2
+    older = Calibration("m.gguf", "ns", "first 32", kl=0.01, top1=1.0, tokens=64, method=c.method - 1)
+    assert older.merged(c) == c  # measured differently: the new measurement alone
 
 
 def test_calibrations_are_kept_per_namespace_and_seams_and_survive_a_damaged_file(tmp_path):

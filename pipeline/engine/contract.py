@@ -236,7 +236,7 @@ class TextGenerator(Protocol):
 
     def calibrate_pending(self, *, cancel: CancelToken | None = None) -> Calibration | None: ...
 
-    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float = 1.0,
+    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float,
                   cancel: CancelToken | None = None) -> Calibration | None: ...
 
     def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool: ...
@@ -303,7 +303,7 @@ class GeneratorBase:
         """Nothing to measure: only a local engine composes."""
         return None
 
-    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float = 1.0,
+    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float,
                   cancel: CancelToken | None = None) -> Calibration | None:
         """Nothing to measure: only a local engine composes."""
         return None

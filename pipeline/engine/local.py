@@ -403,7 +403,7 @@ class Engine(GeneratorBase):
         (:func:`.reuse.calibrate.run_pending`); the record now in force, or None."""
         return calibrate.run_pending(self, cancel=cancel)
 
-    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float = 1.0,
+    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float,
                   cancel: CancelToken | None = None) -> Calibration | None:
         """Answer ``prompt`` exactly (decoded with ``repeat_penalty``, as questions are), then measure
         composition on it (:func:`.reuse.calibrate.run_on`): what ``rag warm --sections`` calibrates by."""

@@ -71,13 +71,13 @@ class Calibrations:
         if db is None:
             with self._mu:
                 kept = self._memory.get(key)
-                self._memory[key] = kept.merged(record) if kept and kept.method == record.method else record
+                self._memory[key] = kept.merged(record) if kept else record
                 return self._memory[key]
         try:
             with transaction(db):
                 row = db.execute("SELECT record FROM calibrations WHERE namespace = ? AND seams = ?", key).fetchone()
                 kept = _record(row[0]) if row else None
-                merged = kept.merged(record) if kept and kept.method == record.method else record
+                merged = kept.merged(record) if kept else record
                 db.execute("INSERT OR REPLACE INTO calibrations VALUES (?, ?, ?)",
                            (*key, json.dumps(merged.to_dict())))
             return merged

@@ -85,15 +85,16 @@ class Calibration:
         return self.kl <= budget
 
     def merged(self, other: Calibration) -> Calibration:
-        """This record and ``other`` (same model and seams) as one, weighed by their tokens."""
+        """This record and ``other`` (same model and seams) as one, weighed by their tokens; ``other``
+        alone where the two were measured differently."""
         n = self.tokens + other.tokens
-        if n == 0:
+        if n == 0 or self.method != other.method:
             return other
         return Calibration(self.model, self.namespace, self.seams,
                            kl=(self.kl * self.tokens + other.kl * other.tokens) / n,
                            top1=(self.top1 * self.tokens + other.top1 * other.tokens) / n, tokens=n,
                            prompts=self.prompts + other.prompts, sections=self.sections + other.sections,
-                           method=other.method)
+                           method=self.method)
 
     def to_dict(self, *, budget: float | None = None) -> dict:
         d = asdict(self)

@@ -138,7 +138,7 @@ def run_pending(engine, *, cancel=None):
                                                       sections=len(record.shape.sections.ends)))
 
 
-def run_on(engine, prompt: PromptShape, *, repeat_penalty: float = 1.0, cancel=None):
+def run_on(engine, prompt: PromptShape, *, repeat_penalty: float, cancel=None):
     """Answer ``prompt`` (a sections-mode prompt of the collection) exactly on ``engine``, recording its
     first answer positions, then :func:`run_pending`. None where no calibration is wanted
     (``ask.compose`` not ``auto``, calibrated already, a model that cannot shift, one section).
