@@ -58,6 +58,9 @@ class Runtime:
         self._background: threading.Thread | None = None  # a calibration after an answer
         self._background_cancel = None
         self._background_mu = threading.Lock()
+        #: The warming the last ingest started (a :class:`~pipeline.warm.job.WarmJob`; None: none), cancelled by
+        #: the next ingest and by :meth:`close` (the states it saved are kept).
+        self.warming = None
         c = self.config.store
         self._stores = SharedStore(self.config.store_path, wait=c.wait, url=c.url, catalog_url=c.catalog_url,
                                    catalog_pool=c.catalog_pool, timeout=c.timeout)
@@ -202,6 +205,13 @@ class Runtime:
             thread.join()
             raise
 
+    def stop_warming(self) -> None:
+        """Cancel the warming an ingest started, if it runs, and wait for it to stop (within a micro-batch)."""
+        job, self.warming = self.warming, None
+        if job is not None:
+            job.cancel()
+            job.wait()
+
     def engine_settings(self, model_path: Path) -> "EngineConfig":
         """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""
         from .config.tuned import tuned_engine
@@ -262,8 +272,9 @@ class Runtime:
     def section_tokens(self) -> int:
         """The size new documents' sections are cut to, in embedder tokens (``chunking.section_tokens``,
         else derived from the generator's context: 512 from 8K up; a quarter of it up to 16K where
-        prompts may be composed, that is unless ``ask.compose = "off"`` or the generator cannot shift
-        (recurrent and hybrid layers, a server); see :func:`.ingest.sections.target_tokens`)."""
+        prompts may be composed, as the generator's reuse planner answers it, calibration aside: not with
+        ``ask.compose = "off"``, without the prefix cache, on a model that cannot shift (recurrent and
+        hybrid layers) or a server; see :func:`.ingest.sections.target_tokens`)."""
         from .engine.local import Engine
         from .errors import RagError
         from .ingest.sections import target_tokens
@@ -271,23 +282,23 @@ class Runtime:
         c = self.config
         if c.chunking.section_tokens:
             return c.chunking.section_tokens
-        composed = self.compose_policy.enabled and not models.is_server(c.models.generator)
-        if self.has("engine"):
+        if self.has("engine") or models.is_server(c.models.generator):
             engine = self.engine
         else:  # the generator as it will run, read from its header if it is here already
             try:
                 path = models.resolve(c.models.generator, home=c.home_path, fetch=False, what="generator")
-                engine = Engine(path, c.engine)
+                engine = Engine(path, c.engine, cache=self.prefix_cache, compose=self.compose_policy)
             except RagError:
                 engine = None
-        n_ctx = engine.n_ctx if engine is not None else (c.engine.n_ctx or 8192)
-        # Only a local engine composes, and only on a model without recurrent layers. A local generator
-        # not fetched yet (a new home: `rag ingest` fetches it after the embedding, to warm) is taken to
-        # be one, as most are: cutting for it as for a server would leave every section a quarter of
-        # the size composing wants, until `rag sections --recut`.
-        if engine is not None:
-            composed = composed and isinstance(engine, Engine) and not any(
-                layer.kind == "recurrent" for layer in engine.info.layers)
+        if engine is None:
+            # A local generator not fetched yet (a new home: `rag ingest` fetches it after the embedding, to
+            # warm) is taken to compose, as most do: cutting for it as for a server would leave every section a
+            # quarter of the size composing wants, until `rag sections --recut`.
+            composed = self.compose_policy.enabled and c.cache.enabled
+            n_ctx = c.engine.n_ctx or 8192
+        else:
+            composed = engine.composition_refusal(calibrated=False) is None
+            n_ctx = engine.n_ctx
         return target_tokens(n_ctx, chunk_size=c.chunking.size, composed=composed)
 
     def reserve(self, max_tokens: int | None = None) -> int:
@@ -345,7 +356,8 @@ class Runtime:
 
     def close(self) -> None:
         """Close what the runtime built (engines, embedder, caches, the store's connections); work left
-        after answers is cancelled first."""
+        after answers, and warming, are cancelled first (the states they saved are kept)."""
+        self.stop_warming()
         self.settle(cancel=True)
         pool = self.__dict__.pop("pool", None)
         if pool is not None:

@@ -59,11 +59,18 @@ def test_a_shelf_larger_than_the_context_is_calibrated_and_warmed_so_the_first_q
     with pipeline(moe, tmp_path) as rag:
         rag.ingest([docs])
         seen = []
-        report = rag.warm_auto(progress=lambda done, total: seen.append((done, total)))
+        report = rag.warm_auto(progress=lambda p: seen.append((p.stage, p.done, p.total, p.unit)))
     assert report["warmed"] is True and "larger than the context" in report["reason"]
-    assert report["sections"] >= 8 and report["saved"] + report["cached"] == report["sections"]
-    assert report["calibration"]["allowed"] is True and report["calibration"]["tokens"] >= 32
-    assert seen and seen[-1][0] == seen[-1][1] == report["tokens"]
+    assert report["sections"] >= 8 and report["saved"] + report["cached"] == report["chosen"] == report["sections"]
+    assert report["left"] == 0 and report["room_bytes"] > 0
+    c = report["calibration"]
+    assert c["allowed"] is True and c["tokens"] >= 32 and c["prompts"] == 3 and len(c["kls"]) == 3
+    assert c["kl"] == pytest.approx(sum(c["kls"]) / 3, abs=1e-4) and c["kl_spread"] >= 0
+    # Progress from the first step, in tokens, through the calibration, to the end of the states.
+    assert seen[0][1] == 0 and all(unit == "tokens" for *_, unit in seen)
+    assert any(stage.startswith("calibrating composition") for stage, *_ in seen)
+    assert seen[-1][0] == "done" and seen[-1][1] == seen[-1][2] > report["tokens"]
+    assert all(done <= total for _, done, total, _ in seen)
     with pipeline(moe, tmp_path) as rag:  # a new process: the first question, every state on disk
         first = rag.ask("What does pump unit 3 report?")
         assert rag.calibration()["allowed"] is True
@@ -89,7 +96,6 @@ def test_nothing_is_done_where_the_collection_fits_the_context(moe, tmp_path):
 
 @pytest.mark.parametrize("setting, expected", [
     ({"ask.compose": "off"}, 'ask.compose is "off"'),
-    ({"cache.max_gb": 0.000001}, "more than half of cache.max_gb"),
     ({"cache.enabled": False}, "the prefix cache cannot save states"),
 ])
 def test_nothing_is_done_where_states_would_not_be_used_or_kept(moe, tmp_path, setting, expected):
@@ -134,18 +140,22 @@ def test_cli_ingest_warms_by_default_and_the_first_ask_is_composed(store_dir, tm
     out = runner.invoke(cli, ["ingest", str(docs)])
     assert out.exit_code == 0, out.output
     assert "composition calibrated" in out.output and "questions are composed" in out.output
-    assert "warmed " in out.output and "sections of 4 documents" in out.output
+    assert "section states: " in out.output and "sections of 4 documents" in out.output
+    assert "calibrating composition (prompt 1 of 3)" in out.output  # said from its first step
 
     ran = runner.invoke(cli, ["ask", "What does pump unit 3 report?", "--json"])
     assert ran.exit_code == 0, ran.output
     st = json.loads(ran.stdout)["stats"]
-    assert st["cache"] == "composed" and st["composed_sections"] >= 2 and st["states_saved"] == 0
+    # Every part of the prompt before the question was saved ahead: composed from section states, or a prefix
+    # the calibration prefilled exactly (the same sections in the same order), restored whole.
+    assert (st["cache"], st["plan"]) in (("composed", "composed"), ("disk", "exact")) and st["states_saved"] == 0
+    assert st["prefill_tokens"] < st["prompt_tokens"] // 4
 
     (docs / "e-pipes.md").write_text("\n\n".join(f"Pipe {i} holds {i * 3} litres." for i in range(60)) + "\n")
     data = json.loads(runner.invoke(cli, ["ingest", str(docs), "--json"]).stdout)
     validate("ingest", versioned(data))
     warm = data["warm"]  # only the new document's sections computed; the calibration kept
-    assert warm["warmed"] is True and 0 < warm["saved"] < warm["sections"] and warm["cached"] > 0
+    assert warm["warmed"] is True and 0 < warm["saved"] < warm["chosen"] and warm["cached"] > 0
 
     out = runner.invoke(cli, ["ingest", str(docs), "--no-warm", "--json"])
     assert out.exit_code == 0 and "warm" not in json.loads(out.stdout)
@@ -192,14 +202,18 @@ def test_a_full_cache_disk_stops_the_states_not_the_ingest(moe, tmp_path, monkey
 def test_ctrl_c_while_saving_states_keeps_the_ingest_and_exits_0(store_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("RAG_INGEST_WARM")
 
-    def interrupted(self, *, progress=None):
+    from pipeline.cli.warming import WarmLine
+
+    def interrupted(self, progress):  # Ctrl-C while the bar is drawn, on the command's own thread
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Pipeline, "warm_auto", interrupted)
-    docs = write_shelf(tmp_path / "shelf", paragraphs=4)
+    monkeypatch.setattr(WarmLine, "show", interrupted)
+    monkeypatch.setenv("RAG_ENGINE_N_CTX", "1024")  # a shelf larger than the context: there is work to stop
+    docs = write_shelf(tmp_path / "shelf", paragraphs=16)
     out = CliRunner().invoke(cli, ["ingest", str(docs)])
     assert out.exit_code == 0, out.output
-    assert "section states interrupted: the documents are ingested" in out.output
+    assert "stopping: the documents are ingested; the states saved so far are kept" in out.output
+    assert "cancelled" in out.output and "the next `rag ingest`) saves the rest" in out.output
     status = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)
     assert status["documents"] == 4
 
@@ -217,7 +231,9 @@ def test_questions_come_first_while_section_states_are_saved(moe, tmp_path):
             answer = rag.ask("What does valve unit 5 report?")
             events.append(f"answer {answer.stats.cache}")
 
-        def progress(done: int, total: int) -> None:
+        def progress(p) -> None:
+            if not (p.stage.startswith("saving") and p.done):
+                return
             events.append("section")
             if not asker:  # after the first section: a question arrives and waits for the engine
                 asker.append(threading.Thread(target=question))
@@ -240,7 +256,7 @@ def test_cancelling_keeps_the_states_saved_and_the_next_run_saves_the_rest(moe, 
     with pipeline(moe, tmp_path, **{"ask.compose": "on"}) as rag:
         rag.ingest([docs])
         with pytest.raises(Cancelled):
-            rag.warm_sections(progress=lambda done, total: token.cancel(), cancel=token)
+            rag.warm_sections(progress=lambda p: token.cancel() if p.done else None, cancel=token)
         kept = states(tmp_path)
         assert kept >= 1
         report = rag.warm_sections()
@@ -257,21 +273,23 @@ def test_the_servers_writer_saves_section_states_after_a_job_and_the_next_job_co
         writer = IngestWriter(rag)
         job = writer.submit([docs], prune=False)
         writer.wait_idle()
-        assert job.state == "done" and job.warm["warmed"] is True
+        assert job.state == "done" and job.warm["state"] == "done" and job.warm["warmed"] is True
         assert job.warm["saved"] + job.warm["cached"] == job.warm["sections"] > 0
         assert job.to_dict()["warm"] == job.warm
 
-        real, blocked = rag.warm_auto, threading.Event()
+        import pipeline.warm.sections as warming
 
-        def slow(*, progress=None, cancel=None):  # the next warm runs until it is cancelled
-            rag.warm_auto = real
+        real, blocked = warming.warm_auto, threading.Event()
+
+        def slow(rt, *, progress=None, cancel=None):  # the next warm runs until it is cancelled
+            warming.warm_auto = real
             blocked.set()
             deadline = time.monotonic() + 60
             while not cancel.cancelled and time.monotonic() < deadline:
                 time.sleep(0.01)
             raise Cancelled("cancelled")
 
-        rag.warm_auto = slow
+        warming.warm_auto = slow
         (docs / "e-pipes.md").write_text("\n\n".join(f"Pipe {i} holds {i * 3} litres." for i in range(40)) + "\n")
         second = writer.submit([docs], prune=False)
         assert blocked.wait(60)

@@ -63,7 +63,7 @@ def test_a_full_disk_stops_warm_at_the_first_state_it_cannot_save(moe, tmp_path,
     seen = []
     calls = _writes(monkeypatch, fail_after=3)
     with pipeline(moe, tmp_path) as rag, pytest.raises(DiskFullError) as caught:
-        rag.warm_sections(progress=lambda done, total: seen.append(done))
+        rag.warm_sections(progress=lambda p: seen.append(p.done) if p.done > (seen[-1] if seen else 0) else None)
     message = str(caught.value)
     assert caught.value.exit_code == 4
     cache = tmp_path / "cache"
@@ -174,7 +174,7 @@ def test_warm_checks_each_state_and_saves_the_bad_ones_again(moe, tmp_path, shel
 
 def test_the_packers_probe_does_not_count_a_state_whose_file_is_gone(moe, tmp_path, shelf):
     from pipeline.engine.cache.sections import SectionStates
-    from pipeline.engine.reuse.shape import Piece
+    from pipeline.records import Piece
 
     ingest(moe, tmp_path, shelf)
     with pipeline(moe, tmp_path) as rag:
