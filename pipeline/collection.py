@@ -80,31 +80,16 @@ def composition(rt: "Runtime") -> dict:
     """:meth:`Pipeline.calibration <pipeline.api.Pipeline.calibration>`: the configured generator's
     composition calibration and what the reuse planner decides by it (``allowed``, and ``reason`` where
     not), read without loading or fetching a model and without creating anything."""
-    from . import models
-    from .engine.cache.calibrations import Calibrations
-    from .engine.local import Engine
     from .engine.reuse.budget import Refusal
-    from .errors import RagError
 
     policy = rt.compose_policy
-    ref = rt.config.models.generator
-    out = {"mode": policy.mode.value, "model": redact(ref), "seams": policy.seams.key, "kl": None, "top1": None,
-           "tokens": 0, "prompts": 0, "budget": policy.max_kl, "allowed": False}
-    if rt.has("engine") or models.is_server(ref):
-        engine = rt.engine
-    else:
-        try:
-            path = models.resolve(ref, home=rt.config.home_path, fetch=False, what="generator")
-        except RagError as exc:
-            return {**out, "reason": f"the generator is not provisioned yet ({exc})"}
-        # The cache as it is now: a look creates no directory (one not made yet holds no calibration).
-        cached = rt.config.cache.enabled and rt.config.cache_path.is_dir()
-        engine = Engine(path, rt.engine_settings(path), cache=rt.prefix_cache if cached else None, compose=policy,
-                        calibrations=Calibrations(rt.config.cache_path if cached else None))
-        out["model"] = path.name
-    refusal = engine.composition_refusal()
-    if refusal is Refusal.NO_CACHE and rt.config.cache.enabled:  # made on first use: nothing measured before it
-        refusal = policy.refusal(None)
+    out = {"mode": policy.mode.value, "model": redact(rt.config.models.generator), "seams": policy.seams.key,
+           "kl": None, "top1": None, "tokens": 0, "prompts": 0, "budget": policy.max_kl, "allowed": False}
+    engine, refusal = rt.composition()
+    if engine is None:
+        return {**out, "reason": "the generator is not provisioned yet (`rag models pull`, or the first `rag ask`)"}
+    if refusal is not Refusal.SERVER:
+        out["model"] = engine.model_path.name
     record = engine.calibration if refusal is not Refusal.SERVER else None
     if record is not None:
         out.update(record.to_dict(budget=policy.max_kl))

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .engine.cache.ram import RamStates
     from .engine.cache.store import PrefixCache
     from .engine.contract import TextEmbedder, TextGenerator
-    from .engine.reuse.budget import ComposePolicy
+    from .engine.reuse.budget import ComposePolicy, Refusal
 
 #: The lazily built resources :meth:`Runtime.close` closes (those it made).
 RESOURCES = ("embedder", "engine", "prefix_cache", "ram_states", "pack_history", "calibrations")
@@ -275,31 +275,45 @@ class Runtime:
         prompts may be composed, as the generator's reuse planner answers it, calibration aside: not with
         ``ask.compose = "off"``, without the prefix cache, on a model that cannot shift (recurrent and
         hybrid layers) or a server; see :func:`.ingest.sections.target_tokens`)."""
-        from .engine.local import Engine
-        from .errors import RagError
         from .ingest.sections import target_tokens
 
         c = self.config
         if c.chunking.section_tokens:
             return c.chunking.section_tokens
-        if self.has("engine") or models.is_server(c.models.generator):
-            engine = self.engine
-        else:  # the generator as it will run, read from its header if it is here already
-            try:
-                path = models.resolve(c.models.generator, home=c.home_path, fetch=False, what="generator")
-                engine = Engine(path, c.engine, cache=self.prefix_cache, compose=self.compose_policy)
-            except RagError:
-                engine = None
+        engine, refusal = self.composition(calibrated=False)
         if engine is None:
             # A local generator not fetched yet (a new home: `rag ingest` fetches it after the embedding, to
             # warm) is taken to compose, as most do: cutting for it as for a server would leave every section a
             # quarter of the size composing wants, until `rag sections --recut`.
-            composed = self.compose_policy.enabled and c.cache.enabled
-            n_ctx = c.engine.n_ctx or 8192
+            composed, n_ctx = self.compose_policy.enabled and c.cache.enabled, c.engine.n_ctx or 8192
         else:
-            composed = engine.composition_refusal(calibrated=False) is None
-            n_ctx = engine.n_ctx
+            composed, n_ctx = refusal is None, engine.n_ctx
         return target_tokens(n_ctx, chunk_size=c.chunking.size, composed=composed)
+
+    def composition(self, *, calibrated: bool = True) -> "tuple[TextGenerator | None, Refusal | None]":
+        """The generator as it runs (or will: read from its header, loading nothing) and its reuse planner's
+        answer to "may prompts be composed here" (``calibrated=False``: could they ever be); ``(None, None)``
+        where a local generator is not provisioned yet. Creates nothing: a prefix cache not made yet holds
+        no calibration, and would be made on first use."""
+        from .engine.cache.calibrations import Calibrations
+        from .engine.local import Engine
+        from .engine.reuse.budget import Refusal
+        from .errors import RagError
+
+        c = self.config
+        if self.has("engine") or models.is_server(c.models.generator):
+            return self.engine, self.engine.composition_refusal(calibrated=calibrated)
+        try:
+            path = models.resolve(c.models.generator, home=c.home_path, fetch=False, what="generator")
+        except RagError:
+            return None, None
+        made = c.cache.enabled and c.cache_path.is_dir()
+        engine = Engine(path, self.engine_settings(path), cache=self.prefix_cache if made else None,
+                        compose=self.compose_policy, calibrations=Calibrations(c.cache_path if made else None))
+        refusal = engine.composition_refusal(calibrated=calibrated)
+        if refusal is Refusal.NO_CACHE and c.cache.enabled:
+            refusal = self.compose_policy.refusal(None) if calibrated else None
+        return engine, refusal
 
     def reserve(self, max_tokens: int | None = None) -> int:
         """The answer room every layout decision holds back (:func:`.ask.prompt.layout_reserve`)."""

@@ -331,3 +331,67 @@ def test_a_question_asked_while_composition_is_calibrated_runs_first(moe, tmp_pa
     assert prefills[0] is True and prefills[1] is False  # the question's prefill came next, not the calibration's
     assert report["warmed"] is True and report["calibration"]["allowed"] is True
     assert report["saved"] + report["cached"] == report["sections"] >= 8
+
+
+def test_a_shelf_larger_than_the_cache_room_gets_the_most_useful_states_first(moe, tmp_path):
+    """Never all or nothing: with room for about half the states, those the last question packed come first,
+    the rest are left (and said) for the questions that need them; that question is then fully composed."""
+    docs = write_shelf(tmp_path / "shelf", paragraphs=48)
+    question = "What does sensor unit 40 report?"
+    with pipeline(moe, tmp_path) as rag:
+        rag.ingest([docs])
+        asked = rag.ask(question)  # not calibrated yet: exact, and its pack goes to the history
+        per_token = rag.runtime.engine.state_bytes_per_token()
+    assert asked.stats.mode == "sections" and asked.stats.cache != "composed"
+    pack = sum(s["tokens"] for s in asked.stats.sections)
+    room = 2.5 * pack * per_token * 1.3  # for the asked pack and a little more, far from the whole shelf
+    gb = room / 0.8 / 2**30  # SECTIONS_SHARE of the budget
+    with pipeline(moe, tmp_path, **{"cache.max_gb": gb}) as rag:
+        report = rag.warm_auto()
+        sections = rag.sections().sections
+    assert report["warmed"] is True and 0 < report["chosen"] < report["sections"] == sections
+    assert report["left"] == report["sections"] - report["chosen"] and report["left_tokens"] > 0
+    assert "room for about" in report["left_reason"] and report["room_bytes"] <= 2**30 * gb
+    with pipeline(moe, tmp_path, **{"cache.max_gb": gb}) as rag:
+        again = rag.ask(question)
+    st = again.stats
+    assert st.cache == "composed" and st.composed_sections == len(st.sections) and st.states_saved == 0
+
+
+def test_the_library_warms_after_an_ingest_as_the_cli_does_and_a_question_runs_first(moe, tmp_path):
+    """Pipeline.ingest applies ingest.warm itself, in the background: its report's warming shows the progress
+    and the outcome, a question asked meanwhile is answered, and once it is done the next question is
+    composed, as after `rag ingest`."""
+    docs = write_shelf(tmp_path / "shelf")
+    with pipeline(moe, tmp_path, **{"ingest.warm": "auto"}) as rag:
+        report = rag.ingest([docs])
+        job = report.warming
+        assert job is not None and rag.warming is job and job.setting == "auto"
+        meanwhile = rag.ask("What does valve unit 5 report?")  # runs first: not kept waiting for the states
+        warmed = job.wait()
+        assert job.done and job.to_dict()["state"] == "done"
+        after = rag.ask("What does pump unit 3 report?")
+    assert meanwhile.text is not None
+    assert warmed["warmed"] is True and warmed["calibration"]["allowed"] is True
+    assert after.stats.cache == "composed" and after.stats.states_saved == 0
+    with pipeline(moe, tmp_path, **{"ingest.warm": "auto"}) as rag:
+        assert rag.ingest([docs], warm=False).warming is None  # off for this call
+        job = rag.ingest([docs]).warming
+    assert job.done  # closing the pipeline stopped it (or it had finished): nothing runs after close
+
+
+def test_a_warm_cut_for_a_larger_context_says_what_to_do(moe, tmp_path):
+    """Sections cut for a larger context do not fit a smaller one: `rag warm --sections` says so in words, and
+    the ingest's warming skips with the same words (a question falls back to passages)."""
+    from pipeline.errors import ConfigError
+
+    docs = write_shelf(tmp_path / "shelf")
+    with pipeline(moe, tmp_path, **{"chunking.section_tokens": 0, "engine.n_ctx": 8192}) as rag:
+        rag.ingest([docs])  # sections cut for 8K: a quarter of it each
+    small = {"chunking.section_tokens": 0, "engine.n_ctx": 1024, "ask.compose": "on"}
+    with pipeline(moe, tmp_path, **small) as rag, pytest.raises(ConfigError) as caught:
+        rag.warm_sections()
+    assert "cut for a larger context" in str(caught.value) and "rag sections --recut" in str(caught.value)
+    with pipeline(moe, tmp_path, **small) as rag:
+        report = rag.warm_auto()
+    assert report["warmed"] is False and "rag sections --recut" in report["reason"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import threading
 
 import pytest
@@ -284,3 +285,40 @@ def test_sections_lost_with_a_deleted_index_are_said_so_not_evicted(moe, tmp_pat
     assert any(n.startswith("the prefix cache index") and f"{len(orphans)} orphaned state file(s)" in n
                for n in st.notes), st.notes
     assert left == []  # removed at once, not left outside cache.max_gb until a sweep
+
+
+def test_a_warm_that_waits_for_another_says_so_and_can_be_cancelled_meanwhile(moe, tmp_path, shelf):
+    """A second warming of the same states waits for the first: its progress says what it waits for (and
+    whose), from the moment it waits, and a cancel stops the wait at once."""
+    from pipeline.engine.cache.sections import namespace
+    from pipeline.engine.context_lock import CancelToken
+    from pipeline.errors import Cancelled
+
+    ingest(moe, tmp_path, shelf)
+    with pipeline(moe, tmp_path) as rag:
+        ns = namespace(rag.engine.namespace, rag.runtime.layout().head_tokens)
+        held, release = threading.Event(), threading.Event()
+
+        def other() -> None:  # another process's warm, as far as the lock file can tell
+            with rag.prefix_cache.exclusive(f"sections-{ns[:32]}.lock"):
+                held.set()
+                release.wait(120)
+
+        holder = threading.Thread(target=other)
+        holder.start()
+        assert held.wait(60)
+        stages: list[str] = []
+        token = CancelToken()
+
+        def progress(p) -> None:
+            stages.append(p.stage)
+            if p.stage.startswith("waiting for another"):
+                token.cancel()
+
+        with pytest.raises(Cancelled):
+            rag.warm_sections(progress=progress, cancel=token)
+        assert any(s.startswith(f"waiting for another rag process (pid {os.getpid()})") for s in stages)
+        release.set()
+        holder.join(60)
+        report = rag.warm_sections()  # the lock free: it saves everything
+    assert report["saved"] + report["cached"] == report["sections"]
