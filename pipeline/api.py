@@ -191,7 +191,7 @@ class Pipeline:
                                    follow_symlinks=follow_symlinks, progress=progress)
         setting = self.config.ingest.warm if warm is None else ("on" if warm else "off")
         if not (report.nothing_read or report.nothing_found):
-            report.warming = self.runtime.warming = after_ingest(self.runtime, setting)
+            report.warming = self.runtime.start_warming(lambda: after_ingest(self.runtime, setting))
         return report
 
     @property

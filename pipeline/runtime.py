@@ -16,7 +16,7 @@ import dataclasses
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import models
 from .engine.once import once
@@ -61,6 +61,7 @@ class Runtime:
         #: The warming the last ingest started (a :class:`~pipeline.warm.job.WarmJob`; None: none), cancelled by
         #: the next ingest and by :meth:`close` (the states it saved are kept).
         self.warming = None
+        self._warming_mu = threading.Lock()
         c = self.config.store
         self._stores = SharedStore(self.config.store_path, wait=c.wait, url=c.url, catalog_url=c.catalog_url,
                                    catalog_pool=c.catalog_pool, timeout=c.timeout)
@@ -207,10 +208,22 @@ class Runtime:
 
     def stop_warming(self) -> None:
         """Cancel the warming an ingest started, if it runs, and wait for it to stop (within a micro-batch)."""
-        job, self.warming = self.warming, None
+        with self._warming_mu:
+            job, self.warming = self.warming, None
         if job is not None:
             job.cancel()
             job.wait()
+
+    def start_warming(self, start: Callable[[], Any]) -> Any:
+        """Stop the warming running, if any, then ``start()`` the next and keep it: one at a time, however many
+        threads ingest at once."""
+        with self._warming_mu:
+            job, self.warming = self.warming, None
+            if job is not None:
+                job.cancel()
+                job.wait()
+            self.warming = start()
+            return self.warming
 
     def engine_settings(self, model_path: Path) -> "EngineConfig":
         """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""

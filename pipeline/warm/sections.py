@@ -86,7 +86,9 @@ def choose(rt: "Runtime", shelf: Shelf, packed: Sequence[PackedSection]) -> Choi
     return Choice(chosen, left, room, per_token, reason)
 
 
-def _shelf(rt: "Runtime", *, require: bool) -> tuple[Shelf, list[PackedSection]] | None:
+def shelf_of(rt: "Runtime", *, require: bool) -> tuple[Shelf, list[PackedSection]] | None:
+    """The whole collection's shelf and its sections as every prompt renders them (None: no collection, unless
+    ``require``, which raises)."""
     with rt.store(create=False) as store:
         if require:
             store.require()
@@ -161,7 +163,7 @@ def warm_sections(rt: "Runtime", *, progress: Callable[[WarmProgress], None] | N
         raise ConfigError("section states serve composed prompts, and ask.compose is \"off\": set it to "
                           "\"auto\" (RAG_ASK_COMPOSE=auto) to save and use them")
     writable_cache(rt)
-    shelf, packed = _shelf(rt, require=True)
+    shelf, packed = shelf_of(rt, require=True)
     refusal = rt.engine.composition_refusal(calibrated=False)
     if refusal is not None:
         raise ConfigError(f"section states cannot be used: {refusal.value}")
@@ -200,7 +202,7 @@ def _warm_auto(rt: "Runtime", meter: Meter, cancel: "CancelToken | None") -> dic
     if cache is None or cache.unavailable or cache.read_only:
         return skipped("the prefix cache cannot save states")
     meter.stage("reading the collection's sections")
-    found = _shelf(rt, require=False)
+    found = shelf_of(rt, require=False)
     if found is None:
         return skipped("the collection does not exist")
     shelf, packed = found
@@ -222,4 +224,5 @@ def _warm_auto(rt: "Runtime", meter: Meter, cancel: "CancelToken | None") -> dic
     return report
 
 
-__all__ = ["Choice", "SECTIONS_SHARE", "choose", "order", "warm_auto", "warm_sections", "writable_cache"]
+__all__ = ["Choice", "SECTIONS_SHARE", "choose", "order", "shelf_of", "warm_auto", "warm_sections",
+           "writable_cache"]
