@@ -110,7 +110,13 @@ def main(argv=None) -> int:
     print(f"\nthe verdict is the same at every thread count: {'PASS' if stable else 'FAIL'}; mean spread "
           f"{statistics.fmean(r['spread'] for r in results):.4f}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        from pipeline.dev.bench import document, row
+
+        rows = [row(f"{r['collection']} {r['threads']} thread(s) mean KL", r["kl"], "nats", series=r["collection"])
+                for r in results]
+        rows += [row(f"{r['collection']} {r['threads']} thread(s) KL spread", r["spread"], "nats",
+                     series=r["collection"]) for r in results]
+        args.json.write_text(json.dumps(document(rows, runs=results), indent=2))
     return 0 if stable else 1
 
 

@@ -226,7 +226,12 @@ def main(argv=None) -> int:
     if proof is not None:
         _session_proof.print_table(proof)
         if args.json:
-            args.json.write_text(json.dumps(proof, indent=2))
+            from pipeline.dev.bench import document, row
+
+            rows = [row("e_median_ttft_ratio", proof["ratio"], "x", series="(e) exact / defaults")]
+            rows += [row(f"e_{name}_median_ttft", s["median_ttft"], "s", series=f"(e) {name}")
+                     for name, s in proof["sessions"].items()]
+            args.json.write_text(json.dumps(document(rows, case=proof), indent=2))
         return 0 if proof["pass"] else 1
     print("\n| case | mode | prompt tokens (q1) | TTFT q1 (s) | median TTFT q2-10 (s) | q1 / median | wall q1 / median |"
           " median reuse q2-10 |")

@@ -73,9 +73,9 @@ def wanted_prompts(rt: "Runtime", shelf: Shelf) -> list[Prompt]:
 
 
 def cost(prompts: list[Prompt]) -> int:
-    """The tokens calibrating on ``prompts`` counts in its progress: each prefilled exactly and composed,
-    and its answer decoded both ways."""
-    return sum(2 * len(p.tokens) + 2 * TOKENS * DECODE_WEIGHT for p in prompts)
+    """The tokens calibrating on ``prompts`` counts in its progress: each prefilled exactly and composed (its
+    question and answer teacher-forced), and its answer decoded token by token."""
+    return sum(2 * len(p.tokens) + TOKENS * (DECODE_WEIGHT + 1) for p in prompts)
 
 
 def calibrate(rt: "Runtime", prompts: list[Prompt], *, meter: Meter | None = None,
@@ -89,7 +89,7 @@ def calibrate(rt: "Runtime", prompts: list[Prompt], *, meter: Meter | None = Non
         meter.stage(f"calibrating composition (prompt {i} of {len(prompts)})")
         engine.calibrate(prompt.shape, repeat_penalty=rt.config.ask.repeat_penalty, cancel=cancel,
                          progress=meter.add)
-        meter.add(2 * TOKENS * DECODE_WEIGHT)  # its answer, decoded exactly, then teacher-forced composed
+        meter.add(TOKENS * DECODE_WEIGHT)  # its exact answer, decoded token by token
 
 
 def calibration_dict(rt: "Runtime") -> dict | None:

@@ -144,11 +144,5 @@ class ReusePlan:
             return 0
         return sum(1 for end in s.ends if end > self.exact.reused)
 
-    def describe(self) -> str:
-        """One line for people: the way chosen and the predicted seconds of each way weighed."""
-        others = ", ".join(f"{way} {sec:.2f} s" for way, sec in self.seconds.items() if way != self.way)
-        return (f"planned {self.way}: predicted {self.predicted_seconds:.2f} s to the first token"
-                + (f" ({others})" if others else ""))
-
 
 __all__ = ["Need", "PrefixPlan", "ReusePlan", "Restore", "SectionsPlan"]
