@@ -101,13 +101,16 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
     object per line). A QUESTION that starts with a dash goes after --.
     """
     from ..ask.request import AskRequest
+    from ..ask.started import process_start
 
     overrides = store_overrides(collection, store_path)
     overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
     progress = _PrefillLine if not as_json and sys.stderr.isatty() else None
+    # The first answer's wait counts from the command's start; a later one's, from its own turn.
     requests = [AskRequest(q, doc=docs, source=sources, mode=mode, top_k=top_k, temperature=temperature,
                            system_prompt=system_prompt, stop=stop, chat_id=chat_id,
-                           progress=progress() if progress else None) for q in question]
+                           progress=progress() if progress else None, start=process_start() if i == 0 else None)
+                for i, q in enumerate(question)]
     several = len(requests) > 1
     answers = []
     with open_pipeline(ctx, **overrides) as rag:
@@ -169,12 +172,20 @@ def _echo_answer(answer, *, show_stats: bool) -> None:
         click.echo(
             f"\n{packed} | prompt {st.prompt_tokens:,} tokens ({reuse}) | "
             f"prefill {st.prefill_seconds:.2f} s at {st.prefill_tokens_per_second:,.0f} tok/s | "
-            f"TTFT {st.ttft_seconds:.2f} s | decode {st.decode_tokens} tokens at "
+            f"TTFT {st.ttft_seconds:.2f} s{_first_token(st)} | decode {st.decode_tokens} tokens at "
             f"{st.decode_tokens_per_second:.1f} tok/s | model load {st.load_seconds:.2f} s", err=True)
         if answer.retrieval:
             click.echo(_retrieval_line(answer.retrieval), err=True)
         if st.reuse_lost:
             click.echo(f"reuse: {st.reuse_lost}", err=True)
+
+
+def _first_token(st) -> str:
+    """The wait a person saw for the first answer text, beside the engine's TTFT."""
+    if st.start_to_first_token_seconds is None:
+        return ""
+    since = {"process": "the start", "import": "the start", "call": "the question"}.get(st.start_point, "the start")
+    return f" (from {since} {st.start_to_first_token_seconds:.2f} s)"
 
 
 def _comparison(answers) -> list[str]:
