@@ -110,21 +110,28 @@ class Runtime:
             return remote_generator(ref, self.config.engine, self.config.remote, log=self.log)
         return self.new_engine(self.model_path("generator"))
 
-    def load_generator_soon(self) -> None:
+    def load_generator_soon(self, *, build: bool = False) -> None:
         """Start loading the local generator's model in a thread of its own, so that it loads while
         retrieval runs (llama.cpp releases the GIL while it loads); the first thread that needs the
-        model waits for that load (:class:`~.engine.once.once`), never starts a second. Nothing
-        happens for a given or remote generator, a model loaded already, or one not on disk yet
-        (it is fetched, with its messages, where it is first needed); a load that fails here is
-        tried again, and reported, where the model is needed."""
+        model waits for that load (:class:`~.engine.once.once`), never starts a second. ``build``:
+        make the engine here first (find the model file, read its header), so that only llama.cpp's
+        load runs beside what this thread does next. Nothing happens for a given or remote
+        generator, a model loaded already, or, unless ``build``, one not on disk yet (it is fetched,
+        with its messages, where it is first needed); a load that fails here is tried again, and
+        reported, where the model is needed."""
         with self._background_mu:
             if self._loading is not None or self.given("engine") or models.is_server(self.config.models.generator):
                 return
-            if not self.has("engine"):
-                try:
-                    models.resolve(self.config.models.generator, home=self.config.home_path, fetch=False)
-                except Exception:  # not provisioned yet (or not a model at all): the ask path says so
-                    return
+        if build:
+            self.engine  # noqa: B018 - found (fetched if it must be) and its header read, in this thread
+        elif not self.has("engine"):
+            try:
+                models.resolve(self.config.models.generator, home=self.config.home_path, fetch=False)
+            except Exception:  # not provisioned yet (or not a model at all): the ask path says so
+                return
+        with self._background_mu:
+            if self._loading is not None:
+                return
             self._loading = threading.Thread(target=self._load_generator, name="rag-load-generator", daemon=True)
             self._loading.start()
 

@@ -14,12 +14,12 @@ import os
 import time
 from dataclasses import dataclass
 
-#: When ``pipeline`` was imported: the earliest moment this code sees, where the kernel does not tell
-#: when the process started.
+#: When this module was first imported (the ``rag`` command imports it as it starts): the earliest
+#: moment this code sees, where the kernel does not tell when the process started.
 _IMPORTED = time.perf_counter()
 
-#: What a start can be: the process's start, read from the kernel; the import of ``pipeline`` (where
-#: the kernel cannot tell); a library call; a server's request.
+#: What a start can be: the process's start, read from the kernel; this module's import (where the
+#: kernel cannot tell); a library call; a server's request.
 POINTS = ("process", "import", "call", "request")
 
 
@@ -41,8 +41,8 @@ class Start:
 
 def process_start() -> Start:
     """When this process started: on Linux read from the kernel (``/proc/self/stat``, to within a clock
-    tick, 10 ms), so that the interpreter's own start-up and every import count; elsewhere, when
-    ``pipeline`` was imported."""
+    tick, 10 ms), so that the interpreter's own start-up and every import count; elsewhere, when this
+    module was first imported (point "import")."""
     age = _process_age()
     if age is None:
         return Start(_IMPORTED, "import")

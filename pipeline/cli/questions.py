@@ -10,6 +10,7 @@ from typing import Iterator
 
 import click
 
+from ..ask.started import process_start  # early: where the kernel cannot tell the process's start, this is it
 from .common import (QueryCommand, UserError, cli, display_path, echo_json, handles_errors, json_option, open_pipeline,
                      printable, store_options, store_overrides)
 
@@ -101,7 +102,6 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
     object per line). A QUESTION that starts with a dash goes after --.
     """
     from ..ask.request import AskRequest
-    from ..ask.started import process_start
 
     overrides = store_overrides(collection, store_path)
     overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
@@ -114,6 +114,7 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
     several = len(requests) > 1
     answers = []
     with open_pipeline(ctx, **overrides) as rag:
+        rag.preload()  # the generator loads while the rest starts and retrieval runs
         for i, request in enumerate(requests, start=1):
             if several and not as_json:
                 click.secho(("\n" if i > 1 else "") + f"Q{i}: {printable(request.question)}", bold=True)
