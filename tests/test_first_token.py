@@ -168,3 +168,25 @@ def test_the_json_schema_accepts_each_start(point, fake_pipeline, corpus):
     answer = rag.ask(rag_request(QUESTIONS[0], start=Start.now(point)))
     validate("ask", versioned(answer.to_dict()))
     assert answer.to_dict()["stats"]["start_point"] == point
+
+
+def test_preload_starts_the_load_where_there_is_a_store_to_answer_from(make_pipeline, corpus):
+    rag = make_pipeline(**FAST)
+    rag.preload()  # no store yet: a question would fail at once, so no model is loaded for it
+    assert not rag.runtime.has("engine")
+    rag.ingest([corpus])
+    rag.preload()
+    assert rag.runtime.has("engine")  # found in this thread; llama.cpp loads it in the background
+    assert rag.engine.tokenize("Hello")  # waits for that load
+    assert rag.ask(QUESTIONS[0]).text
+
+
+def test_importing_the_api_leaves_the_ask_path_and_ingest_for_later():
+    import subprocess
+
+    script = ("import sys, pipeline.api\n"
+              "print(sorted(m for m in ('pipeline.ask.flow', 'pipeline.collection', 'pipeline.ingest.run', 'numpy',"
+              " 'llama_cpp', 'chromadb') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
