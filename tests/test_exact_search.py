@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from servers import pg_cluster, pg_url  # noqa: F401  (fixtures)
+from servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 from pipeline.engine.embed_prompts import embed_query
 from pipeline.store import exact
@@ -148,6 +148,26 @@ def test_a_postgres_catalog_keeps_the_vectors_and_ranks_as_chroma_does(fake_pipe
     with rag.store(create=False) as store:
         assert store.catalog.vector_coverage(store.name)[1]
     assert all(_same(_dense(rag, q), from_chroma[q]) for q in QUERIES)
+
+
+@pytest.mark.slow
+def test_with_a_chroma_server_the_catalog_ranks_as_the_server_does(fake_pipeline, corpus, chroma_url, monkeypatch):
+    rag = fake_pipeline(store__url=chroma_url)
+    rag.ingest([corpus])
+    calls = _ChromaCalls(monkeypatch)
+    from_catalog = {q: _dense(rag, q) for q in QUERIES}
+    assert calls.n == 0
+    monkeypatch.setattr(exact, "EXACT_LIMIT", 0)
+    from_server = {q: _dense(rag, q) for q in QUERIES}
+    assert calls.n == len(QUERIES) and all(_same(from_catalog[q], from_server[q]) for q in QUERIES)
+    with rag.store(create=False) as store:  # vectors copied back from the server by the next ingest
+        store.catalog.db.execute("UPDATE chunks SET vector = NULL")
+        store.catalog.db.commit()
+    rag.ingest([corpus])
+    with rag.store(create=False) as store:
+        assert store.catalog.vector_coverage(store.name)[1]
+    monkeypatch.setattr(exact, "EXACT_LIMIT", 4096)
+    assert all(_same(_dense(rag, q), from_server[q]) for q in QUERIES)
 
 
 def test_ranking_ties_and_widths(tmp_path):
