@@ -27,7 +27,7 @@ from ..store.store import Store
 from . import packing
 from .answer import Answer, AnswerStream, AskStats, complete
 from .history import reuse_note, sections_note
-from .prompt import pack, shape_of
+from .prompt import pack
 from .request import AskOptions, AskRequest
 from .started import Start
 
@@ -55,7 +55,7 @@ def ask_stream(rt: "Runtime", request: AskRequest) -> AnswerStream:
     prompt = built.prompt
     stats = AskStats(mode=prompt.mode, sections=[p.to_dict() for p in prompt.sections])
     stops = rt.stops.with_strings(options.stop)
-    shape = shape_of(prompt)
+    shape = prompt.shape
     engine = rt.pool.pick(shape)
     cancel = request.cancel or CancelToken()  # every generator takes one: a stream can always be cancelled
     generation = engine.generate(shape, max_tokens=options.max_tokens, temperature=options.temperature,
@@ -76,7 +76,7 @@ def ask_many(rt: "Runtime", requests: Sequence[AskRequest]) -> list[Answer]:
     built = [build_prompt(rt, r) for r in requests]
     engine, stops = rt.engine, rt.stops
     answers: list[Answer | None] = [None] * len(built)
-    shapes = [shape_of(b.prompt) for b in built]
+    shapes = [b.prompt.shape for b in built]
     by_prefix: dict[tuple, list[int]] = {}
     for i, shape in enumerate(shapes):
         by_prefix.setdefault((shape.prefix, shape.cuts), []).append(i)
@@ -174,7 +174,7 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
         shelf, request.text, layout=rt.layout(options.system_prompt), tokenize=engine.tokenize,
         memo=rt.section_memo, n_ctx=engine.n_ctx, reserve=rt.reserve(options.max_tokens),
         tolerance=a.reuse_tolerance, history=history,
-        reusable=lambda p: rt.pool.reusable(shape_of(p)), composes=lambda: rt.pool.composes,
+        reusable=lambda p: rt.pool.reusable(p.shape), composes=lambda: rt.pool.composes,
         top_k=options.top_k, neighbours=a.neighbours)
     if prompt is None:
         return None

@@ -175,6 +175,10 @@ def _echo_answer(answer, *, show_stats: bool) -> None:
             f"prefill {st.prefill_seconds:.2f} s at {st.prefill_tokens_per_second:,.0f} tok/s | "
             f"TTFT {st.ttft_seconds:.2f} s{_first_token(st)} | decode {st.decode_tokens} tokens at "
             f"{st.decode_tokens_per_second:.1f} tok/s | model load {st.load_seconds:.2f} s", err=True)
+        if st.plan:
+            other = f"; exact {st.predicted_exact_seconds:.2f} s" if st.plan == "composed" else ""
+            click.echo(f"plan: {st.plan}, predicted {st.predicted_seconds:.2f} s to the first token{other}; "
+                       f"measured {st.ttft_seconds:.2f} s", err=True)
         if answer.retrieval:
             click.echo(_retrieval_line(answer.retrieval), err=True)
         if st.reuse_lost:
