@@ -18,16 +18,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from . import collection
-from .ask import flow
 from .ask.answer import Answer, AnswerStream
 from .ask.request import AskRequest, Paths
-from .collection import CollectionStatus
 from .engine.context_lock import CancelToken
 from .config import Config, load_config
+from .engine.once import Later
 from .runtime import Runtime
 
+collection = Later(".collection", __package__)  # imported when first used
+flow = Later(".ask.flow", __package__)
+
 if TYPE_CHECKING:
+    from .collection import CollectionStatus
     from .ask.aio import AsyncAnswerStream
     from .ask.progress import PrefillProgress
     from .ask.stops import Stops
@@ -41,6 +43,14 @@ if TYPE_CHECKING:
     from .records import Hit, Prompt
 
 __all__ = ["CollectionStatus", "Pipeline"]
+
+
+def __getattr__(name: str):
+    if name == "CollectionStatus":
+        from .collection import CollectionStatus
+
+        return CollectionStatus
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Pipeline:
@@ -120,6 +130,17 @@ class Pipeline:
         (``create=False``: an existing store only; see :meth:`.runtime.Runtime.store`)."""
         with self.runtime.store(create=create) as s:
             yield s
+
+    def preload(self) -> None:
+        """Start loading the generator's model now, in the background, so that it loads while the rest
+        of a question's work goes on (what ``rag ask`` does as it starts; an application may call it at
+        start-up). The model file is found (and fetched, if it must be) in the calling thread; nothing
+        happens for a remote or given generator, a model already loaded, or where no store exists yet.
+        Questions asked meanwhile wait for that one load; :meth:`close` waits for it too."""
+        c = self.config.store
+        if not c.catalog_url and not (self.config.store_path / "catalog.sqlite").exists():
+            return  # nothing to answer from: the question fails fast, without loading a model first
+        self.runtime.load_generator_soon(build=True)
 
     # -- models and the planner ---------------------------------------------------------------
 

@@ -58,6 +58,7 @@ class Runtime:
         self._background: threading.Thread | None = None  # a calibration after an answer
         self._background_cancel = None
         self._background_mu = threading.Lock()
+        self._loading: threading.Thread | None = None  # the generator's model, loading beside retrieval
         #: The warming the last ingest started (a :class:`~pipeline.warm.job.WarmJob`; None: none), cancelled by
         #: the next ingest and by :meth:`close` (the states it saved are kept).
         self.warming = None
@@ -112,6 +113,41 @@ class Runtime:
 
             return remote_generator(ref, self.config.engine, self.config.remote, log=self.log)
         return self.new_engine(self.model_path("generator"))
+
+    def load_generator_soon(self, *, build: bool = False) -> None:
+        """Start loading the local generator's model in a thread of its own, so that it loads while
+        retrieval runs (llama.cpp releases the GIL while it loads); the first thread that needs the
+        model waits for that load (:class:`~.engine.once.once`), never starts a second. ``build``:
+        make the engine here first (find the model file, read its header), so that only llama.cpp's
+        load runs beside what this thread does next. Nothing happens for a given or remote
+        generator, a model loaded already, or, unless ``build``, one not on disk yet (it is fetched,
+        with its messages, where it is first needed); a load that fails here is tried again, and
+        reported, where the model is needed."""
+        with self._background_mu:
+            if self._loading is not None or self.given("engine") or models.is_server(self.config.models.generator):
+                return
+        if build:
+            self.engine  # noqa: B018 - found (fetched if it must be) and its header read, in this thread
+        elif not self.has("engine"):
+            try:
+                models.resolve(self.config.models.generator, home=self.config.home_path, fetch=False)
+            except Exception:  # not provisioned yet (or not a model at all): the ask path says so
+                return
+        with self._background_mu:
+            if self._loading is not None:
+                return
+            self._loading = threading.Thread(target=self._load_generator, name="rag-load-generator", daemon=True)
+            self._loading.start()
+
+    def _load_generator(self) -> None:
+        from .engine.local import Engine
+
+        try:
+            engine = self.engine
+            if isinstance(engine, Engine) and "llm" not in engine.__dict__:
+                engine.llm  # noqa: B018 - loads it (once, whoever asks first)
+        except Exception:  # noqa: BLE001 - the thread that needs the model loads it again and reports why not
+            pass
 
     def model_path(self, role: str) -> Path:
         """The local GGUF of the configured ``role`` ("embedder" or "generator"), provisioned on first use."""
@@ -383,9 +419,14 @@ class Runtime:
 
     def close(self) -> None:
         """Close what the runtime built (engines, embedder, caches, the store's connections); work left
-        after answers, and warming, are cancelled first (the states they saved are kept)."""
+        after answers, and warming, are cancelled first (the states they saved are kept), and a model still
+        loading is waited for."""
         self.stop_warming()
         self.settle(cancel=True)
+        with self._background_mu:
+            loading, self._loading = self._loading, None
+        if loading is not None:
+            loading.join()
         pool = self.__dict__.pop("pool", None)
         if pool is not None:
             pool.close_extra()

@@ -54,8 +54,10 @@ STATS = _obj({k: _num for k in (
         "cache": {"enum": ["none", "memory", "ram", "disk", "composed", "miss", "server"]},
         "notes": {"type": "array", "items": _str}, "sections_lost": {"type": "array", "items": _str},
         "mode": {"enum": ["whole", "sections", "passages"]}, "sections": {"type": "array", "items": {"type": "object"}},
-        "reuse_lost": _str}, {"plan": {"enum": ["", "exact", "composed"]}, "predicted_seconds": _num,
-                              "predicted_exact_seconds": _num})
+        "reuse_lost": _str} | {
+        # the wait a person sees, from the command's start (process), the call or the request to the first text
+        "start_to_first_token_seconds": _opt_num, "start_point": {"enum": ["", "process", "import", "call", "request"]}},
+    {"plan": {"enum": ["", "exact", "composed"]}, "predicted_seconds": _num, "predicted_exact_seconds": _num})
 
 ERROR = _versioned(_obj({"error": _obj({"message": _str, "type": _str}), "exit_code": _int}))
 

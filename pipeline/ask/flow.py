@@ -29,6 +29,7 @@ from .answer import Answer, AnswerStream, AskStats, complete
 from .history import reuse_note, sections_note
 from .prompt import pack
 from .request import AskOptions, AskRequest
+from .started import Start
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -48,6 +49,7 @@ class Built:
 def ask_stream(rt: "Runtime", request: AskRequest) -> AnswerStream:
     """:meth:`Pipeline.ask_stream <pipeline.api.Pipeline.ask_stream>`: the prompt is built here,
     generation starts when the stream is iterated."""
+    start = request.start or Start.now()
     options = request.options(rt.config.ask)
     built = build_prompt(rt, request, options=options)
     prompt = built.prompt
@@ -61,7 +63,7 @@ def ask_stream(rt: "Runtime", request: AskRequest) -> AnswerStream:
                                  stop_tokens=stops.tokens, cancel=cancel,
                                  progress=_tracker(request.progress) if request.progress else None)
     stream = AnswerStream(request.question, prompt, generation, built.notes, built.timings, built.finish,
-                          stops=stops.strings, cancel=cancel)
+                          stops=stops.strings, cancel=cancel, start=start)
     stream.on_complete(lambda answer: rt.after_answer(engine))
     return stream
 
@@ -117,7 +119,7 @@ def build_prompt(rt: "Runtime", request: AskRequest, *, options: AskOptions | No
     --packed`` measures).
     """
     options = options or request.options(rt.config.ask)
-    engine = rt.engine  # the model file is found now; it loads only after the store is released
+    engine = rt.engine  # the model file is found now; it loads beside retrieval (see _reading)
     timings: dict[str, float] = {}
     notes: list[str] = []
     if options.mode == "auto":
@@ -167,7 +169,7 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
         shelf = packing.gather(store, sources=selection, target=rt.section_tokens, hits=hits,
                                fetch_tokens=3 * engine.n_ctx, also={key for p in history[:16] for key in p})
     shelf.fixed_numbers = rt.compose_policy.enabled  # a section's tokens, so its state, the same in every pack
-    # The store is released: tokenising (and loading the generator) happens from here on.
+    # The store is released: tokenising (once the generator has loaded) happens from here on.
     prompt = packing.plan(
         shelf, request.text, layout=rt.layout(options.system_prompt), tokenize=engine.tokenize,
         memo=rt.section_memo, n_ctx=engine.n_ctx, reserve=rt.reserve(options.max_tokens),
@@ -251,6 +253,7 @@ def _reading(rt: "Runtime") -> Iterator[Store]:
         if store.catalog.totals(store.name)[0] == 0:
             raise StoreError(f"collection '{store.name}' is empty; run `rag ingest PATH` first")
         rt.check_embedder(store)
+        rt.load_generator_soon()  # the model loads while retrieval runs
         yield store
 
 

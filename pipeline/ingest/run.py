@@ -205,6 +205,8 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
                                 chunk_size=chunk_size, chunk_overlap=chunk_overlap)
         _embed(todo, chunker, store=store, embedder=embedder, report=report, emit=emit, max_bytes=max_bytes,
                section_tokens=section_tokens)
+    if known:  # documents committed before the catalog kept vectors get theirs (one catalog read when none lack them)
+        store.backfill_vectors()
     report.seconds = time.perf_counter() - started
     return report
 
