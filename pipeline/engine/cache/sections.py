@@ -36,9 +36,12 @@ SEEN_NAME = "sections.sqlite"
 NO_STATE, EVICTED, LOST = "no state yet", "evicted", "lost with the cache index"
 
 
-def namespace(engine_namespace: str, head: Sequence[int]) -> str:
-    """The namespace of section states computed by one engine after ``head``."""
+def namespace(engine_namespace: str, head: Sequence[int], stored: str = "f16") -> str:
+    """The namespace of section states computed by one engine after ``head`` and kept as ``stored``
+    (states kept in another type are other states: a composition from them is another approximation)."""
     payload = f"rag section states v1\0{engine_namespace}\0{full_hash(token_bytes(head))}"
+    if stored != "f16":
+        payload += f"\0stored {stored}"
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
@@ -51,7 +54,9 @@ class SectionStates:
 
     def __init__(self, cache: PrefixCache, engine_namespace: str, head: Sequence[int]):
         self.cache = cache
-        self.namespace = namespace(engine_namespace, head)
+        #: The KV type the states are kept in (the cache's ``section_type``; ``"f16"``: as computed).
+        self.stored = cache.section_type
+        self.namespace = namespace(engine_namespace, head, self.stored)
         self.start = len(head)
         self.saved = 0  # states saved through this object
         self.saved_bytes = 0
@@ -119,7 +124,8 @@ class SectionStates:
             self._unsaved[self.full] += 1
             return
         t0 = time.time()
-        entry = self.cache.save(self.namespace, piece.tokens, model, seq=seq, start=start)
+        entry = self.cache.save(self.namespace, piece.tokens, model, seq=seq, start=start,
+                                **({"stored": self.stored} if self.stored != "f16" else {}))
         if entry is None:
             if self.cache.last_error:
                 self._unsaved[self.cache.last_error] = self._unsaved.get(self.cache.last_error, 0) + 1
