@@ -83,21 +83,27 @@ def test_an_automatic_cache_follows_its_disk(model, tmp_path, monkeypatch):
     monkeypatch.setattr(disk.os, "statvfs", fake.statvfs)
     cache = PrefixCache(directory, max_bytes=0)
     assert cache.auto and cache.budget_bytes() == MiB // 2 == cache.room()
-    first, _ = put(cache, model, "ns", salt=0)
-    assert cache.budget_bytes() == MiB // 2 and cache.room() == MiB // 2 - first.bytes
-    saved = [put(cache, model, "ns", salt=i)[0] for i in range(1, 12)]
+    first, tokens = put(cache, model, "ns", salt=0)
+    assert cache.budget_bytes() == MiB // 2
+    assert cache.room() == MiB // 2  # never restored: a new state would replace it
+    model.clear()
+    assert cache.load(first, model)
+    assert cache.room() == MiB // 2 - first.bytes  # restored: new states would not evict it
+    for i in range(1, 12):
+        put(cache, model, "ns", salt=i)
     st = cache.stats()
     assert st["budget"] == "auto" and st["max_bytes"] == MiB // 2
     assert st["evictions"] > 0 and st["bytes"] <= MiB // 2 < st["bytes"] + first.bytes
+    assert first.file in {e.file for e in cache.entries()}  # the one restored outlives the others
     fake.others = MiB // 2  # another program takes half the room: the cap halves, the next save evicts
     assert cache.budget_bytes() == MiB // 4
-    put(cache, model, "ns", salt=50)
-    assert cache.stats()["bytes"] <= MiB // 4 and cache.room() < first.bytes
+    newest, _ = put(cache, model, "ns", salt=50)
+    assert cache.stats()["bytes"] <= MiB // 4
+    assert {first.file, newest.file} <= {e.file for e in cache.entries()}
     fake.others = 0
     assert cache.budget_bytes() == MiB // 2
     fixed = PrefixCache(directory, max_bytes=3 * MiB)
     assert not fixed.auto and fixed.budget_bytes() == 3 * MiB and fixed.stats()["budget"] == "fixed"
-    assert saved[-1].file in {e.file for e in cache.entries()}
 
 
 def test_cache_max_gb_zero_is_the_default_and_means_auto(tmp_path, monkeypatch):
@@ -172,3 +178,21 @@ def test_eviction_weighs_uses_against_time_unused(tmp_path):
             order += index.evict(db, cap, keep=None, now=now)
     assert order == ["used-often-long-ago", "never-used-an-hour-ago", "new-never-used", "q8-never-used-an-hour-ago"]
     index.close()
+
+
+def test_cache_stats_show_the_budget_in_force(tmp_path, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from pipeline.cli import cli
+
+    monkeypatch.setenv("RAG_CACHE_PATH", str(tmp_path / "cache"))
+    fake = FakeDisk(tmp_path / "cache", size=100 * GiB, room=30 * GiB)
+    monkeypatch.setattr(disk.os, "statvfs", fake.statvfs)
+    runner = CliRunner()
+    auto = json.loads(runner.invoke(cli, ["cache", "stats", "--json"]).output)
+    assert auto["budget"] == "auto" and auto["max_bytes"] == (30 - 10) * GiB // 2
+    monkeypatch.setenv("RAG_CACHE_MAX_GB", "3")
+    fixed = json.loads(runner.invoke(cli, ["cache", "stats", "--json"]).output)
+    assert fixed["budget"] == "fixed" and fixed["max_bytes"] == 3 * GiB

@@ -225,3 +225,25 @@ def test_state_bytes_match_a_real_section_state(model_home, tmp_path, name):
             states.close()
     finally:
         model.close()
+
+
+def test_the_footprint_table_sizes_published_shapes_as_the_cache_does():
+    """benchmarks/state_footprint.py: Llama 3.1 8B's f16 state, 32 layers x 8 KV heads x 128 x K and V x 2
+    bytes per token (and the file's framing); gpt-oss's window layers count 128 tokens a section; a
+    hybrid model keeps no section states."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("state_footprint", root / "benchmarks" / "state_footprint.py")
+    footprint = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(footprint)
+    info = {name: ModelInfo.from_metadata(meta, []) for name, meta in footprint.PUBLISHED.items()}
+    llama = footprint.row("llama", info["Llama 3.1 8B (dense)"], 2048)
+    per_token = 32 * 8 * 128 * 2 * 2
+    assert llama["f16"]["bytes_per_token"] * 2048 == 12 + 4 * 2048 + 16 + 24 * 32 + 2048 * (12 + per_token)
+    assert round(llama["q8_0"]["bytes_per_token"] / llama["f16"]["bytes_per_token"], 2) == 0.53
+    oss = info["gpt-oss-20b (MoE, 128-token windows)"]
+    assert [lay.kind for lay in oss.layers[:2]] == ["swa", "full"]
+    window = oss.state_bytes(2048) - oss.state_bytes(1024)  # only the full layers grow past the window
+    assert window == 1024 * (4 + 12 + 12 * 8 * 64 * 2 * 2)
+    assert not footprint.row("qwen3.6", info["Qwen3.6-35B-A3B (hybrid)"], 2048)["composes"]

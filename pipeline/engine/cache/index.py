@@ -257,6 +257,14 @@ class CacheIndex:
             total -= row["bytes"]
         return out
 
+    def bytes_worth_more_than_new(self, now: float) -> int:
+        """Bytes of the entries worth more than one just saved and never used (its worth: 1 use, now):
+        those a new entry would not evict (:func:`.budget.usefulness`, per byte, taken per token)."""
+        with self._lock:
+            rows = self._db.execute("SELECT bytes, hits, last_used FROM entries WHERE hits > 0").fetchall()
+        return sum(r["bytes"] for r in rows
+                   if usefulness(hits=r["hits"], n_tokens=1, size=1, last_used=r["last_used"], now=now) > 1.0)
+
     def total_bytes(self) -> int:
         """Bytes of every entry's file, as indexed."""
         with self._lock:

@@ -1,10 +1,12 @@
 """Section states on disk: each section's KV cells, computed once after the prompt head, found by content.
 
 A section state is one entry of the prefix cache (:class:`.cache.store.PrefixCache`: same
-directory, same ``cache.max_gb`` budget and LRU order, same integrity checks and crash
-safety), in a namespace of its own: :func:`namespace` hashes the engine's namespace (the
-model file and every setting that shapes its KV cache) with the head's tokens (the
-chat template's start and the system prompt the section was computed after). Within it
+directory, same budget and eviction order, same integrity checks and crash safety), in a
+namespace of its own: :func:`namespace` hashes the engine's namespace (the model file and
+every setting that shapes its KV cache) with the head's tokens (the chat template's start
+and the system prompt the section was computed after) and the type the states are kept in
+(the cache's ``section_type``: ``q8_0`` keeps an f16 engine's keys and values in half the
+bytes, :mod:`pipeline.engine._llama.state_codec`). Within it
 the entry is keyed by the hash of the section's tokens, so a changed document, a
 changed header or another system prompt never finds a stale state. The state holds the
 section's cells alone, at the positions right after the head (``len(head)..``), which

@@ -324,13 +324,16 @@ class PrefixCache(CacheDirectory, ExactLookup):
             return 0
 
     def room(self) -> int:
-        """The bytes new states may take now without evicting any (:meth:`budget_bytes` less what the
-        cache holds); 0 where it is full, unavailable or read-only."""
+        """The bytes new states may take now (what warming section states may spend): the budget less
+        what the states a new one would not evict hold, those restored and used recently enough
+        (:func:`.budget.usefulness`) to be worth more than a state just saved and never restored. States
+        never restored count as room: new ones replace them, the longest unused first. 0 where the cache
+        is unavailable or read-only."""
         if self._index is None or self.read_only:
             return 0
         try:
             used = self._index.total_bytes()
-            return max(0, self._limit(used) - used)
+            return max(0, self._limit(used) - self._index.bytes_worth_more_than_new(time.time()))
         except sqlite3.Error as exc:
             self._fault("budget", exc)
             return 0
