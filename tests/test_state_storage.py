@@ -135,6 +135,24 @@ def test_section_states_kept_as_q8_0_restore_into_an_f16_engine(moe, tmp_path):
         model.close()
 
 
+def test_a_truncated_q8_0_file_is_refused_not_restored(moe, tmp_path):
+    """(The cache checks size and checksum first; the model's own reader refuses what is cut short too.)"""
+    model = load(moe)
+    try:
+        tokens = text_tokens(model, 300)
+        prefill(model, tokens)
+        path = tmp_path / "s.state"
+        assert model.save_state(path, tokens, stored="q8_0")
+        whole = path.read_bytes()
+        for cut in (len(whole) - 100, 12 + 4 * 300 + 40, 20):
+            path.write_bytes(whole[:cut])
+            assert model.load_state(path, capacity=301, seq=1) is None
+        path.write_bytes(whole)
+        assert model.load_state(path, capacity=301, seq=1) == tokens and model.seq_end(1) == 299
+    finally:
+        model.close()
+
+
 def test_section_states_have_a_namespace_of_their_own_per_stored_type(moe, tmp_path):
     model = load(moe)
     try:
@@ -247,3 +265,12 @@ def test_the_footprint_table_sizes_published_shapes_as_the_cache_does():
     window = oss.state_bytes(2048) - oss.state_bytes(1024)  # only the full layers grow past the window
     assert window == 1024 * (4 + 12 + 12 * 8 * 64 * 2 * 2)
     assert not footprint.row("qwen3.6", info["Qwen3.6-35B-A3B (hybrid)"], 2048)["composes"]
+
+
+def test_the_types_a_section_state_is_kept_in():
+    from pipeline.engine.cache.sections import kept_types
+
+    assert kept_types("q8_0", "f16", "f16") == ("q8_0", "q8_0")
+    assert kept_types("f16", "f16", "f16") == ("f16", "f16")
+    assert kept_types("q8_0", "f16", "f16", flash_attn=False) == ("f16", "f16")  # V kept transposed
+    assert kept_types("q8_0", "q4_0", "q4_0") == ("q4_0", "q4_0")  # the engine's own, already smaller

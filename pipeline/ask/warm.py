@@ -139,6 +139,7 @@ def warm_auto(rt: "Runtime", *, progress: Callable[[int, int], None] | None = No
 
 
 def _warm_auto(rt: "Runtime", progress: Callable[[int, int], None] | None, cancel: "CancelToken | None") -> dict:
+    from ..engine.cache.sections import kept_types
     from ..models import is_server
 
     def skipped(reason: str, **more) -> dict:
@@ -168,11 +169,13 @@ def _warm_auto(rt: "Runtime", progress: Callable[[int, int], None] | None, cance
     if refusal is not None and refusal not in (Refusal.NOT_CALIBRATED, Refusal.OVER_BUDGET):
         return skipped(refusal.value)
     s = engine.settings
-    size = engine.info.kv_bytes(tokens, s.type_k, s.type_v)
-    room = rt.config.cache.max_gb * 1e9 / 2
-    if size > room:
+    kv = kept_types(cache.section_type, s.type_k, s.type_v, flash_attn=s.flash_attn)
+    size = sum(engine.info.state_bytes(len(p.tokens), *kv) for p in packed)
+    budget = cache.budget_bytes()
+    if size > budget / 2:
         return skipped(f"the section states would take about {size / 1e9:,.1f} GB, more than half of "
-                       f"cache.max_gb ({rt.config.cache.max_gb:g} GB): `rag warm --sections` saves them anyway")
+                       f"cache.max_gb ({budget / 1e9:,.1f} GB{', a share of the disk' if cache.auto else ''}): "
+                       "`rag warm --sections` saves them anyway")
     _calibrate(rt, shelf, cancel)
     refusal = engine.composition_refusal
     if refusal is not None:

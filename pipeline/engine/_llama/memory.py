@@ -123,7 +123,6 @@ class SequenceMemory:
     def _load_encoded(self, path: str | os.PathLike[str], capacity: int, seq: int) -> list[int] | None:
         """Restore ``seq`` from a state file :meth:`save_state` encoded; None where it cannot be."""
         from . import state_codec
-        from .state_format import StateFormatError
 
         try:
             with open(path, "rb") as f:
@@ -138,7 +137,7 @@ class SequenceMemory:
             # a buffer state starts with llama.cpp's own header for the sequence: the empty sequence's
             head = bytes(self.state_data(seq)[:_DATA_HEADER])
             state = state_codec.decode(memoryview(data)[12 + 4 * n:], start=0, prefix=head)
-        except (OSError, struct.error, StateFormatError):
+        except (OSError, struct.error, ValueError):  # (StateFormatError is a ValueError)
             return None
         if not self.set_state_data(state, seq=seq):
             return None

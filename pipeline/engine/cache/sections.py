@@ -47,6 +47,15 @@ def namespace(engine_namespace: str, head: Sequence[int], stored: str = "f16") -
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
+def kept_types(section_type: str, type_k: str, type_v: str, *, flash_attn: bool = True) -> tuple[str, str]:
+    """The KV types a section state is kept in on disk: ``section_type`` where it applies (an f16 cache
+    with flash attention: without it llama.cpp keeps V transposed, which is kept as computed), else the
+    engine's own. What :meth:`~pipeline.engine.gguf.info.ModelInfo.state_bytes` sizes a state with."""
+    if section_type != "f16" and type_k == type_v == "f16" and flash_attn:
+        return section_type, section_type
+    return type_k, type_v
+
+
 class SectionStates:
     """The section states of one engine and one prompt head, in ``cache`` (what :func:`.compose.compose` reads).
 
@@ -189,4 +198,4 @@ class SectionStates:
             self._seen = None
 
 
-__all__ = ["EVICTED", "LOST", "NO_STATE", "SectionStates", "namespace"]
+__all__ = ["EVICTED", "LOST", "NO_STATE", "SectionStates", "kept_types", "namespace"]

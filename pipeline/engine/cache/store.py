@@ -147,7 +147,11 @@ class PrefixCache(CacheDirectory, ExactLookup):
         expected = model.state_size(seq) + 12 + 4 * n
         if stored and stored != "f16":  # q8_0 keeps 34 bytes of 64
             expected = expected * 17 // 32
-        limit = self._limit()
+        try:
+            limit = self._limit()
+        except sqlite3.Error as exc:
+            self._fault("save", exc)
+            return None
         if expected > limit:
             self.last_error = f"the state ({expected:,} bytes) is larger than the cache ({limit:,})"
             return None
