@@ -48,7 +48,7 @@ def _section_entries(rag):
     """The section states of the collection's head, oldest first (the order warm saved them)."""
     from pipeline.engine.cache.sections import namespace
 
-    ns = namespace(rag.engine.namespace, rag.runtime.layout().head_tokens)
+    ns = namespace(rag.engine.namespace, rag.runtime.layout().head_tokens, rag.prefix_cache.section_type)
     return sorted(rag.prefix_cache.entries(ns), key=lambda e: e.created)
 
 

@@ -274,3 +274,41 @@ def test_the_types_a_section_state_is_kept_in():
     assert kept_types("f16", "f16", "f16") == ("f16", "f16")
     assert kept_types("q8_0", "f16", "f16", flash_attn=False) == ("f16", "f16")  # V kept transposed
     assert kept_types("q8_0", "q4_0", "q4_0") == ("q4_0", "q4_0")  # the engine's own, already smaller
+
+
+def test_a_library_session_keeps_its_section_states_as_q8_0_and_composes_from_them(tmp_path):
+    """Through the public API (cache.section_type = "q8_0"): every section state on disk is q8_0 at the
+    size the metadata predicts, and a later question in a new process is composed from them."""
+    from fakes import HashEmbedder
+
+    from pipeline import Pipeline
+    from pipeline.dev.synthetic import write_moe_model
+    from pipeline.engine.cache.sections import namespace
+
+    model_path = write_moe_model(tmp_path / "moe.gguf", n_ctx_train=8192)
+    docs = tmp_path / "shelf"
+    docs.mkdir()
+    for name, topic in (("a.md", "pump"), ("b.md", "valve"), ("c.md", "sensor"), ("d.md", "cable")):
+        (docs / name).write_text("\n\n".join(f"Paragraph {i} of the {topic} manual: the {topic} unit {i} reports "
+                                             f"level {i * 7}." for i in range(24)) + "\n")
+    overrides = {"models.generator": str(model_path), "engine.n_ctx": 2048, "engine.threads": 1,
+                 "ask.max_tokens": 6, "chunking.size": 64, "chunking.overlap": 8, "chunking.section_tokens": 128,
+                 "cache.path": str(tmp_path / "cache"), "ask.compose": "on", "cache.section_type": "q8_0"}
+
+    def session():
+        return Pipeline.from_config(overrides=overrides, embedder=HashEmbedder())
+
+    with session() as rag:
+        rag.ingest([docs])
+        first = rag.ask("What does pump unit 3 report?")
+        ns = namespace(rag.engine.namespace, rag.runtime.layout().head_tokens, "q8_0")
+        entries = rag.prefix_cache.entries(ns)
+    info = ModelInfo.read(model_path)
+    assert first.stats.cache == "composed" and len(entries) == first.stats.states_saved >= 2
+    for e in entries:
+        assert e.bytes == info.state_bytes(e.n_tokens, "q8_0", "q8_0")
+        head = (tmp_path / "cache" / e.file).read_bytes()[12 + 4 * e.n_tokens - 8:]
+        assert state_codec.stored_type(memoryview(head)) == state_codec.Q8_0
+    with session() as rag:
+        later = rag.ask("What level does pump unit 4 report?")
+    assert later.stats.cache == "composed" and later.stats.composed_sections >= 1

@@ -154,10 +154,10 @@ class SequenceMemory:
         del data[max(n, 0):]
         return data
 
-    def set_state_data(self, data: bytearray, *, seq: int = 0) -> bool:
-        """Replace ``seq``'s state by ``data`` (from :meth:`state_data`, read in place); False if llama.cpp
-        refused it."""
-        if not data:
+    def set_state_data(self, data: bytearray | Any, *, seq: int = 0) -> bool:
+        """Replace ``seq``'s state by ``data`` (from :meth:`state_data`, or any writable buffer of bytes,
+        read in place); False if llama.cpp refused it."""
+        if len(data) == 0:
             return False
         buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
         return int(llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(data), seq)) > 0

@@ -27,13 +27,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .state_format import Block, StateFormatError, blocks
+from .state_format import Block, StateFormatError, blocks, skip_cells
 
 F32, F16, Q8_0 = 0, 1, 8
 #: Stored KV type name -> ggml type id (what ``cache.section_type`` may name).
 TYPES = {"f16": F16, "q8_0": Q8_0}
 _QK = 32  # values per q8_0 block
 _Q8_BYTES = 34  # bytes per q8_0 block: an f16 scale and 32 int8
+_CHUNK = 1 << 16  # values converted at a time (a 256 KiB f32 buffer)
 
 
 def encodable(data: bytes | memoryview, *, start: int = 8) -> bool:
@@ -64,21 +65,21 @@ def encode(data: bytes | memoryview, write: Callable[[bytes | memoryview], Any],
     return True
 
 
-def decode(data: bytes | memoryview, *, start: int = 8, prefix: bytes = b"") -> bytearray:
+def decode(data: bytes | memoryview, *, start: int = 8, prefix: bytes = b"") -> np.ndarray:
     """The state ``data`` with every q8_0 layer back in f16 (others as they are), in one new buffer
-    that begins with ``prefix``; ``start`` is where its memories begin (see :func:`.state_format.blocks`)."""
+    (bytes in a numpy array) that begins with ``prefix``; ``start`` is where its memories begin (see :func:`.state_format.blocks`)."""
     view = memoryview(data)
     found = blocks(view, start=start)
     grow = sum(b.rows * (b.row_bytes // _Q8_BYTES * _QK * 2 - b.row_bytes)
                for b in found if b.type == Q8_0 and not b.transposed)
-    out = bytearray(len(prefix) + len(view) + grow)
-    out[:len(prefix)] = prefix
+    out = np.empty(len(prefix) + len(view) + grow, np.uint8)  # (every byte is written below)
+    out[:len(prefix)] = np.frombuffer(prefix, np.uint8)
     q = _arithmetic()
     at, to = 0, len(prefix)
 
     def copy(a: int, b: int) -> None:
         nonlocal to
-        out[to:to + b - a] = view[a:b]
+        out[to:to + b - a] = np.frombuffer(view[a:b], np.uint8)
         to += b - a
 
     for b in found:
@@ -86,7 +87,7 @@ def decode(data: bytes | memoryview, *, start: int = 8, prefix: bytes = b"") -> 
             continue
         copy(at, b.at)
         width = b.row_bytes // _Q8_BYTES * _QK
-        out[to:to + 12] = struct.pack("<iQ", F16, width * 2)
+        out[to:to + 12] = np.frombuffer(struct.pack("<iQ", F16, width * 2), np.uint8)
         q.dequantize_into(view[b.data_at:b.end], out, to + 12, b.rows * width)
         to += 12 + b.rows * width * 2
         at = b.end
@@ -104,9 +105,7 @@ def stored_type(view: memoryview) -> int | None:
             (n_cells,), off = struct.unpack_from("<I", view, off), off + 4
             if n_cells == 0:
                 continue
-            for _ in range(n_cells):
-                off += 8 + 4 * struct.unpack_from("<iI", view, off)[1]
-            return struct.unpack_from("<i", view, off + 8)[0]
+            return struct.unpack_from("<i", view, skip_cells(view, off, n_cells) + 8)[0]
     except struct.error as exc:
         raise StateFormatError(f"truncated state ({exc})") from None
     return None
@@ -130,7 +129,7 @@ class _Numpy:
         return out.tobytes()
 
     @staticmethod
-    def dequantize_into(q8: memoryview, out: bytearray, at: int, n: int) -> None:
+    def dequantize_into(q8: memoryview, out: np.ndarray, at: int, n: int) -> None:
         b = np.frombuffer(q8, np.uint8, n // _QK * _Q8_BYTES).reshape(-1, _Q8_BYTES)
         d = b[:, :2].copy().view(np.float16).astype(np.float32)
         dst = np.frombuffer(out, np.float16, n, at).reshape(-1, _QK)
@@ -152,11 +151,14 @@ class _Ggml:
         self.fns["quantize"](Q8_0, f32.ctypes.data, out.ctypes.data, 0, n // _QK, _QK, None)
         return out.tobytes()
 
-    def dequantize_into(self, q8: memoryview, out: bytearray, at: int, n: int) -> None:
+    def dequantize_into(self, q8: memoryview, out: np.ndarray, at: int, n: int) -> None:
         src = np.frombuffer(q8, np.uint8, n // _QK * _Q8_BYTES)
-        f32 = np.empty(n, np.float32)
-        self.fns["dequantize"](src.ctypes.data, f32.ctypes.data, n)
-        self.fns["to_f16"](f32.ctypes.data, np.frombuffer(out, np.float16, n, at).ctypes.data, n)
+        dst = np.frombuffer(out, np.float16, n, at)
+        f32 = np.empty(min(n, _CHUNK), np.float32)  # a small buffer, in cache: through it in chunks
+        for lo in range(0, n, _CHUNK):
+            k = min(_CHUNK, n - lo)
+            self.fns["dequantize"](src[lo // _QK * _Q8_BYTES:].ctypes.data, f32.ctypes.data, k)
+            self.fns["to_f16"](f32.ctypes.data, dst[lo:].ctypes.data, k)
 
 
 _lock = threading.Lock()

@@ -121,6 +121,17 @@ class Block:
         return self.data_at + self.rows * self.row_bytes
 
 
+def skip_cells(view: memoryview, off: int, n_cells: int) -> int:
+    """Where the ``n_cells`` cells' positions and sequences that begin at ``off`` end."""
+    if n_cells and off + 12 * n_cells <= len(view):  # one sequence per cell, the usual case: 12 bytes each
+        seqs = np.frombuffer(view, np.int32, 3 * n_cells, off)[1::3]
+        if (seqs == 1).all():
+            return off + 12 * n_cells
+    for _ in range(n_cells):
+        off += 8 + 4 * struct.unpack_from("<iI", view, off)[1]
+    return off
+
+
 def blocks(data: bytes | memoryview, *, start: int = 8) -> list[Block]:
     """Every layer's keys and values in the state (every memory and stream), in the order stored;
     ``start`` is where its memories begin (0 in a state file past its token list)."""
@@ -133,8 +144,7 @@ def blocks(data: bytes | memoryview, *, start: int = 8) -> list[Block]:
             (n_stream,), off = struct.unpack_from("<I", view, off), off + 4
             for _ in range(n_stream):
                 (n_cells,), off = struct.unpack_from("<I", view, off), off + 4
-                for _ in range(n_cells):
-                    off += 8 + 4 * struct.unpack_from("<iI", view, off)[1]
+                off = skip_cells(view, off, n_cells)
                 if n_cells == 0:
                     continue
                 v_trans, n_layer = struct.unpack_from("<II", view, off)
