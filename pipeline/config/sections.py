@@ -308,8 +308,8 @@ class CacheConfig:
     """Directory of the saved states and their index; empty = $RAG_HOME/cache."""
     max_gb: float = 0.0
     """Disk the states may use (0: half of what the disk holds for the cache, less a margin); the least useful go first past it."""
-    section_type: str = "f16"
-    """KV type section states are kept in on disk: f16 (as computed) or q8_0 (about half the size)."""
+    section_type: str = "q8_0"
+    """KV type section states are kept in on disk: q8_0 (about half the size of f16) or f16 (as computed)."""
     min_tokens: int = 256
     """Prefixes shorter than this are not saved (not worth a file)."""
     boundary_states: int = 4
