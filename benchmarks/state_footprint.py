@@ -1,7 +1,9 @@
 """Bytes per token and tokens per GB of section states, for the shapes users run, from GGUF metadata.
 
-Sizes come from :meth:`pipeline.engine.gguf.info.ModelInfo.state_bytes`, the code that sizes what the
-cache writes (checked against real state files of SmolLM2, Gemma 3 and a generated gpt-oss in
+Sizes come from :meth:`pipeline.engine.gguf.info.ModelInfo.state_bytes` with the KV types
+:func:`pipeline.engine.cache.sections.kept_types` keeps a state in (an engine with an f16 KV cache and
+flash attention, the defaults), the code that sizes what the cache writes and what warming chooses
+within its room (:meth:`pipeline.engine.local.Engine.section_state_bytes`; checked against real state files of SmolLM2, Gemma 3 and a generated gpt-oss in
 ``tests/test_state_storage.py``): per section of N tokens, the token list, every full-attention
 layer's keys and values for each token, and a sliding-window layer's for the last ``window``
 tokens only. The published shapes are written as the GGUF metadata llama.cpp's converter writes for
@@ -22,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pipeline.engine.cache.sections import kept_types  # noqa: E402
 from pipeline.engine.gguf.info import ModelInfo  # noqa: E402
 
 GB = 1e9
@@ -64,9 +67,9 @@ def row(name: str, info: ModelInfo, n: int) -> dict:
     out = {"model": name, "layers": layers(info), "section_tokens": n}
     if any(lay.kind == "recurrent" for lay in info.layers):
         return {**out, "composes": False}
-    for kv in ("f16", "q8_0"):
-        per_token = info.state_bytes(n, kv, kv) / n
-        out[kv] = {"bytes_per_token": per_token, "tokens_per_gb": GB / per_token}
+    for section_type in ("f16", "q8_0"):  # cache.section_type, on an engine running an f16 KV cache
+        per_token = info.state_bytes(n, *kept_types(section_type, "f16", "f16")) / n
+        out[section_type] = {"bytes_per_token": per_token, "tokens_per_gb": GB / per_token}
     return {**out, "composes": True}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ._testhooks import crash_point
-from .errors import StoreError, redact
+from .errors import InputError, StoreError, redact
 from .ingest.run import IngestReport, Progress, ingest as ingest_scanned
 from .ingest.scan import scan
 
@@ -56,8 +56,12 @@ def ingest(rt: "Runtime", paths: Iterable[str | Path], *, prune: bool = False, i
     embedded into the collection with the configured chunking (see :func:`.ingest.run.ingest`)."""
     i, c = rt.config.ingest, rt.config.chunking
     follow = i.follow_symlinks if follow_symlinks is None else follow_symlinks
-    # A missing path fails before any model loads or the store opens.
+    # A missing path, or nothing to read under the paths, fails before any model loads or the store opens.
     scanned = scan(paths, include=tuple(include), exclude=tuple(exclude), follow_symlinks=follow)
+    if not scanned.files and not scanned.problems and not prune:
+        filters = " matching --include/--exclude" if include or exclude else ""
+        raise InputError(f"no files{filters} under {', '.join(str(p) for p in paths)}: nothing to ingest "
+                         "(PDF, Markdown, text and HTML files are read; hidden files and folders are skipped)")
     with rt.store() as store:
         ref = None if rt.given("embedder") else rt.config.models.embedder
         expand = None
@@ -74,33 +78,25 @@ def ingest(rt: "Runtime", paths: Iterable[str | Path], *, prune: bool = False, i
 
 def composition(rt: "Runtime") -> dict:
     """:meth:`Pipeline.calibration <pipeline.api.Pipeline.calibration>`: the configured generator's
-    composition calibration and what it decides, read without loading or fetching a model and
-    without creating anything."""
-    from . import models
-    from .engine.cache.calibrations import Calibrations
-    from .engine.local import Engine
-    from .errors import RagError
-    from .engine.reuse.budget import ComposeMode
+    composition calibration and what the reuse planner decides by it (``allowed``, and ``reason`` where
+    not), read without loading or fetching a model and without creating anything."""
+    from .engine.reuse.budget import Refusal
 
     policy = rt.compose_policy
-    ref = rt.config.models.generator
-    out = {"mode": policy.mode.value, "model": redact(ref), "seams": policy.seams.key, "kl": None, "top1": None,
-           "tokens": 0, "prompts": 0, "budget": policy.max_kl, "allowed": policy.mode is ComposeMode.ON}
-    if models.is_server(ref) or policy.mode is ComposeMode.OFF:
-        out["allowed"] = False  # a server reuses prefixes only
-        return out
-    try:
-        path = models.resolve(ref, home=rt.config.home_path, fetch=False, what="generator")
-        out["model"] = path.name
-        engine = rt.engine if rt.has("engine") and not rt.given("engine") else Engine(path, rt.engine_settings(path))
-        namespace = engine.namespace
-    except RagError:
-        return out
-    record = Calibrations(rt.config.cache_path if rt.config.cache.enabled else None).get(namespace, policy.seams.key)
+    out = {"mode": policy.mode.value, "model": redact(rt.config.models.generator), "seams": policy.seams.key,
+           "kl": None, "top1": None, "tokens": 0, "prompts": 0, "budget": policy.max_kl, "allowed": False}
+    engine, refusal = rt.composition()
+    if engine is None:
+        return {**out, "reason": "the generator is not provisioned yet (`rag models pull`, or the first `rag ask`)"}
+    if refusal is not Refusal.SERVER:
+        out["model"] = engine.model_path.name
+    record = engine.calibration if refusal is not Refusal.SERVER else None
     if record is not None:
-        out.update(kl=round(record.kl, 5), top1=round(record.top1, 4), tokens=record.tokens, prompts=record.prompts,
-                   allowed=policy.mode is ComposeMode.ON or record.allowed(policy.max_kl),
-                   measured_at=record.measured_at, method=record.method)
+        out.update(record.to_dict(budget=policy.max_kl))
+        out["model"] = record.model
+    out["allowed"] = refusal is None
+    if refusal is not None:
+        out["reason"] = refusal.value
     return out
 
 

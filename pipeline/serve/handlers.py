@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
+from ..ask.started import Start
 from ..errors import Cancelled, RagError, redact
 from . import completions as oa
 from .folders import ReadableFolders
@@ -117,12 +118,13 @@ async def models(request: "Request"):
 async def chat_completions(request: "Request"):
     from starlette.responses import JSONResponse, Response, StreamingResponse
 
+    arrived = Start.now("request")  # the answer's start_to_first_token_seconds counts from here
     s = served(request)
     chat = chat_request(await Body.read(request, limit=s.max_body))
     if s.stopping:
         raise HTTPError(503, STOPPING, "server_error", "server_stopping")
     reply = _Reply(s, chat)
-    stream = s.rag.aask_stream(chat.ask)
+    stream = s.rag.aask_stream(chat.ask.replace(start=arrived))
     s.answers.add(stream)
     streaming = False
     try:
