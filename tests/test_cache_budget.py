@@ -180,6 +180,21 @@ def test_eviction_weighs_uses_against_time_unused(tmp_path):
     index.close()
 
 
+def test_states_of_one_kind_saved_moments_apart_go_oldest_first_whatever_their_length(tmp_path):
+    """A state's fixed overhead makes a longer state a hair denser: that must not outrank age, or a warm
+    that saves its most useful sections first would lose them first to the sections it saves after."""
+    index = CacheIndex(tmp_path / "index.sqlite")
+    now = 1_000_000_000.0
+    for name, tokens, age in (("first-shorter", 523, 2.0), ("then-longer", 556, 1.0), ("last", 540, 0.0)):
+        with index.write() as db:
+            index.insert(db, namespace="ns", n_tokens=tokens, full_hash=name, block_hash=name, file=name,
+                         size=12 + 4 * tokens + 40 + tokens * 288, digest="", now=now - age)
+    with index.write() as db:
+        order = index.evict(db, 0, keep=None, now=now)
+    assert order == ["first-shorter", "then-longer", "last"]
+    index.close()
+
+
 def test_cache_stats_show_the_budget_in_force(tmp_path, monkeypatch):
     import json
 

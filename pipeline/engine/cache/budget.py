@@ -22,6 +22,7 @@ Which states go first
 
 from __future__ import annotations
 
+import math
 import os
 
 from ...disk import space
@@ -35,6 +36,8 @@ MARGIN_SHARE = 0.10
 FALLBACK_BYTES = 8 * 2**30
 #: Seconds after which an unused state's worth has halved.
 HALF_LIFE = 86_400.0
+#: Steps per doubling in which tokens per byte are compared (about 4 % each).
+DENSITY_STEPS = 16
 
 
 def cap(path: str | os.PathLike[str], used: int, *, max_bytes: int = 0) -> int:
@@ -51,9 +54,15 @@ def cap(path: str | os.PathLike[str], used: int, *, max_bytes: int = 0) -> int:
 
 
 def usefulness(*, hits: int, n_tokens: int, size: int, last_used: float, now: float) -> float:
-    """What keeping a state is worth per byte (see the module notes): the least useful go first."""
+    """What keeping a state is worth per byte (see the module notes): the least useful go first.
+
+    Tokens per byte count in steps of :data:`DENSITY_STEPS` per doubling: a state's fixed overhead
+    makes a longer state of the same model and type a hair denser, which must not outrank when it was
+    used (states saved a second apart would otherwise go longest first, not oldest first), while a
+    q8_0 state stays worth about twice its f16 twin."""
     age = max(0.0, now - last_used)
-    return (hits + 1) * n_tokens / max(size, 1) * 0.5 ** (age / HALF_LIFE)
+    density = 2.0 ** (round(math.log2(max(n_tokens, 1) / max(size, 1)) * DENSITY_STEPS) / DENSITY_STEPS)
+    return (hits + 1) * density * 0.5 ** (age / HALF_LIFE)
 
 
-__all__ = ["FALLBACK_BYTES", "HALF_LIFE", "MARGIN_BYTES", "MARGIN_SHARE", "SHARE", "cap", "usefulness"]
+__all__ = ["DENSITY_STEPS", "FALLBACK_BYTES", "HALF_LIFE", "MARGIN_BYTES", "MARGIN_SHARE", "SHARE", "cap", "usefulness"]
