@@ -41,16 +41,15 @@ def demo_command(command: str = "ask") -> list[str]:
     return args
 
 
-def test_the_demo_asks_two_different_short_questions_with_gemma():
+def test_the_demo_asks_two_different_short_questions_with_the_defaults():
     args = demo_command()
-    ask = args.index("ask")
-    assert args[ask + 1:ask + 3] == ["--max-tokens", "64"]
-    questions = args[ask + 3:]
+    assert args[0] == "ask" and "--config" not in args  # what a new user gets
+    assert args[1:3] == ["--max-tokens", "64"]
+    questions = args[3:]
     assert len(questions) == 2 and questions[0] != questions[1]
     from pipeline.config import load_config
 
-    config = load_config(args[args.index("--config") + 1], environ={})
-    assert config.models.generator == "builtin:gemma-3-270m"
+    assert load_config(None, environ={}).models.generator == "builtin:gemma-3-270m"
 
 
 def test_the_demo_ingests_for_the_model_that_answers():
@@ -75,7 +74,8 @@ def test_the_demos_questions_follow_the_calibration_its_ingest_made(store_dir, m
     runner = CliRunner()
     result = runner.invoke(cli, demo_command("ingest"))
     assert result.exit_code == 0, result.output
-    verdict = re.search(r"^composition calibrated: mean KL ([\d.]+) nats \(budget 0\.05\), top-1 [\d.]+% over "
+    verdict = re.search(r"^composition calibrated: mean KL ([\d.]+) nats \(spread [\d.]+ over 3 prompts\), "
+                        r"budget 0\.05, top-1 [\d.]+% over "
                         r"\d+ tokens: (questions are composed|over ask.compose_max_kl: questions stay exact)$",
                         result.output, re.M)
     assert verdict, result.output

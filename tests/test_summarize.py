@@ -474,8 +474,10 @@ def test_a_document_between_the_old_edges_is_laid_out_alike_and_reused_both_ways
     (later,) = fresh.summarize([other]).result()
     pack = _ask_prompt(fresh, other, question)
     assert later.method == "map-reduce" and later.units_computed == 3  # two runs and the reduce step
-    # the first run is the question's pack, restored from disk (a later step reuses the template's head)
-    assert later.cached_tokens == len(pack.prefix_tokens) + len(fresh.runtime.layout().head_tokens)
+    # the first run is the question's pack, restored from disk; the later run and the reduce step each start
+    # from the template's head (a tokenizer that merges across the head's end gives the reduce step none)
+    head = len(fresh.runtime.layout().head_tokens)
+    assert later.cached_tokens - len(pack.prefix_tokens) in (head, 2 * head)
 
 
 def test_after_warm_for_summaries_every_summary_prefills_only_its_instruction(make_pipeline, corpus, tmp_path,

@@ -34,7 +34,7 @@ def write_corpus(root: Path) -> Path:
     topics = ["tomatoes and sunlight", "llama.cpp prefill batches", "Chroma persistent clients",
               "the Rhine river in spring", "prime numbers below fifty", "violins and their strings"]
     parts = [f"Part {i + 1} is about {t}. " + " ".join(f"Fact {j} on {t} says the value is {i * 10 + j}."
-                                                   for j in range(6)) for i, t in enumerate(topics)]
+                                                   for j in range(7)) for i, t in enumerate(topics)]
     (root / "a_long.md").write_text("# Long notes\n\n" + "\n\n".join(parts) + "\n")
     (root / "b_short.txt").write_text("The error code ERR_SOCKET_ZX81 appears when the server is unreachable.\n")
     return root

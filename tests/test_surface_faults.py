@@ -244,22 +244,22 @@ def test_config_prints_effective_paths(tmp_path):
 def test_models_list_shows_other_models_in_the_home(store_dir, tmp_path, model_home):
     home = tmp_path / "home"
     (home / "models" / "hf" / "acme" / "tiny").mkdir(parents=True)
-    for name in ("SmolLM2-135M-Instruct.Q4_1.gguf", "all-MiniLM-L6-v2.f16.gguf"):
+    for name in ("gemma-3-270m-q4_k_m.gguf", "all-MiniLM-L6-v2.f16.gguf"):
         (home / "models" / name).symlink_to(model_home / "models" / name)
     (home / "models" / "hf" / "acme" / "tiny" / "tiny.gguf").write_bytes(b"GGUF" + bytes(60))
     (home / "models" / "mine.gguf").write_bytes(b"GGUF" + bytes(60))
     env = {"RAG_HOME": str(home)}
     data = json.loads(run("models", "list", "--json", env=env).output)
     by_ref = {m["ref"]: m for m in data["present"]}
-    assert by_ref["builtin:SmolLM2-135M-Instruct"]["configured"] == ["generator"]
+    assert by_ref["builtin:gemma-3-270m"]["configured"] == ["generator"]
     assert by_ref["builtin:all-MiniLM-L6-v2"]["configured"] == ["embedder"]
     assert by_ref["hf:acme/tiny/tiny.gguf"]["configured"] == []
     assert by_ref[str(home / "models" / "mine.gguf")]["bytes"] == 64
-    assert data["available"] == ["builtin:gemma-3-270m"]
+    assert data["available"] == ["builtin:SmolLM2-135M-Instruct"]
     text = run("models", "list", env=env).output
-    assert "* builtin:SmolLM2-135M-Instruct" in text and "(generator)" in text
+    assert "* builtin:gemma-3-270m" in text and "(generator)" in text
     assert "hf:acme/tiny/tiny.gguf" in text
-    assert "builtin:gemma-3-270m  (not provisioned: rag models pull gemma-3-270m)" in text
+    assert "builtin:SmolLM2-135M-Instruct  (not provisioned: rag models pull SmolLM2-135M-Instruct)" in text
 
 
 def test_prefix_cache_off_is_a_configuration_error(store_dir):
