@@ -21,9 +21,9 @@ FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 LOW_SPACE = 16 << 20
 
 
-def free_bytes(path: str | os.PathLike[str]) -> int | None:
-    """Free bytes (for an unprivileged writer) on the file system of ``path`` or of its nearest
-    existing parent; None where that cannot be told."""
+def space(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(free bytes for an unprivileged writer, size in bytes) of the file system of ``path`` or of its
+    nearest existing parent; None where that cannot be told."""
     p = Path(path)
     while not p.exists() and p != p.parent:
         p = p.parent
@@ -31,7 +31,14 @@ def free_bytes(path: str | os.PathLike[str]) -> int | None:
         st = os.statvfs(p)
     except OSError:
         return None
-    return st.f_bavail * st.f_frsize
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int | None:
+    """Free bytes (for an unprivileged writer) on the file system of ``path`` or of its nearest
+    existing parent; None where that cannot be told."""
+    found = space(path)
+    return None if found is None else found[0]
 
 
 def is_disk_full(exc: BaseException | None, path: str | os.PathLike[str], *, need: int = 0) -> bool:
@@ -47,4 +54,4 @@ def is_disk_full(exc: BaseException | None, path: str | os.PathLike[str], *, nee
     return free is not None and free < max(LOW_SPACE, need)
 
 
-__all__ = ["FULL_ERRNOS", "FULL_WORDS", "LOW_SPACE", "free_bytes", "is_disk_full"]
+__all__ = ["FULL_ERRNOS", "FULL_WORDS", "LOW_SPACE", "free_bytes", "is_disk_full", "space"]

@@ -375,12 +375,15 @@ class Runtime:
 
     @once
     def prefix_cache(self) -> "PrefixCache | None":
-        """The on-disk prefix KV cache, or None when ``cache.enabled`` is off."""
+        """The on-disk prefix KV cache, or None when ``cache.enabled`` is off. Its
+        :meth:`~.engine.cache.store.PrefixCache.budget_bytes` is what states may take now
+        (``cache.max_gb``, or at 0 a share of its disk)."""
         if not self.config.cache.enabled:
             return None
         from .engine.cache.store import PrefixCache
 
-        return PrefixCache(self.config.cache_path, max_bytes=int(self.config.cache.max_gb * 2**30))
+        c = self.config.cache
+        return PrefixCache(self.config.cache_path, max_bytes=int(c.max_gb * 2**30), section_type=c.section_type)
 
     @once
     def ram_states(self) -> "RamStates":

@@ -66,7 +66,7 @@ def test_a_budget_the_calibration_exceeds_keeps_prompts_exact_and_says_so(moe, t
 def test_with_every_moved_section_recomputed_the_calibration_measures_no_difference(moe, tmp_path, shelf):
     """The plumbing of the measurement: composition with whole seams is exact, so KL is 0 and top-1 is 1."""
     ingest(moe, tmp_path, shelf)
-    with auto(moe, tmp_path, **{"ask.compose_seams": "whole"}) as rag:
+    with auto(moe, tmp_path, **{"ask.compose_seams": "whole", "cache.section_type": "f16"}) as rag:
         rag.ask(QUESTIONS[0])
         rag.settle()
         c = rag.calibration()

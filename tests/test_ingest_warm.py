@@ -341,10 +341,9 @@ def test_a_shelf_larger_than_the_cache_room_gets_the_most_useful_states_first(mo
     with pipeline(moe, tmp_path) as rag:
         rag.ingest([docs])
         asked = rag.ask(question)  # not calibrated yet: exact, and its pack goes to the history
-        per_token = rag.runtime.engine.state_bytes_per_token()
+        pack = sum(rag.runtime.engine.section_state_bytes(s["tokens"]) for s in asked.stats.sections)
     assert asked.stats.mode == "sections" and asked.stats.cache != "composed"
-    pack = sum(s["tokens"] for s in asked.stats.sections)
-    room = 2.5 * pack * per_token * 1.3  # for the asked pack and a little more, far from the whole shelf
+    room = 2.5 * pack * 1.3  # for the asked pack and a little more, far from the whole shelf
     gb = room / 0.8 / 2**30  # SECTIONS_SHARE of the budget
     with pipeline(moe, tmp_path, **{"cache.max_gb": gb}) as rag:
         report = rag.warm_auto()

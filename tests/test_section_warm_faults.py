@@ -49,7 +49,7 @@ def _section_entries(rag):
     """The section states of the collection's head, oldest first (the order warm saved them)."""
     from pipeline.engine.cache.sections import namespace
 
-    ns = namespace(rag.engine.namespace, rag.runtime.layout().head_tokens)
+    ns = namespace(rag.engine.namespace, rag.runtime.layout().head_tokens, rag.prefix_cache.section_type)
     return sorted(rag.prefix_cache.entries(ns), key=lambda e: e.created)
 
 
@@ -101,12 +101,13 @@ def test_warm_on_a_real_full_disk_says_so_and_exits_4(moe, tmp_path, shelf, monk
     ingest(moe, tmp_path / "x", shelf)
     with small_disk(tmp_path / "disk", size="16m") as disk:
         cache = disk.path / "cache"
-        with pipeline(moe, tmp_path, **{"cache.path": str(cache)}) as rag:
+        fixed = {"cache.path": str(cache), "cache.max_gb": 1}  # a cap above the disk: the disk fills first
+        with pipeline(moe, tmp_path, **fixed) as rag:
             first = rag.warm_sections()
             state = first["bytes_written"] // first["saved"]
             rag.prefix_cache.forget()
         disk.fill(free=int(2.5 * state) + (64 << 10))
-        for key, value in settings(moe, tmp_path, **{"cache.path": str(cache)}).items():
+        for key, value in settings(moe, tmp_path, **fixed).items():
             monkeypatch.setenv("RAG_" + key.replace(".", "_").upper(), str(value))
         result = CliRunner().invoke(cli, ["warm", "--sections"])
         assert result.exit_code == 4, result.output
@@ -296,7 +297,7 @@ def test_a_warm_that_waits_for_another_says_so_and_can_be_cancelled_meanwhile(mo
 
     ingest(moe, tmp_path, shelf)
     with pipeline(moe, tmp_path) as rag:
-        ns = namespace(rag.engine.namespace, rag.runtime.layout().head_tokens)
+        ns = namespace(rag.engine.namespace, rag.runtime.layout().head_tokens, rag.prefix_cache.section_type)
         held, release = threading.Event(), threading.Event()
 
         def other() -> None:  # another process's warm, as far as the lock file can tell

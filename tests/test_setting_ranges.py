@@ -61,7 +61,7 @@ def test_huge_finite_numbers_are_refused(key, value):
 @pytest.mark.parametrize("variable,value,says", [
     ("RAG_ASK_COMPOSE_RECOMPUTE", "-1", "ask.compose_recompute must be between 0 and 1,048,576 tokens, got -1"),
     ("RAG_CACHE_RAM_GB", "-0.5", "cache.ram_gb must be between 0 and 65,536 GB, got -0.5"),
-    ("RAG_CACHE_MAX_GB", "0", "cache.max_gb must be > 0 and at most 1,048,576 GB, got 0.0"),
+    ("RAG_CACHE_MAX_GB", "-1", "cache.max_gb must be between 0 and 1,048,576 GB (0 = a share of the disk), got -1.0"),
     ("RAG_ASK_REPEAT_PENALTY", "0", "ask.repeat_penalty must be > 0 and at most 100 (1 = off), got 0.0"),
     ("RAG_RETRIEVAL_HYDE_TOKENS", "0", "retrieval.hyde_tokens must be between 1 and 65,536 tokens, got 0"),
 ])

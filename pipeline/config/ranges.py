@@ -100,7 +100,7 @@ RANGES: dict[str, Range] = {
     "summarize.max_tokens": Range(1, 1 << 20, TOKENS),
     "summarize.temperature": Range(0, 100, note="0 = greedy"),
     "summarize.repeat_penalty": Range(0, 100, open_low=True, note="1 = off"),
-    "cache.max_gb": Range(0, 1 << 20, GB, open_low=True),
+    "cache.max_gb": Range(0, 1 << 20, GB, note="0 = a share of the disk"),
     "cache.min_tokens": Range(1, MAX_TOKENS, TOKENS),
     "cache.boundary_states": Range(0, 1_024),
     "cache.ram_states": Range(0, 1_024, note="0 = none"),

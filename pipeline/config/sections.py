@@ -289,7 +289,11 @@ class SummarizeConfig:
 class CacheConfig:
     """Prefix KV states on disk: prompts that start like an earlier one skip that part of prefill.
 
-    An empty ``path`` means ``$RAG_HOME/cache``. Prefixes shorter than ``min_tokens``
+    An empty ``path`` means ``$RAG_HOME/cache``. ``max_gb`` 0 sizes the cache from its
+    disk: half of its free space plus what the cache already holds, less a margin (the larger
+    of 2 GiB and a tenth of the disk), read again at every save; past the cap the least useful
+    states go first (used least, longest ago). Section states are kept as ``section_type``
+    (``q8_0``: about half the size of ``f16``). Prefixes shorter than ``min_tokens``
     are not worth a file. Besides a prompt's whole prefix, up to ``boundary_states``
     states are saved at earlier document and section boundaries of it (spread evenly),
     so that a prompt sharing only its first documents or sections resumes from there.
@@ -302,8 +306,10 @@ class CacheConfig:
     """Save and reuse prefix KV states on disk, so a prompt that starts like an earlier one skips that prefill."""
     path: str = ""
     """Directory of the saved states and their index; empty = $RAG_HOME/cache."""
-    max_gb: float = 8.0
-    """Disk the states may use; least recently used ones are evicted past it."""
+    max_gb: float = 0.0
+    """Disk the states may use (0: half of what the disk holds for the cache, less a margin); the least useful go first past it."""
+    section_type: str = "q8_0"
+    """KV type section states are kept in on disk: q8_0 (about half the size of f16) or f16 (as computed)."""
     min_tokens: int = 256
     """Prefixes shorter than this are not saved (not worth a file)."""
     boundary_states: int = 4
@@ -315,6 +321,8 @@ class CacheConfig:
 
     def validate(self) -> "CacheConfig":
         check_section("cache", self)
+        if self.section_type not in ("f16", "q8_0"):
+            raise ConfigError(f"cache.section_type must be \"f16\" or \"q8_0\", got {self.section_type!r}")
         return self
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from . import offload
+from .cache.sections import kept_types
 from .contract import CacheKind, Completion, EngineStats, Generation, GeneratorBase
 from .gguf.info import ModelInfo
 from .loading import check_memory, load_generator, load_params, resolve_overrides
@@ -426,13 +427,14 @@ class Engine(GeneratorBase):
         """Which of ``sections`` (token lists placed after ``head``) have a saved state (a look: nothing runs)."""
         return self.planner.sections.saved(list(head), sections)
 
-    def state_bytes_per_token(self) -> float:
-        """What one token of a saved state takes: as this engine's restores measured it, else as the
-        model's header sizes it for the configured KV types."""
-        if self.planner.speeds.bytes_per_token > 0:
-            return self.planner.speeds.bytes_per_token
-        s = self.settings
-        return self.info.kv_bytes(1024, s.type_k, s.type_v) / 1024
+    def section_state_bytes(self, n_tokens: int) -> int:
+        """The bytes a section's saved state of ``n_tokens`` takes on disk: the model's header sized
+        (:meth:`~.gguf.info.ModelInfo.state_bytes`) for the KV types the cache keeps section states in
+        (:func:`.cache.sections.kept_types`), the code the footprint tables of docs/packing.md come from."""
+        s, store = self.settings, self.planner.sections.store
+        kept = kept_types(store.section_type if store is not None else "f16", s.type_k, s.type_v,
+                          flash_attn=s.flash_attn)
+        return self.info.state_bytes(n_tokens, *kept)
 
     # -- several prompts over one prefix ---------------------------------------------------------
 

@@ -133,7 +133,9 @@ def cache_summary(config: Config) -> dict[str, Any]:
         return out
     max_bytes = int(config.cache.max_gb * 2**30)
     if not (directory / INDEX_NAME).exists():
-        return {**out, **{key: 0 for key in CACHE_KEYS}, "max_bytes": max_bytes}
+        from .cache.budget import cap
+
+        return {**out, **{key: 0 for key in CACHE_KEYS}, "max_bytes": cap(directory, 0, max_bytes=max_bytes)}
     cache = PrefixCache(directory, max_bytes=max_bytes)
     try:
         if cache.unavailable:

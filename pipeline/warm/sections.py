@@ -59,31 +59,34 @@ class Choice:
     chosen: list[int]
     left: list[int]
     room_bytes: int
-    bytes_per_token: float
     reason: str = ""
 
 
 def choose(rt: "Runtime", shelf: Shelf, packed: Sequence[PackedSection]) -> Choice:
-    """What fits the room section states have in the cache (:data:`SECTIONS_SHARE` of its budget, less what
-    other states hold), most useful first (:func:`order`); every section where all fit."""
+    """What fits the room section states have in the cache, most useful first (:func:`order`); every section
+    where all fit. The room is the cache's room for new states (its budget in force, ``cache.max_gb`` or a
+    share of its disk, less the states used lately: :meth:`~pipeline.engine.cache.store.PrefixCache.room`),
+    at most :data:`SECTIONS_SHARE` of the budget; each state is sized as it will be written
+    (:meth:`~pipeline.engine.local.Engine.section_state_bytes`)."""
     engine, cache = rt.engine, rt.prefix_cache
     ranked = order(shelf, packed, rt.pack_history.recent(engine.namespace, shelf.collection))
-    per_token = engine.state_bytes_per_token()
-    room = int(cache.max_bytes * SECTIONS_SHARE)
+    budget = cache.budget_bytes()
+    room = min(int(budget * SECTIONS_SHARE), cache.room())
+    need = [engine.section_state_bytes(len(p.tokens)) for p in packed]
     chosen, used = [], 0
     for i in ranked:
-        need = int(len(packed[i].tokens) * per_token)
-        if used + need > room:
+        if used + need[i] > room:
             break
         chosen.append(i)
-        used += need
+        used += need[i]
     left = [i for i in ranked if i not in set(chosen)]
     reason = ""
     if left:
-        total = sum(len(p.tokens) for p in packed) * per_token
-        reason = (f"the states of all {len(packed)} sections would take about {total / 1e9:,.1f} GB; the cache has "
-                  f"room for about {room / 1e9:,.1f} GB of them ({SECTIONS_SHARE:.0%} of cache.max_gb)")
-    return Choice(chosen, left, room, per_token, reason)
+        of = f"cache.max_gb = 0: {budget / 1e9:,.1f} GB, a share of its disk" if cache.auto else "cache.max_gb"
+        reason = (f"the states of all {len(packed)} sections would take about {sum(need) / 1e9:,.1f} GB; the cache "
+                  f"has room for about {room / 1e9:,.1f} GB of them (at most {SECTIONS_SHARE:.0%} of {of}, less "
+                  f"the states questions use)")
+    return Choice(chosen, left, room, reason)
 
 
 def shelf_of(rt: "Runtime", *, require: bool) -> tuple[Shelf, list[PackedSection]] | None:

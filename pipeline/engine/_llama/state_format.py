@@ -9,8 +9,10 @@ rows) and every layer's values (rows, or for a transposed V one column per embed
 element). Nothing here imports llama.cpp.
 
 What it is used for: counting the KV cells a prompt occupies, checking that a saved
-section state holds the positions it claims before llama.cpp reads it, and measuring
-how far each token's keys and values in a composed prompt are from exact prefill's.
+section state holds the positions it claims before llama.cpp reads it, measuring
+how far each token's keys and values in a composed prompt are from exact prefill's, and
+finding every layer's keys and values where a state is stored in another type
+(:func:`blocks`, :mod:`.state_codec`).
 """
 
 from __future__ import annotations
@@ -100,6 +102,66 @@ def _stream(view: memoryview, off: int, values: bool) -> tuple[Stream, int]:
             v = None if v is None else v.reshape(width, cells).T
         stream.layers.append(LayerKV(keys[il], v))
     return stream, off
+
+
+@dataclass(frozen=True)
+class Block:
+    """One layer's keys or values in a state: its header at ``at`` (type, then row size, or for a
+    transposed V element size and width), ``rows`` rows of ``row_bytes`` from ``data_at``."""
+
+    at: int
+    type: int
+    row_bytes: int
+    rows: int
+    data_at: int
+    transposed: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.data_at + self.rows * self.row_bytes
+
+
+def skip_cells(view: memoryview, off: int, n_cells: int) -> int:
+    """Where the ``n_cells`` cells' positions and sequences that begin at ``off`` end."""
+    if n_cells and off + 12 * n_cells <= len(view):  # one sequence per cell, the usual case: 12 bytes each
+        seqs = np.frombuffer(view, np.int32, 3 * n_cells, off)[1::3]
+        if (seqs == 1).all():
+            return off + 12 * n_cells
+    for _ in range(n_cells):
+        off += 8 + 4 * struct.unpack_from("<iI", view, off)[1]
+    return off
+
+
+def blocks(data: bytes | memoryview, *, start: int = 8) -> list[Block]:
+    """Every layer's keys and values in the state (every memory and stream), in the order stored;
+    ``start`` is where its memories begin (0 in a state file past its token list)."""
+    view = memoryview(data)
+    if len(view) < start + 4:
+        raise StateFormatError(f"a state of fewer than {start + 4} bytes")
+    off, out = start, []
+    try:
+        while off < len(view):
+            (n_stream,), off = struct.unpack_from("<I", view, off), off + 4
+            for _ in range(n_stream):
+                (n_cells,), off = struct.unpack_from("<I", view, off), off + 4
+                off = skip_cells(view, off, n_cells)
+                if n_cells == 0:
+                    continue
+                v_trans, n_layer = struct.unpack_from("<II", view, off)
+                off += 8
+                for i in range(2 * n_layer):
+                    if i >= n_layer and v_trans:
+                        v_type, el, width = struct.unpack_from("<iII", view, off)
+                        out.append(Block(off, v_type, el * n_cells, width, off + 12, True))
+                    else:
+                        k_type, row = struct.unpack_from("<iQ", view, off)
+                        out.append(Block(off, k_type, row, n_cells, off + 12))
+                    off = out[-1].end
+                    if off > len(view):
+                        raise StateFormatError("truncated state")
+    except struct.error as exc:
+        raise StateFormatError(f"truncated state ({exc})") from None
+    return out
 
 
 def cells(data: bytes | memoryview) -> int:

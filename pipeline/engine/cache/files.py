@@ -75,13 +75,14 @@ def state_name(namespace: str, full_hash: str) -> str:
 
 
 def write_state(directory: Path, name: str, model: Model, tokens: Sequence[int], *, seq: int = 0,
-                fsync: bool = False) -> tuple[int, str] | None:
+                fsync: bool = False, stored: str = "") -> tuple[int, str] | None:
     """Write sequence ``seq`` of ``model`` (holding ``tokens``) to ``directory / name``, atomically:
-    (its size, its digest), None if llama.cpp could not save it. Raises :class:`OSError`; no
-    temporary file is left behind either way."""
+    (its size, its digest), None if llama.cpp could not save it. ``stored`` names the KV type the
+    file keeps (``"q8_0"``; empty: the engine's own). Raises :class:`OSError`; no temporary file is
+    left behind either way."""
     tmp = directory / f".{name}.{os.getpid()}{TMP_SUFFIX}"
     try:
-        if not model.save_state(tmp, tokens, seq=seq):
+        if not model.save_state(tmp, tokens, seq=seq, **({"stored": stored} if stored else {})):
             return None
         size = tmp.stat().st_size
         digest = file_digest(tmp)

@@ -1,4 +1,4 @@
-"""The prefix cache's index: which saved states exist, what each holds, their LRU order and counters.
+"""The prefix cache's index: which saved states exist, what each holds, their use and counters.
 
 One SQLite file (``index.sqlite``, WAL) per cache directory, shared by every process
 that uses the directory: each write is one transaction (``BEGIN IMMEDIATE``, one
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..._sqlite import connect, transaction
+from .budget import usefulness
 from .keys import FORMAT
 
 INDEX_NAME = "index.sqlite"
@@ -235,13 +236,18 @@ class CacheIndex:
         return cur.lastrowid if cur.rowcount == 1 else None
 
     @staticmethod
-    def evict(db: sqlite3.Connection, max_bytes: int, *, keep: int | None) -> list[str]:
-        """Delete least recently used entries (not ``keep``) until the total fits ``max_bytes``; their files."""
+    def evict(db: sqlite3.Connection, max_bytes: int, *, keep: int | None, now: float | None = None) -> list[str]:
+        """Delete the least useful entries (not ``keep``) until the total fits ``max_bytes``; their files.
+        Least useful: :func:`.budget.usefulness` (tokens per byte, times uses, fading with time unused)."""
         total = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM entries").fetchone()[0]
         out: list[str] = []
         if total <= max_bytes:
             return out
-        for row in db.execute("SELECT id, file, bytes FROM entries ORDER BY last_used ASC").fetchall():
+        now = time.time() if now is None else now
+        rows = db.execute("SELECT id, file, bytes, n_tokens, hits, last_used FROM entries").fetchall()
+        rows.sort(key=lambda r: (usefulness(hits=r["hits"], n_tokens=r["n_tokens"], size=r["bytes"],
+                                            last_used=r["last_used"], now=now), r["last_used"]))
+        for row in rows:
             if total <= max_bytes:
                 break
             if row["id"] == keep:
@@ -250,6 +256,19 @@ class CacheIndex:
             out.append(row["file"])
             total -= row["bytes"]
         return out
+
+    def bytes_worth_more_than_new(self, now: float) -> int:
+        """Bytes of the entries worth more than one just saved and never used (its worth: 1 use, now):
+        those a new entry would not evict (:func:`.budget.usefulness`, per byte, taken per token)."""
+        with self._lock:
+            rows = self._db.execute("SELECT bytes, hits, last_used FROM entries WHERE hits > 0").fetchall()
+        return sum(r["bytes"] for r in rows
+                   if usefulness(hits=r["hits"], n_tokens=1, size=1, last_used=r["last_used"], now=now) > 1.0)
+
+    def total_bytes(self) -> int:
+        """Bytes of every entry's file, as indexed."""
+        with self._lock:
+            return int(self._db.execute("SELECT COALESCE(SUM(bytes), 0) FROM entries").fetchone()[0])
 
     def touch(self, entry: Entry, now: float, *, hit_tokens: int = 0, load_seconds: float = 0.0) -> None:
         """Mark ``entry`` used at ``now``; with ``hit_tokens``, count a successful load of it."""

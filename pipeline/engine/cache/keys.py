@@ -4,8 +4,8 @@ An entry belongs to a *namespace*: a hash of the model file's identity and of ev
 setting that changes the KV contents (see :func:`namespace` and
 :func:`pipeline.models.file_identity`); states are only ever looked up within one
 namespace. Within it, an entry is keyed by the hash of its tokens, so a changed
-document changes the tokens and its old states are simply never found again (they
-age out through LRU eviction).
+document changes the tokens and its old states are simply never found again (never
+used again, they are the first evicted: :mod:`.budget`).
 
 Token lists are chain-hashed in blocks of :data:`BLOCK` tokens
 (``h_k = sha256(h_{k-1} || block_k as little-endian int32)``). An entry of ``n``

@@ -1,10 +1,12 @@
 """Section states on disk: each section's KV cells, computed once after the prompt head, found by content.
 
 A section state is one entry of the prefix cache (:class:`.cache.store.PrefixCache`: same
-directory, same ``cache.max_gb`` budget and LRU order, same integrity checks and crash
-safety), in a namespace of its own: :func:`namespace` hashes the engine's namespace (the
-model file and every setting that shapes its KV cache) with the head's tokens (the
-chat template's start and the system prompt the section was computed after). Within it
+directory, same budget and eviction order, same integrity checks and crash safety), in a
+namespace of its own: :func:`namespace` hashes the engine's namespace (the model file and
+every setting that shapes its KV cache) with the head's tokens (the chat template's start
+and the system prompt the section was computed after) and the type the states are kept in
+(the cache's ``section_type``: ``q8_0`` keeps an f16 engine's keys and values in half the
+bytes, :mod:`pipeline.engine._llama.state_codec`). Within it
 the entry is keyed by the hash of the section's tokens, so a changed document, a
 changed header or another system prompt never finds a stale state. The state holds the
 section's cells alone, at the positions right after the head (``len(head)..``), which
@@ -36,10 +38,22 @@ SEEN_NAME = "sections.sqlite"
 NO_STATE, EVICTED, LOST = "no state yet", "evicted", "lost with the cache index"
 
 
-def namespace(engine_namespace: str, head: Sequence[int]) -> str:
-    """The namespace of section states computed by one engine after ``head``."""
+def namespace(engine_namespace: str, head: Sequence[int], stored: str = "f16") -> str:
+    """The namespace of section states computed by one engine after ``head`` and kept as ``stored``
+    (states kept in another type are other states: a composition from them is another approximation)."""
     payload = f"rag section states v1\0{engine_namespace}\0{full_hash(token_bytes(head))}"
+    if stored != "f16":
+        payload += f"\0stored {stored}"
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def kept_types(section_type: str, type_k: str, type_v: str, *, flash_attn: bool = True) -> tuple[str, str]:
+    """The KV types a section state is kept in on disk: ``section_type`` where it applies (an f16 cache
+    with flash attention: without it llama.cpp keeps V transposed, which is kept as computed), else the
+    engine's own. What :meth:`~pipeline.engine.gguf.info.ModelInfo.state_bytes` sizes a state with."""
+    if section_type != "f16" and type_k == type_v == "f16" and flash_attn:
+        return section_type, section_type
+    return type_k, type_v
 
 
 class SectionStates:
@@ -51,7 +65,9 @@ class SectionStates:
 
     def __init__(self, cache: PrefixCache, engine_namespace: str, head: Sequence[int]):
         self.cache = cache
-        self.namespace = namespace(engine_namespace, head)
+        #: The KV type the states are kept in (the cache's ``section_type``; ``"f16"``: as computed).
+        self.stored = cache.section_type
+        self.namespace = namespace(engine_namespace, head, self.stored)
         self.start = len(head)
         self.saved = 0  # states saved through this object
         self.saved_bytes = 0
@@ -119,7 +135,8 @@ class SectionStates:
             self._unsaved[self.full] += 1
             return
         t0 = time.time()
-        entry = self.cache.save(self.namespace, piece.tokens, model, seq=seq, start=start)
+        entry = self.cache.save(self.namespace, piece.tokens, model, seq=seq, start=start,
+                                **({"stored": self.stored} if self.stored != "f16" else {}))
         if entry is None:
             if self.cache.last_error:
                 self._unsaved[self.cache.last_error] = self._unsaved.get(self.cache.last_error, 0) + 1
@@ -181,4 +198,4 @@ class SectionStates:
             self._seen = None
 
 
-__all__ = ["EVICTED", "LOST", "NO_STATE", "SectionStates", "namespace"]
+__all__ = ["EVICTED", "LOST", "NO_STATE", "SectionStates", "kept_types", "namespace"]

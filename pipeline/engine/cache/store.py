@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Collection, Sequence
 
 from ...disk import free_bytes, is_disk_full
 from ...errors import EngineError
+from .budget import cap
 from .directory import SWEEP_INTERVAL, CacheDirectory
 from .files import check_file, state_name, write_state
 from .index import Entry, is_damaged
@@ -45,17 +46,21 @@ if TYPE_CHECKING:
 
 
 class PrefixCache(CacheDirectory, ExactLookup):
-    """Prefix KV states of llama.cpp sequences, on disk, with an SQLite index and LRU eviction.
+    """Prefix KV states of llama.cpp sequences, on disk, with an SQLite index.
 
-    ``max_bytes`` caps the total size of the state files; saving past it evicts
-    the least recently used entries (by last save or successful load). Opening
-    never raises: see :attr:`unavailable` and the module notes on faults.
+    ``max_bytes`` caps the total size of the state files (0: a share of the disk, read again at
+    each save; :meth:`budget_bytes`, :mod:`.budget`); saving past it evicts the least useful
+    entries first (used least, by last save or successful load, longest ago). Opening never
+    raises: see :attr:`unavailable` and the module notes on faults.
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, max_bytes: int, fsync: bool = False,
-                 timeout: float = 30.0):
+                 timeout: float = 30.0, section_type: str = "f16"):
         self.max_bytes = int(max_bytes)
         self.fsync = fsync
+        #: The KV type section states are kept in (:class:`~.sections.SectionStates`): ``"f16"`` as the
+        #: engine computes them, ``"q8_0"`` about half the size (``cache.section_type``).
+        self.section_type = section_type
         self.last_load_seconds = 0.0
         self.last_save_seconds = 0.0
         #: Whether the last :meth:`save` failed for lack of space on the cache's disk.
@@ -102,14 +107,15 @@ class PrefixCache(CacheDirectory, ExactLookup):
     # -- save ---------------------------------------------------------------------------------
 
     def save(self, namespace: str, tokens: Sequence[int], model: Model, *, seq: int = 0,
-             start: int = 0) -> Entry | None:
-        """Save sequence ``seq`` of ``model``, which holds exactly ``tokens`` at positions ``start..``.
+             start: int = 0, stored: str = "") -> Entry | None:
+        """Save sequence ``seq`` of ``model``, which holds exactly ``tokens`` at positions ``start..``;
+        ``stored`` ``"q8_0"`` keeps its f16 keys and values as q8_0 (:meth:`load` turns them back).
 
         Returns the entry, or None when nothing was saved (empty, larger than the whole
         cap, the sequence does not end at position ``start + len(tokens) - 1``, llama.cpp
         failed, the cache is read-only or its index or disk failed; :attr:`last_error`
         says which). If the same prefix is already saved, it is marked used and returned
-        instead. Evicts least recently used entries to stay within ``max_bytes``.
+        instead. Evicts the least useful entries to stay within :meth:`budget_bytes`.
         """
         t0 = time.perf_counter()
         self.last_error = ""
@@ -139,13 +145,20 @@ class PrefixCache(CacheDirectory, ExactLookup):
             self.last_error = f"sequence {seq} ends at position {pos_max}, not {start + n - 1}: not saved"
             return None
         expected = model.state_size(seq) + 12 + 4 * n
-        if expected > self.max_bytes:
-            self.last_error = f"the state ({expected:,} bytes) is larger than the cache ({self.max_bytes:,})"
+        if stored and stored != "f16":  # q8_0 keeps 34 bytes of 64
+            expected = expected * 17 // 32
+        try:
+            limit = self._limit()
+        except sqlite3.Error as exc:
+            self._fault("save", exc)
+            return None
+        if expected > limit:
+            self.last_error = f"the state ({expected:,} bytes) is larger than the cache ({limit:,})"
             return None
 
         name = state_name(namespace, fh)
         try:
-            written = write_state(self.directory, name, model, tokens, seq=seq, fsync=self.fsync)
+            written = write_state(self.directory, name, model, tokens, seq=seq, fsync=self.fsync, stored=stored)
         except OSError as exc:
             return self._not_written(exc, f"could not write the state file: {exc}", need=expected)
         if written is None:
@@ -154,9 +167,9 @@ class PrefixCache(CacheDirectory, ExactLookup):
                                      need=expected)
         size, digest = written
 
-        if size > self.max_bytes:  # it alone is over the cap: do not keep it
+        if size > limit:  # it alone is over the cap: do not keep it
             self._unlink(name)
-            self.last_error = f"the state ({size:,} bytes) is larger than the cache ({self.max_bytes:,})"
+            self.last_error = f"the state ({size:,} bytes) is larger than the cache ({limit:,})"
             return None
         return self._index_new(namespace, data, fh, name, size, digest, t0)
 
@@ -172,7 +185,8 @@ class PrefixCache(CacheDirectory, ExactLookup):
                                             block_hash=block_hash(n, chain_hashes(data)), file=name, size=size,
                                             digest=digest, now=time.time())
                 if new_id is not None:
-                    evicted = self._index.evict(db, self.max_bytes, keep=new_id)
+                    used = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM entries").fetchone()[0]
+                    evicted = self._index.evict(db, self._limit(used), keep=new_id)
                     remove += evicted
                     self._index.count(db, saves=1, evictions=len(evicted), save_seconds=time.perf_counter() - t0)
                 else:  # another process saved the same prefix meanwhile: keep theirs
@@ -300,6 +314,44 @@ class PrefixCache(CacheDirectory, ExactLookup):
             return
         self._unlink(entry.file)  # file names are unique per save: no other entry uses it
 
+    # -- the budget ---------------------------------------------------------------------------
+
+    def budget_bytes(self) -> int:
+        """The bytes the cache may hold now: ``max_bytes``, or where that is 0 the share of its disk
+        :func:`.budget.cap` gives (read now: it follows the disk). 0 where the cache is unavailable."""
+        if self._index is None:
+            return 0
+        try:
+            return self._limit()
+        except sqlite3.Error as exc:
+            self._fault("budget", exc)
+            return 0
+
+    def room(self) -> int:
+        """The bytes new states may take now (what warming section states may spend): the budget less
+        what the states a new one would not evict hold, those restored and used recently enough
+        (:func:`.budget.usefulness`) to be worth more than a state just saved and never restored. States
+        never restored count as room: new ones replace them, the longest unused first. 0 where the cache
+        is unavailable or read-only."""
+        if self._index is None or self.read_only:
+            return 0
+        try:
+            used = self._index.total_bytes()
+            return max(0, self._limit(used) - self._index.bytes_worth_more_than_new(time.time()))
+        except sqlite3.Error as exc:
+            self._fault("budget", exc)
+            return 0
+
+    @property
+    def auto(self) -> bool:
+        """Whether the cap follows the disk (``max_bytes`` 0, ``cache.max_gb = 0``)."""
+        return self.max_bytes <= 0
+
+    def _limit(self, used: int | None = None) -> int:
+        if not self.auto:
+            return self.max_bytes
+        return cap(self.directory, self._index.total_bytes() if used is None else used)
+
     # -- maintenance --------------------------------------------------------------------------
 
     def stats(self) -> dict:
@@ -311,8 +363,10 @@ class PrefixCache(CacheDirectory, ExactLookup):
                 raise EngineError(f"could not read the prefix cache index: {exc}") from None
             self._rebuild(exc)
             st = self._require().stats()
-        return {"directory": str(self.directory), "entries": st.pop("entries"), "bytes": st.pop("bytes"),
-                "max_bytes": self.max_bytes, **st}
+        used = st.pop("bytes")
+        return {"directory": str(self.directory), "entries": st.pop("entries"), "bytes": used,
+                "max_bytes": self._limit(used),
+                "budget": "auto" if self.auto else "fixed", **st}
 
 
 __all__ = ["PrefixCache", "SWEEP_INTERVAL"]

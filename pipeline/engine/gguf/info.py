@@ -158,6 +158,28 @@ class ModelInfo:
                         for lay in self.layers if lay.kind != "recurrent")
         return per_token * n_ctx
 
+    def state_bytes(self, n_tokens: int, type_k: str = "f16", type_v: str = "f16") -> int:
+        """Bytes of the file a saved state of ``n_tokens`` cells takes (one sequence, prefilled on its
+        own, as prefix and section states are), KV types ``type_k``/``type_v`` as stored.
+
+        As llama.cpp writes it (:mod:`pipeline.engine._llama.state_format`): the token list, then one
+        memory for the full-attention layers and, on a sliding-window model, another for the window
+        layers; per memory a cell's position and sequence (12 bytes) and each layer's keys and values.
+        A window layer keeps only the cells its window still sees (llama.cpp reuses the others while
+        the sequence is prefilled, even with a full-size window cache): the last ``window`` of them. A
+        recurrent layer's fixed state is not counted (such models keep no section states)."""
+        if n_tokens <= 0:
+            return 0
+        total = 12 + 4 * n_tokens
+        attention = [lay for lay in self.layers if lay.kind != "recurrent"]
+        groups = [[lay for lay in attention if lay.kind == "full"], [lay for lay in attention if lay.kind == "swa"]]
+        for layers in (g for g in groups if g):
+            cells = min(n_tokens, min(lay.window for lay in layers)) if layers[0].kind == "swa" else n_tokens
+            per_cell = 12 + sum(type_bytes(lay.n_head_kv * lay.head_dim_k, type_k)
+                                + type_bytes(lay.n_head_kv * lay.head_dim_v, type_v) for lay in layers)
+            total += 4 + 4 + 8 + 24 * len(layers) + cells * per_cell
+        return total
+
     def context_length(self, requested: int, rope_scaling: str = "") -> int:
         """See :func:`effective_n_ctx`."""
         return effective_n_ctx(requested, self.n_ctx_train, rope_scaling)
