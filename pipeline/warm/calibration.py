@@ -72,6 +72,17 @@ def wanted_prompts(rt: "Runtime", shelf: Shelf) -> list[Prompt]:
                                n_ctx=engine.n_ctx, reserve=rt.reserve(), count=max(1, wanted))
 
 
+def sections_of(prompts: list[Prompt]) -> set[tuple[int, ...]]:
+    """The tokens of every section ``prompts`` hold: the states calibrating on them computes and saves."""
+    held = set()
+    for prompt in prompts:
+        shape = prompt.shape
+        if shape.sections is not None:
+            bounds = (shape.sections.head, *shape.sections.ends)
+            held.update(shape.tokens[a:b] for a, b in zip(bounds, bounds[1:]))
+    return held
+
+
 def cost(prompts: list[Prompt]) -> int:
     """The tokens calibrating on ``prompts`` counts in its progress: each prefilled exactly and composed (its
     question and answer teacher-forced), and its answer decoded token by token."""
@@ -99,4 +110,4 @@ def calibration_dict(rt: "Runtime") -> dict | None:
 
 
 __all__ = ["CALIBRATION_QUESTION", "PROMPTS", "calibrate", "calibration_dict", "calibration_prompts", "cost",
-           "wanted_prompts"]
+           "sections_of", "wanted_prompts"]

@@ -123,7 +123,8 @@ def _save(rt: "Runtime", shelf: Shelf, packed: list[PackedSection], meter: Meter
     choice = choose(rt, shelf, packed)
     tokens = [packed[i].tokens for i in choice.chosen]
     had = engine.saved_sections(head, tokens)
-    missing = sum(len(t) for t, saved in zip(tokens, had) if not saved)
+    by_prompts = calibration.sections_of(prompts)  # the calibration computes and saves these itself
+    missing = sum(len(t) for t, saved in zip(tokens, had) if not saved and tuple(t) not in by_prompts)
     meter.stage("starting", total=meter.progress.done + calibration.cost(prompts) + missing)
     calibration.calibrate(rt, prompts, meter=meter, cancel=cancel)
     refusal = engine.composition_refusal()
