@@ -328,10 +328,11 @@ def eval_(ctx, questions, settings, compare, answers, packed, misses, write_temp
               help="A site whose browser pages may call the server, e.g. https://app.example (repeatable). "
                    "[default: serve.cors_origins]")
 @click.option("--insecure", is_flag=True, help="Listen off loopback without RAG_SERVE_TOKEN.")
+@click.option("--quiet", is_flag=True, help="No access log (one line per request: method, path, status, time).")
 @store_options
 @click.pass_context
 @handles_errors
-def serve(ctx, host, port, max_body, allow, allow_hosts, cors_origins, insecure, collection, store_path):
+def serve(ctx, host, port, max_body, allow, allow_hosts, cors_origins, insecure, quiet, collection, store_path):
     """Serve the collection over HTTP: OpenAI-compatible /v1/chat/completions with sources,
     /search, /ingest, /status, /health. Set RAG_SERVE_TOKEN to require a bearer token.
 
@@ -350,7 +351,7 @@ def serve(ctx, host, port, max_body, allow, allow_hosts, cors_origins, insecure,
                       "serve.allow_hosts": tuple(allow_hosts) or None,
                       "serve.cors_origins": tuple(cors_origins) or None})
     with open_pipeline(ctx, **overrides) as rag:
-        run(rag, host=host, port=port, token=token, max_body=max_body, insecure=insecure,
+        run(rag, host=host, port=port, token=token, max_body=max_body, insecure=insecure, quiet=quiet,
             log=lambda m: click.echo(m, err=True))
 
 

@@ -41,12 +41,14 @@ class Served:
     def __post_init__(self) -> None:
         self.model_name = self.model_name or redact(str(self.rag.config.models.generator))
 
-    def stop_answers(self) -> None:
+    def stop_answers(self) -> int:
         """The server is stopping: every answer in flight is cancelled, and ends with a 503 (or, once
-        streaming, an error event) instead of being cut off with the connection."""
+        streaming, an error event) instead of being cut off with the connection. Returns how many."""
         self.stopping = True
-        for stream in list(self.answers):
+        running = list(self.answers)
+        for stream in running:
             stream.cancel()
+        return len(running)
 
 
 STOPPING = "the server is stopping: ask again when it is back"

@@ -27,8 +27,8 @@ FINISHED_JOBS_KEPT = 100
 """Finished ingest jobs ``GET /ingest/{id}`` still knows; older ones are forgotten."""
 GRACEFUL_SHUTDOWN_SECONDS = 10
 """How long a stop (Ctrl-C, SIGTERM) waits for requests in flight before closing them."""
-ANSWERS_GRACE_SECONDS = GRACEFUL_SHUTDOWN_SECONDS - 2
-"""How long after a stop answers still running are cancelled (a 503), before the server closes them."""
+ANSWERS_GRACE_SECONDS = 3
+"""How long after a stop answers still running are cancelled (a 503), well before the server closes them."""
 
 __all__ = ["DEFAULT_PORT", "DEFAULT_MAX_BODY", "MAX_HEADER_BYTES", "BODY_STALL_SECONDS", "MAX_PATHS", "MAX_TOKENS",
            "MAX_TEMPERATURE", "MAX_SOURCE_CHARS", "MAX_TOP_K", "FINISHED_JOBS_KEPT", "GRACEFUL_SHUTDOWN_SECONDS",
