@@ -127,13 +127,18 @@ class AnswerStream:
 def _pieces(question: str, prompt: "Prompt", generation: "Generation", stops: tuple[str, ...], notes: list[str],
             retrieval, finish, result: dict) -> Iterator[str]:
     """An :class:`AnswerStream`'s pieces up to the first stop string; the answer lands in ``result``."""
+    from .citations import Renumbering
     from .stops import until_stop
 
     parts: list[str] = []
-    try:
+
+    def model_text() -> Iterator[str]:
         for piece in until_stop(generation, stops):
             parts.append(piece)
             yield piece
+
+    try:  # the citations as the sources number them (the same text complete() makes of the whole)
+        yield from Renumbering(prompt.citations).stream(model_text())
     finally:
         generation.close()  # a stop string ends it early: the engine is given back now
     result["answer"] = answer = complete(question, prompt, "".join(parts), generation.stats, notes, retrieval,
@@ -144,9 +149,13 @@ def _pieces(question: str, prompt: "Prompt", generation: "Generation", stops: tu
 
 def complete(question: str, prompt: "Prompt", text: str, stats: AskStats, notes: list[str],
              retrieval: dict[str, float] | None, finish: Callable[[AskStats], None] | None) -> Answer:
-    """The finished answer to ``question`` (streamed or decoded with others): ``finish`` completes the
-    figures (why reuse was lost), the prompt gives the sources, the engine's notes follow the packer's."""
+    """The finished answer to ``question`` (streamed or decoded with others) from the model's ``text``:
+    ``finish`` completes the figures (why reuse was lost), the prompt gives the sources (and the
+    citations are numbered as they are), the engine's notes follow the packer's."""
+    from .citations import renumber
+
     if finish is not None:
         finish(stats)
-    return Answer(question, text.strip(), prompt.sources, stats, prompt.dropped, prompt.truncated,
+    return Answer(question, renumber(text, prompt.citations).strip(), prompt.sources, stats, prompt.dropped,
+                  prompt.truncated,
                   notes + stats.notes, retrieval)
