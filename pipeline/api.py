@@ -187,6 +187,18 @@ class Pipeline:
         """Delete the collection; False if it did not exist."""
         return collection.drop(self.runtime)
 
+    def collections(self) -> list[dict]:
+        """Every collection of the store: ``{"name", "documents", "chunks"}``, by name; never creates anything."""
+        return collection.collections(self.runtime)
+
+    def for_collection(self, name: str) -> "Pipeline":
+        """A pipeline over the collection ``name`` of the same store, sharing this one's models, engines,
+        caches and open store (so questions to either wait for the same engine, and one process lock
+        holds the store). Closing it closes nothing they share; use it while this one is open."""
+        other = object.__new__(Pipeline)
+        other.runtime = self.runtime.sibling(name)
+        return other
+
     def sections(self) -> "collection.SectionsReport":
         """How the collection's documents are cut into sections (the units prompts are packed from),
         against the size the settings cut new documents to (:attr:`section_tokens`)."""

@@ -133,6 +133,19 @@ def status(rt: "Runtime") -> CollectionStatus:
             collections=tuple(store.catalog.collections()), generator=generator, sources=sources)
 
 
+def collections(rt: "Runtime") -> list[dict]:
+    """:meth:`Pipeline.collections <pipeline.api.Pipeline.collections>`: the store's collections, with
+    their documents and chunks, by name; never creates anything."""
+    if not _exists(rt):
+        return []
+    with rt.store(create=False) as store:
+        out = []
+        for name in sorted(store.catalog.collections()):
+            docs, chunks, _ = store.catalog.totals(name)
+            out.append({"name": name, "documents": docs, "chunks": chunks})
+        return out
+
+
 @dataclass(frozen=True)
 class SectionsReport:
     """How a collection's documents are cut into sections, against the size new documents get.

@@ -343,6 +343,12 @@ class Runtime:
 
     # -- lifetime -----------------------------------------------------------------------------
 
+    def sibling(self, collection: str) -> "Runtime":
+        """A runtime over ``collection`` of the same store sharing this one's models, engines, caches and
+        open store (:class:`SiblingRuntime`); a :class:`~pipeline.errors.ConfigError` for a name no
+        collection can have."""
+        return SiblingRuntime(self, collection)
+
     def close(self) -> None:
         """Close what the runtime built (engines, embedder, caches, the store's connections); work left
         after answers is cancelled first."""
@@ -362,6 +368,56 @@ class Runtime:
         self._stores.close()  # the PostgreSQL connections, when this was the last pipeline using them
 
 
+class SiblingRuntime(Runtime):
+    """A runtime over another collection of the same store that shares everything of ``parent`` but the
+    collection: its models, engines, caches, calibrations, pack history and open store (one process
+    lock). What a server answering several collections asks them with (:meth:`Runtime.sibling`).
+    Closing it closes nothing: the parent owns what they share."""
+
+    SHARED = ("embedder", "engine", "pool", "prefix_cache", "ram_states", "calibrations", "pack_history",
+              "section_memo", "compose_policy", "stops")
+
+    def __init__(self, parent: Runtime, collection: str):
+        config = dataclasses.replace(parent.config, store=dataclasses.replace(parent.config.store,
+                                                                              collection=collection))
+        super().__init__(config, log=parent.log)
+        self._parent = parent
+        self._stores = parent._stores
+
+    embedder = property(lambda self: self._parent.embedder)
+    engine = property(lambda self: self._parent.engine)
+    pool = property(lambda self: self._parent.pool)
+    prefix_cache = property(lambda self: self._parent.prefix_cache)
+    ram_states = property(lambda self: self._parent.ram_states)
+    calibrations = property(lambda self: self._parent.calibrations)
+    pack_history = property(lambda self: self._parent.pack_history)
+    section_memo = property(lambda self: self._parent.section_memo)
+    compose_policy = property(lambda self: self._parent.compose_policy)
+    stops = property(lambda self: self._parent.stops)
+
+    def has(self, name: str) -> bool:
+        return self._parent.has(name) if name in self.SHARED else super().has(name)
+
+    def given(self, name: str) -> bool:
+        return self._parent.given(name) if name in self.SHARED else super().given(name)
+
+    def layout(self, system: str | None = None) -> "Layout":
+        return self._parent.layout(system)
+
+    def after_answer(self, engine) -> None:
+        self._parent.after_answer(engine)
+
+    @property
+    def settling(self) -> bool:
+        return self._parent.settling
+
+    def settle(self, *, cancel: bool = False) -> None:
+        self._parent.settle(cancel=cancel)
+
+    def close(self) -> None:
+        """Nothing to close: the parent owns what this shares."""
+
+
 def calibration_line(record, budget: float) -> str:
     """One line for people about a calibration: its figures and what it decides."""
     verdict = ("prompts over sections are composed from their states from now on" if record.allowed(budget) else
@@ -370,4 +426,4 @@ def calibration_line(record, budget: float) -> str:
             f"{record.top1:.1%} over {record.tokens} tokens; {verdict}")
 
 
-__all__ = ["RESOURCES", "Runtime", "calibration_line"]
+__all__ = ["RESOURCES", "Runtime", "SiblingRuntime", "calibration_line"]

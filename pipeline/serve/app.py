@@ -11,13 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import RagError
-from . import handlers, page
+from . import collections, handlers, page, uploads
 from .access import AccessLog
 from .documents import document
 from .folders import ReadableFolders
 from .guards import Guard, Policy
 from .http_errors import HTTPError, error_response, headers_for, status_for
-from .limits import DEFAULT_MAX_BODY, DEFAULT_PORT
+from .limits import DEFAULT_MAX_BODY, DEFAULT_MAX_UPLOAD, DEFAULT_PORT
 from .writer import IngestWriter
 
 if TYPE_CHECKING:
@@ -32,6 +32,8 @@ ROUTES = [
     ("/v1/models", handlers.models, ["GET"]),
     ("/v1/chat/completions", handlers.chat_completions, ["POST"]),
     ("/documents", document, ["GET"]),
+    ("/collections", collections.listing, ["GET"]),
+    ("/upload", uploads.upload, ["PUT"]),
     *((path, page.endpoint(path), ["GET"]) for path in page.ASSETS),
 ]
 #: What is answered without the token: liveness, and the page's files (they hold no data).
@@ -39,6 +41,7 @@ OPEN_PATHS = ("/health", *page.ASSETS)
 
 
 def create_app(rag: "Pipeline", *, token: str | None = None, max_body: int = DEFAULT_MAX_BODY,
+               max_upload: int = DEFAULT_MAX_UPLOAD,
                host: str = "127.0.0.1", port: int = DEFAULT_PORT, allow: Sequence[str] | None = None,
                allow_hosts: Sequence[str] | None = None, cors_origins: Sequence[str] | None = None,
                access_log: Callable[[str], None] | None = None):
@@ -60,7 +63,7 @@ def create_app(rag: "Pipeline", *, token: str | None = None, max_body: int = DEF
                     middleware=[*logged, Middleware(Guard, policy=policy)],
                     exception_handlers={HTTPError: _refused, RagError: _library_error,
                                         StarletteHTTPException: _starlette_error, Exception: _internal})
-    app.state.served = handlers.Served(rag, IngestWriter(rag), folders, max_body)
+    app.state.served = handlers.Served(rag, IngestWriter(rag), folders, max_body, max_upload)
     app.state.writer = app.state.served.writer
     return app
 

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from ..errors import ConfigError, InputError
 from .folders import ReadableFolders
 from .guards import is_loopback
-from .limits import (ANSWERS_GRACE_SECONDS, DEFAULT_MAX_BODY, DEFAULT_PORT, GRACEFUL_SHUTDOWN_SECONDS,
-                     MAX_HEADER_BYTES)
+from .limits import (ANSWERS_GRACE_SECONDS, DEFAULT_MAX_BODY, DEFAULT_MAX_UPLOAD, DEFAULT_PORT,
+                     GRACEFUL_SHUTDOWN_SECONDS, MAX_HEADER_BYTES)
 
 if TYPE_CHECKING:
     from ..api import Pipeline
@@ -66,7 +66,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run(rag: "Pipeline", *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str | None = None,
-        max_body: int = DEFAULT_MAX_BODY, insecure: bool = False, allow: Sequence[str] | None = None,
+        max_body: int = DEFAULT_MAX_BODY, max_upload: int = DEFAULT_MAX_UPLOAD, insecure: bool = False, allow: Sequence[str] | None = None,
         allow_hosts: Sequence[str] | None = None, cors_origins: Sequence[str] | None = None,
         log: Callable[[str], None] = print, quiet: bool = False) -> None:
     """Serve ``rag`` until interrupted (uvicorn; one process, one event loop). Settings left at None
@@ -81,15 +81,15 @@ def run(rag: "Pipeline", *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, t
     sock = bind(host, port)
     port = sock.getsockname()[1]
     try:
-        app = create_app(rag, token=token, max_body=max_body, host=host, port=port, allow=folders.roots,
+        app = create_app(rag, token=token, max_body=max_body, max_upload=max_upload, host=host, port=port, allow=folders.roots,
                          allow_hosts=allow_hosts, cors_origins=cors_origins, access_log=None if quiet else log)
     except BaseException:
         sock.close()
         raise
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     access = "bearer token required" if token else "no token: local use only"
-    reads = (f"/ingest reads {', '.join(map(str, folders.roots))}" if folders.enabled
-             else "/ingest is off: --allow DIR turns it on")
+    reads = (f"/ingest and the page's uploads use {', '.join(map(str, folders.roots))}" if folders.enabled
+             else "/ingest and uploads are off: --allow DIR turns them on")
     announce = [f"serving {rag.config.store.collection!r} on {url}: open {url}/ in a browser to ask, or use "
                 f"{url}/v1 from an OpenAI client ({access}; {reads})"]
     if not token and not is_loopback(host):

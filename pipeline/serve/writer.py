@@ -35,16 +35,19 @@ class IngestJob:
     id: str
     paths: list[str]
     prune: bool
+    collection: str = ""
     state: str = "queued"  # queued | running | done | failed
     created: float = field(default_factory=time.time)
     report: dict | None = None
     error: dict | None = None
     files_done: int = 0
     warm: dict | None = None  # after the ingest: {"state": "running", "done", "total"}, then warm_auto's report
+    rag: "Pipeline | None" = field(default=None, repr=False)  # the collection's pipeline (None: the server's)
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "id": self.id, "state": self.state, "paths": self.paths, "prune": self.prune,
-                "files_done": self.files_done, "report": self.report, "error": self.error, "warm": self.warm}
+                "collection": self.collection, "files_done": self.files_done, "report": self.report,
+                "error": self.error, "warm": self.warm}
 
 
 class IngestWriter:
@@ -63,8 +66,10 @@ class IngestWriter:
         self._thread = threading.Thread(target=self._run, name="rag-ingest-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, paths: list[Path], prune: bool) -> IngestJob:
-        job = IngestJob(uuid.uuid4().hex[:12], [str(p) for p in paths], prune)
+    def submit(self, paths: list[Path], prune: bool, *, rag: "Pipeline | None" = None) -> IngestJob:
+        """Queue an ingest of ``paths`` into ``rag``'s collection (default: the server's own)."""
+        rag = rag or self.rag
+        job = IngestJob(uuid.uuid4().hex[:12], [str(p) for p in paths], prune, rag.config.store.collection, rag=rag)
         with self._cv:
             self.jobs[job.id] = job
             self._queue.append(job)
@@ -112,7 +117,7 @@ class IngestWriter:
                 while len(self._finished) > self.keep:
                     self.jobs.pop(self._finished.popleft(), None)
                 warm = (state == "done" and not self._queue and not self._stopped
-                        and self.rag.config.ingest.warm != "off")
+                        and job.rag.config.ingest.warm != "off")
                 self._warming = CancelToken() if warm else None
                 self._cv.notify_all()
             if warm:
@@ -124,7 +129,7 @@ class IngestWriter:
                 job.files_done += 1
 
         try:  # the scanner's own rule keeps links that leave a folder out, whatever ingest.follow_symlinks says
-            report = self.rag.ingest(job.paths, prune=job.prune, follow_symlinks=False, progress=progress)
+            report = job.rag.ingest(job.paths, prune=job.prune, follow_symlinks=False, progress=progress)
             job.report = report.to_dict() if hasattr(report, "to_dict") else {"files": len(report.files)}
             return "done"
         except RagError as err:
@@ -141,7 +146,7 @@ class IngestWriter:
 
         job.warm = {"state": "running", "done": 0, "total": 0}
         try:
-            job.warm = self.rag.warm_auto(progress=progress, cancel=self._warming)
+            job.warm = job.rag.warm_auto(progress=progress, cancel=self._warming)
         except Cancelled:
             job.warm = {"warmed": False, "reason": "cancelled (a later job, or the server stopping): the states "
                                                    "saved so far are kept, and the next job saves the rest"}
