@@ -114,3 +114,23 @@ def test_a_stop_with_nothing_in_flight_says_so_at_once(home):
     said = server.output().splitlines()
     assert said[-2:] == ["stopping (SIGTERM): no answer in flight", "stopped"], said
     assert json.dumps(said)  # plain text lines
+
+
+def test_a_stop_that_comes_while_the_server_starts_still_stops_it(home):
+    """SIGTERM at any moment of the start-up (a container stopped at once) ends the process: it is never
+    lost between two signal handlers."""
+    import signal
+
+    for delay in (0.3, 0.8, 1.3, 1.8, 2.5, 3.5):
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "serve", "--port", str(free_port())],
+                                env=home["env"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail(f"SIGTERM {delay} s after the start did not stop rag serve")
+        assert proc.returncode in (0, -signal.SIGTERM), (delay, proc.returncode, err)
+        assert "Traceback" not in err, err

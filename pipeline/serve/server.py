@@ -99,16 +99,17 @@ def run(rag: "Pipeline", *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, t
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS, http="h11",
                             h11_max_incomplete_event_size=MAX_HEADER_BYTES)
-    with _signals_stop_the_server():
-        _server(config, app.state.served, announce, log).run(sockets=[sock])
+    with _signals_stop_the_server() as signals:
+        _server(config, app.state.served, announce, log, early=signals.received).run(sockets=[sock])
     _drain(app.state.writer, log)
     log("stopped")
 
 
-def _server(config, served: "Served", announce: list[str], log: Callable[[str], None]):
+def _server(config, served: "Served", announce: list[str], log: Callable[[str], None], *, early: list[int]):
     """uvicorn's server, which announces itself once it answers, says when it is asked to stop, and
     cancels the answers still running shortly before its grace period ends: each then gets a 503
-    it can act on, where uvicorn would cut it off with a bare 500."""
+    it can act on, where uvicorn would cut it off with a bare 500. A signal that came before uvicorn
+    took over the signals (``early``) stops it as soon as it has started."""
     import asyncio
 
     import uvicorn
@@ -122,6 +123,9 @@ def _server(config, served: "Served", announce: list[str], log: Callable[[str], 
 
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
+            if early:  # asked to stop while starting
+                self.handle_exit(early[0], None)
+                return
             if self.started:  # the listening socket is served by the event loop from here on
                 for line in announce:
                     log(line)
@@ -163,8 +167,9 @@ class _signals_stop_the_server:
 
     def __enter__(self):
         self.previous = {}
+        self.received: list[int] = []  # those that came while uvicorn did not handle them
         if threading.current_thread() is threading.main_thread():
-            self.previous = {s: signal.signal(s, lambda sig, frame: None) for s in _SIGNALS}
+            self.previous = {s: signal.signal(s, lambda sig, frame: self.received.append(sig)) for s in _SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
