@@ -282,7 +282,11 @@
 
   function statsLine(stats, firstTextSeconds) {
     const fmt = (s) => (s === null || s === undefined) ? '?' : Number(s).toFixed(2) + ' s';
-    const how = CACHE_WORDS[stats.cache] || stats.cache || 'no cache';
+    let how = CACHE_WORDS[stats.cache] || stats.cache || 'no cache';
+    if (stats.cache === 'composed' && stats.composed_sections) {
+      how = `composed from ${n(stats.composed_sections)} saved section states`
+        + (stats.recomputed_tokens ? ` (${n(stats.recomputed_tokens)} tokens recomputed at their seams)` : '');
+    }
     const parts = [`TTFT ${fmt(stats.ttft_seconds)}`,
                    `reused ${n(stats.cached_tokens)} of ${n(stats.prompt_tokens)} prompt tokens: ${how}`];
     if (firstTextSeconds !== null && firstTextSeconds !== undefined) parts.push(`first text here after ${fmt(firstTextSeconds)}`);
