@@ -66,9 +66,9 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def run(rag: "Pipeline", *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str | None = None,
-        max_body: int = DEFAULT_MAX_BODY, max_upload: int = DEFAULT_MAX_UPLOAD, insecure: bool = False, allow: Sequence[str] | None = None,
-        allow_hosts: Sequence[str] | None = None, cors_origins: Sequence[str] | None = None,
-        log: Callable[[str], None] = print, quiet: bool = False) -> None:
+        max_body: int = DEFAULT_MAX_BODY, max_upload: int = DEFAULT_MAX_UPLOAD, insecure: bool = False,
+        allow: Sequence[str] | None = None, allow_hosts: Sequence[str] | None = None,
+        cors_origins: Sequence[str] | None = None, log: Callable[[str], None] = print, quiet: bool = False) -> None:
     """Serve ``rag`` until interrupted (uvicorn; one process, one event loop). Settings left at None
     come from ``rag.config.serve``; ``log`` gets the start-up and stop lines and, unless ``quiet``,
     one line per request."""
@@ -81,8 +81,9 @@ def run(rag: "Pipeline", *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, t
     sock = bind(host, port)
     port = sock.getsockname()[1]
     try:
-        app = create_app(rag, token=token, max_body=max_body, max_upload=max_upload, host=host, port=port, allow=folders.roots,
-                         allow_hosts=allow_hosts, cors_origins=cors_origins, access_log=None if quiet else log)
+        app = create_app(rag, token=token, max_body=max_body, max_upload=max_upload, host=host, port=port,
+                         allow=folders.roots, allow_hosts=allow_hosts, cors_origins=cors_origins,
+                         access_log=None if quiet else log)
     except BaseException:
         sock.close()
         raise
