@@ -157,5 +157,4 @@ def complete(question: str, prompt: "Prompt", text: str, stats: AskStats, notes:
     if finish is not None:
         finish(stats)
     return Answer(question, renumber(text, prompt.citations).strip(), prompt.sources, stats, prompt.dropped,
-                  prompt.truncated,
-                  notes + stats.notes, retrieval)
+                  prompt.truncated, notes + stats.notes, retrieval)
