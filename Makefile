@@ -4,21 +4,18 @@
 setup:
 	./setup.sh
 
-# `rag ingest` saves each section's KV state of samples/ (larger than the 8K context) for the model that will
-# answer; then two different questions, each composed from those states, prefilling only its seams and
+# `rag ingest` calibrates composition on samples/ (larger than the 8K context) and saves each section's KV
+# state; then two different questions, each composed from those states, prefilling only its seams and
 # itself; the last two lines compare them.
 DEMO_QUESTIONS = "How much faster was prefill with 8 layers' experts on the CPU?" \
                  "What is the difference between n_batch and n_ubatch?"
 
-# The generator is Gemma 3 270M (configs/gemma-3-270m.toml): better answers and faster prefill than the
-# default SmolLM2-135M on the development set (docs/performance.md, "Generators").
 demo: setup
-	.venv/bin/rag models pull gemma-3-270m
-	.venv/bin/rag --config configs/gemma-3-270m.toml ingest samples/
-	.venv/bin/rag --config configs/gemma-3-270m.toml ask --max-tokens 64 $(DEMO_QUESTIONS)
+	.venv/bin/rag ingest samples/
+	.venv/bin/rag ask --max-tokens 64 $(DEMO_QUESTIONS)
 
 test: setup
-	.venv/bin/rag models pull gemma-3-270m   # a sliding-window model the prefix-cache tests use
+	.venv/bin/rag models pull SmolLM2-135M-Instruct   # a model with a chat template, for the template tests
 	.venv/bin/python -m pytest -q
 
 bench: setup

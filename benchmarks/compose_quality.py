@@ -86,6 +86,7 @@ def configs() -> list[tuple[str, Seams | int]]:
 
 DEFAULT_SEAMS = f"{AskConfig.compose_seams} {AskConfig.compose_recompute}"  # the defaults' row of configs()
 BUDGET = AskConfig.compose_max_kl
+CALIBRATION_PROMPTS = 3  # what the product's calibration measures at least (pipeline/warm/calibration.py)
 ONLY: set[str] | None = None  # --configs: the rows to run ("none" always runs: the deviation oracle reads it)
 
 
@@ -401,15 +402,16 @@ def answers(results: list[dict]) -> dict[str, dict]:
 
 def policy(results: list[dict], *, seams: str = DEFAULT_SEAMS, budget: float = BUDGET) -> dict:
     """Right answers of ``ask.compose = "auto"`` at ``budget``: per corpus (a collection), the model is
-    calibrated on its first prompt (as the product calibrates on its first answer, but over this
-    benchmark's 32 greedy teacher-forced tokens, decoded without the answers' repeat penalty) and every
-    prompt of that corpus is composed with ``seams`` if that calibration is within the budget, else
-    prefilled exactly. Pair by pair against exact prefill."""
+    calibrated on the mean of its first :data:`CALIBRATION_PROMPTS` prompts (as the product decides on the mean
+    of several prompts over the collection, but over this benchmark's 32 greedy teacher-forced tokens,
+    decoded without the answers' repeat penalty) and every prompt of that corpus is composed with ``seams``
+    if that calibration is within the budget, else prefilled exactly. Pair by pair against exact prefill."""
     known = [r for r in results if "exact_correct" in r and seams in r["configs"]]
-    first: dict[str, float] = {}
+    kls: dict[str, list[float]] = {}
     for r in results:
-        if seams in r["configs"]:
-            first.setdefault(r["corpus"], r["configs"][seams]["kl"])
+        if seams in r["configs"] and len(kls.setdefault(r["corpus"], [])) < CALIBRATION_PROMPTS:
+            kls[r["corpus"]].append(r["configs"][seams]["kl"])
+    first = {c: statistics.fmean(v) for c, v in kls.items()}
     allowed = {c: kl <= budget for c, kl in first.items()}
     pairs = [(bool(r["exact_correct"]),
               bool(r["configs"][seams]["correct"]) if allowed[r["corpus"]] else bool(r["exact_correct"]))
@@ -456,7 +458,7 @@ def summarize(mname: str, results: list[dict], *, sections: int) -> dict:
         table[auto] = policy(results)
     print_answers(mname, table)
     for cname, c in table.get(auto, {}).get("calibrations", {}).items():
-        print(f"  calibrated on the first prompt of {cname}: KL {c['kl']:.4f}, "
+        print(f"  calibrated on the first {CALIBRATION_PROMPTS} prompts of {cname}: mean KL {c['kl']:.4f}, "
               f"{'composes' if c['allowed'] else 'stays exact'} at {BUDGET}")
     prof = {k: statistics.mean(r["profile"][k] for r in results if r["profile"].get(k) is not None)
             for k in results[0]["profile"]}

@@ -29,6 +29,7 @@ _EXPORTS = {
     "Hit": "records", "Passage": "records",
     "IngestReport": "ingest.run", "IngestEvent": "ingest.run", "FileOutcome": "ingest.run",
     "Summary": "summarize.outputs", "SummaryEvent": "summarize.outputs", "SummaryRun": "summarize.run",
+    "WarmJob": "warm.job", "WarmProgress": "warm.progress",
     "EngineStats": "engine.contract", "TextEmbedder": "engine.contract", "TextGenerator": "engine.contract",
     "RagError": "errors", "ConfigError": "errors", "InputError": "errors", "ModelError": "errors",
     "StoreError": "errors", "StoreBusyError": "errors", "EngineError": "errors", "LoadError": "errors",
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
     from .records import Hit, Passage
     from .summarize.run import SummaryRun
     from .summarize.outputs import Summary, SummaryEvent
+    from .warm.job import WarmJob
+    from .warm.progress import WarmProgress
 
 
 def __getattr__(name: str):

@@ -4,7 +4,7 @@ A pipeline holds a :class:`~.runtime.Runtime` (settings and lazily loaded models
 engines, caches); it opens the store (and so takes the store's process lock) only for
 the duration of each call, so a long-lived application does not block ``rag`` commands
 between calls. Each method is one operation, carried out where it belongs:
-:mod:`.ask` (answers, warming), :mod:`.retrieval` (search, evaluation),
+:mod:`.ask` (answers), :mod:`.warm` (states saved ahead of questions), :mod:`.retrieval` (search, evaluation),
 :mod:`.summarize`, :mod:`.collection` (ingest, status, drop), :mod:`.planner.front`.
 
 A pipeline is safe to share between threads: see :mod:`.engine.pool` for what runs
@@ -18,16 +18,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from . import collection
-from .ask import flow
 from .ask.answer import Answer, AnswerStream
 from .ask.request import AskRequest, Paths
-from .collection import CollectionStatus
 from .engine.context_lock import CancelToken
 from .config import Config, load_config
+from .engine.once import Later
 from .runtime import Runtime
 
+collection = Later(".collection", __package__)  # imported when first used
+flow = Later(".ask.flow", __package__)
+
 if TYPE_CHECKING:
+    from .collection import CollectionStatus
     from .ask.aio import AsyncAnswerStream
     from .ask.progress import PrefillProgress
     from .ask.stops import Stops
@@ -37,9 +39,18 @@ if TYPE_CHECKING:
     from .store.store import Store
     from .summarize.outputs import SummaryEvent
     from .summarize.run import SummaryRun
+    from .warm.progress import WarmProgress
     from .records import Hit, Prompt
 
 __all__ = ["CollectionStatus", "Pipeline"]
+
+
+def __getattr__(name: str):
+    if name == "CollectionStatus":
+        from .collection import CollectionStatus
+
+        return CollectionStatus
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class Pipeline:
@@ -120,6 +131,17 @@ class Pipeline:
         with self.runtime.store(create=create) as s:
             yield s
 
+    def preload(self) -> None:
+        """Start loading the generator's model now, in the background, so that it loads while the rest
+        of a question's work goes on (what ``rag ask`` does as it starts; an application may call it at
+        start-up). The model file is found (and fetched, if it must be) in the calling thread; nothing
+        happens for a remote or given generator, a model already loaded, or where no store exists yet.
+        Questions asked meanwhile wait for that one load; :meth:`close` waits for it too."""
+        c = self.config.store
+        if not c.catalog_url and not (self.config.store_path / "catalog.sqlite").exists():
+            return  # nothing to answer from: the question fails fast, without loading a model first
+        self.runtime.load_generator_soon(build=True)
+
     # -- models and the planner ---------------------------------------------------------------
 
     def pull_models(self) -> dict[str, str]:
@@ -169,15 +191,34 @@ class Pipeline:
 
     def ingest(self, paths: Iterable[str | Path], *, prune: bool = False, include: Iterable[str] = (),
                exclude: Iterable[str] = (), follow_symlinks: bool | None = None,
-               progress: "Progress | None" = None) -> "IngestReport":
-        """Embed new and changed files under ``paths`` into the collection (see :func:`.ingest.run.ingest`).
+               progress: "Progress | None" = None, warm: bool | None = None) -> "IngestReport":
+        """Embed new and changed files under ``paths`` into the collection (see :func:`.ingest.run.ingest`),
+        then start warming as ``ingest.warm`` says (``warm`` True/False: "on"/"off" for this call), exactly
+        as ``rag ingest`` and ``rag serve`` do (:mod:`.warm.job`).
 
         ``include``/``exclude`` are shell-style globs matched against file names (or against
         paths relative to the folder, for a glob with a ``/``); ``follow_symlinks`` (default:
         ``ingest.follow_symlinks``) also follows links that leave the folder.
+
+        Warming runs in the background: the report's ``warming`` (a :class:`~.warm.job.WarmJob`, None when
+        off) shows its progress, and ``report.warming.wait()`` its outcome; a question asked meanwhile runs
+        first. Wait for it where the first question should be composed from the states it saves. A warming
+        still running is cancelled by the next ingest and by :meth:`close` (what it saved is kept).
         """
-        return collection.ingest(self.runtime, paths, prune=prune, include=include, exclude=exclude,
-                                 follow_symlinks=follow_symlinks, progress=progress)
+        from .warm.job import after_ingest
+
+        self.runtime.stop_warming()  # this ingest first: the states saved so far are kept
+        report = collection.ingest(self.runtime, paths, prune=prune, include=include, exclude=exclude,
+                                   follow_symlinks=follow_symlinks, progress=progress)
+        setting = self.config.ingest.warm if warm is None else ("on" if warm else "off")
+        if not (report.nothing_read or report.nothing_found):
+            report.warming = self.runtime.start_warming(lambda: after_ingest(self.runtime, setting))
+        return report
+
+    @property
+    def warming(self):
+        """The warming the last :meth:`ingest` started (a :class:`~.warm.job.WarmJob`), or None."""
+        return self.runtime.warming
 
     def status(self) -> CollectionStatus:
         """What the collection holds; never creates anything."""
@@ -192,11 +233,11 @@ class Pipeline:
         return collection.collections(self.runtime)
 
     def for_collection(self, name: str) -> "Pipeline":
-        """A pipeline over the collection ``name`` of the same store, sharing this one's models, engines,
-        caches and open store (so questions to either wait for the same engine, and one process lock
-        holds the store). Closing it closes nothing they share; use it while this one is open."""
+        """A pipeline over the store's collection ``name`` sharing this one's models, engines, caches, warming
+        and open store (:class:`~.collection.SiblingRuntime`); closing it closes nothing they share. Use it
+        while this one is open."""
         other = object.__new__(Pipeline)
-        other.runtime = self.runtime.sibling(name)
+        other.runtime = collection.SiblingRuntime(self.runtime, name)
         return other
 
     def sections(self) -> "collection.SectionsReport":
@@ -317,53 +358,51 @@ class Pipeline:
         without generating: its text, tokens, boundaries, sections and sources."""
         return flow.build_prompt(self.runtime, AskRequest.make(question, **options)).prompt
 
-    def warm(self, *, progress: Callable[[str, str], None] | None = None, purpose: str = "ask") -> dict:
+    def warm(self, *, progress: Callable[[str, str], None] | None = None, purpose: str = "ask",
+             states_progress: "Callable[[WarmProgress], None] | None" = None,
+             cancel: CancelToken | None = None) -> dict:
         """Prefill and save the prefixes the next prompts will hit, with states at their boundaries.
 
-        When the collection fits the context whole, ``purpose`` chooses: "ask" (default) its
-        whole prefix, what every question over it starts from; "summarize" each document's
-        own prefix, what its summaries and ``ask --doc`` start from; "all" both. Otherwise each
-        document's leading sections (as many as fit), which serve both. Returns ``{"mode":
-        "whole" | "sections", "purpose", "prefixes": [...], "prefilled_tokens", "bytes_written"}``,
-        one item per prefix with its documents, sections, tokens, the tokens prefilled for it,
-        the bytes of the states written and its outcome: "saved", "cached" (already there),
-        "too short" (under ``cache.min_tokens``) or "too long" (not even one section fits).
-        """
-        from .ask.warm import warm
+        When the collection fits the context whole, ``purpose`` chooses: "ask" (default) its whole prefix,
+        what every question over it starts from; "summarize" each document's own prefix, what its summaries
+        and ``ask --doc`` start from; "all" both. Otherwise each document's leading sections (as many as
+        fit), which serve both. Returns the report :func:`.warm.prefixes.warm` describes. Where the
+        collection does not fit and prompts may be composed, it saves the section states instead
+        (:meth:`warm_sections`; ``states_progress``, ``cancel``) and returns them as ``"section_states"``."""
+        from .warm.prefixes import warm
 
-        return warm(self.runtime, progress=progress, purpose=purpose)
+        return warm(self.runtime, progress=progress, purpose=purpose, states_progress=states_progress, cancel=cancel)
 
-    def warm_sections(self, *, progress: Callable[[int, int], None] | None = None,
+    def warm_sections(self, *, progress: "Callable[[WarmProgress], None] | None" = None,
                       cancel: CancelToken | None = None) -> dict:
-        """Prefill every section of the collection once, in order, on its own, and save its state, so
-        that any question's prompt is composed from states (``ask.compose = "auto"``): for collections
-        larger than the context. ``progress(done, total)`` counts the sections' tokens. Returns
-        ``{"mode": "sections", "documents", "sections", "saved", "cached" (had a whole state already, or
-        another process saved it meanwhile), "not_saved", "repaired" (states found missing or damaged, saved
-        again), "tokens", "prefilled_tokens", "bytes_written", "seconds", "notes"}``: ``saved + cached +
-        not_saved`` is ``sections``. A second call while another process warms the same states waits for
-        it. A full cache disk stops it at the first state it cannot save
-        (:class:`~pipeline.errors.DiskFullError`, exit 4).
+        """Save each section's own state, so that any question's prompt is composed from states: for
+        collections larger than the context. Composition is calibrated first where it is not yet
+        (``ask.compose = "auto"``, :mod:`.warm.calibration`); then the sections are saved most useful first
+        (those recent questions used, then spread over the collection) within the room the cache has for
+        them, the rest left for the questions that need them to compute (:mod:`.warm.sections`).
+        ``progress`` receives a :class:`~.warm.progress.WarmProgress` (tokens done of the total, rate, time
+        left) from the start. Returns the report :func:`.warm.sections.warm_sections` describes. A second
+        call while another process warms the same states waits for it. A full cache disk stops it at the
+        first state it cannot save (:class:`~pipeline.errors.DiskFullError`, exit 4).
 
         Questions come first: one asked meanwhile (another thread, ``rag serve``) runs before the next
-        section. ``cancel`` stops it within a micro-batch (:class:`~pipeline.errors.Cancelled`); the
+        step. ``cancel`` stops it within a micro-batch (:class:`~pipeline.errors.Cancelled`); the
         states saved until then are kept, and a later call computes only the rest."""
-        from .ask.warm import warm_sections
+        from .warm.sections import warm_sections
 
         return warm_sections(self.runtime, progress=progress, cancel=cancel)
 
-    def warm_auto(self, *, progress: Callable[[int, int], None] | None = None,
+    def warm_auto(self, *, progress: "Callable[[WarmProgress], None] | None" = None,
                   cancel: CancelToken | None = None) -> dict:
-        """What ``rag ingest`` runs after embedding with ``ingest.warm = "auto"`` (the default): where the
-        collection is larger than the context and the local generator can compose, calibrate composition
-        on the collection's own sections (once per model and settings) and, if it is within the budget,
-        save every section's state as :meth:`warm_sections` does, so every question, the first included, is
-        composed from states. Where the collection fits the context, the first question saves its prefix
-        for the next, and nothing is done here. Returns ``{"warmed": bool, "reason": str}``, and when
-        warmed :meth:`warm_sections`' report; ``"calibration"`` where one was measured. Skipped where the
-        states would take more than half of ``cache.max_gb``. Questions come first, and ``cancel`` stops
-        it, as in :meth:`warm_sections`."""
-        from .ask.warm import warm_auto
+        """What ``ingest.warm = "auto"`` (the default) runs after an ingest, here in the calling thread: where
+        the collection is larger than the context and the local generator can compose, calibrate composition
+        on the collection's own sections (once per model and settings) and, if it is within the budget, save
+        the section states as :meth:`warm_sections` does, so every question, the first included, is composed
+        from states. Where the collection fits the context, the first question saves its prefix for the next,
+        and nothing is done here. Returns ``{"warmed": bool, "reason": str}``, and when warmed
+        :meth:`warm_sections`' report; ``"calibration"`` where one was measured. Questions come first, and
+        ``cancel`` stops it, as in :meth:`warm_sections`."""
+        from .warm.sections import warm_auto
 
         return warm_auto(self.runtime, progress=progress, cancel=cancel)
 

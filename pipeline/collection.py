@@ -1,5 +1,5 @@
 """Building and keeping a collection: ingest with the configured settings, what it holds, its
-sections, dropping it.
+sections, dropping it; the store's other collections, and a runtime over one of them.
 
 The operations behind :meth:`Pipeline.ingest <pipeline.api.Pipeline.ingest>`,
 :meth:`~pipeline.api.Pipeline.status`, :meth:`~pipeline.api.Pipeline.sections`,
@@ -10,17 +10,16 @@ The operations behind :meth:`Pipeline.ingest <pipeline.api.Pipeline.ingest>`,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from ._testhooks import crash_point
-from .errors import StoreError, redact
+from .errors import InputError, StoreError, redact
 from .ingest.run import IngestReport, Progress, ingest as ingest_scanned
 from .ingest.scan import scan
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from .runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -56,8 +55,12 @@ def ingest(rt: "Runtime", paths: Iterable[str | Path], *, prune: bool = False, i
     embedded into the collection with the configured chunking (see :func:`.ingest.run.ingest`)."""
     i, c = rt.config.ingest, rt.config.chunking
     follow = i.follow_symlinks if follow_symlinks is None else follow_symlinks
-    # A missing path fails before any model loads or the store opens.
+    # A missing path, or nothing to read under the paths, fails before any model loads or the store opens.
     scanned = scan(paths, include=tuple(include), exclude=tuple(exclude), follow_symlinks=follow)
+    if not scanned.files and not scanned.problems and not prune:
+        filters = " matching --include/--exclude" if include or exclude else ""
+        raise InputError(f"no files{filters} under {', '.join(str(p) for p in paths)}: nothing to ingest "
+                         "(PDF, Markdown, text and HTML files are read; hidden files and folders are skipped)")
     with rt.store() as store:
         ref = None if rt.given("embedder") else rt.config.models.embedder
         expand = None
@@ -74,33 +77,25 @@ def ingest(rt: "Runtime", paths: Iterable[str | Path], *, prune: bool = False, i
 
 def composition(rt: "Runtime") -> dict:
     """:meth:`Pipeline.calibration <pipeline.api.Pipeline.calibration>`: the configured generator's
-    composition calibration and what it decides, read without loading or fetching a model and
-    without creating anything."""
-    from . import models
-    from .engine.cache.calibrations import Calibrations
-    from .engine.local import Engine
-    from .errors import RagError
-    from .engine.reuse.budget import ComposeMode
+    composition calibration and what the reuse planner decides by it (``allowed``, and ``reason`` where
+    not), read without loading or fetching a model and without creating anything."""
+    from .engine.reuse.budget import Refusal
 
     policy = rt.compose_policy
-    ref = rt.config.models.generator
-    out = {"mode": policy.mode.value, "model": redact(ref), "seams": policy.seams.key, "kl": None, "top1": None,
-           "tokens": 0, "prompts": 0, "budget": policy.max_kl, "allowed": policy.mode is ComposeMode.ON}
-    if models.is_server(ref) or policy.mode is ComposeMode.OFF:
-        out["allowed"] = False  # a server reuses prefixes only
-        return out
-    try:
-        path = models.resolve(ref, home=rt.config.home_path, fetch=False, what="generator")
-        out["model"] = path.name
-        engine = rt.engine if rt.has("engine") and not rt.given("engine") else Engine(path, rt.engine_settings(path))
-        namespace = engine.namespace
-    except RagError:
-        return out
-    record = Calibrations(rt.config.cache_path if rt.config.cache.enabled else None).get(namespace, policy.seams.key)
+    out = {"mode": policy.mode.value, "model": redact(rt.config.models.generator), "seams": policy.seams.key,
+           "kl": None, "top1": None, "tokens": 0, "prompts": 0, "budget": policy.max_kl, "allowed": False}
+    engine, refusal = rt.composition()
+    if engine is None:
+        return {**out, "reason": "the generator is not provisioned yet (`rag models pull`, or the first `rag ask`)"}
+    if refusal is not Refusal.SERVER:
+        out["model"] = engine.model_path.name
+    record = engine.calibration if refusal is not Refusal.SERVER else None
     if record is not None:
-        out.update(kl=round(record.kl, 5), top1=round(record.top1, 4), tokens=record.tokens, prompts=record.prompts,
-                   allowed=policy.mode is ComposeMode.ON or record.allowed(policy.max_kl),
-                   measured_at=record.measured_at, method=record.method)
+        out.update(record.to_dict(budget=policy.max_kl))
+        out["model"] = record.model
+    out["allowed"] = refusal is None
+    if refusal is not None:
+        out["reason"] = refusal.value
     return out
 
 
@@ -144,6 +139,66 @@ def collections(rt: "Runtime") -> list[dict]:
             docs, chunks, _ = store.catalog.totals(name)
             out.append({"name": name, "documents": docs, "chunks": chunks})
         return out
+
+
+class SiblingRuntime(Runtime):
+    """A runtime over another collection of the same store that shares everything of ``parent`` but the
+    collection: its models, engines, caches, calibrations, pack history and open store (one process
+    lock). What a server answering several collections asks them with
+    (:meth:`Pipeline.for_collection <pipeline.api.Pipeline.for_collection>`).
+    Closing it closes nothing: the parent owns what they share."""
+
+    SHARED = ("embedder", "engine", "pool", "prefix_cache", "ram_states", "calibrations", "pack_history",
+              "section_memo", "compose_policy", "stops")
+
+    def __init__(self, parent: Runtime, collection: str):
+        config = dataclasses.replace(parent.config, store=dataclasses.replace(parent.config.store,
+                                                                              collection=collection))
+        super().__init__(config, log=parent.log)
+        self._parent = parent
+        self._stores = parent._stores
+
+    embedder = property(lambda self: self._parent.embedder)
+    engine = property(lambda self: self._parent.engine)
+    pool = property(lambda self: self._parent.pool)
+    prefix_cache = property(lambda self: self._parent.prefix_cache)
+    ram_states = property(lambda self: self._parent.ram_states)
+    calibrations = property(lambda self: self._parent.calibrations)
+    pack_history = property(lambda self: self._parent.pack_history)
+    section_memo = property(lambda self: self._parent.section_memo)
+    compose_policy = property(lambda self: self._parent.compose_policy)
+    stops = property(lambda self: self._parent.stops)
+
+    def has(self, name: str) -> bool:
+        return self._parent.has(name) if name in self.SHARED else super().has(name)
+
+    def given(self, name: str) -> bool:
+        return self._parent.given(name) if name in self.SHARED else super().given(name)
+
+    def layout(self, system: str | None = None):
+        return self._parent.layout(system)
+
+    def after_answer(self, engine) -> None:
+        self._parent.after_answer(engine)
+
+    @property
+    def settling(self) -> bool:
+        return self._parent.settling
+
+    def settle(self, *, cancel: bool = False) -> None:
+        self._parent.settle(cancel=cancel)
+
+    #: One warming at a time for the engine they share: the parent's (``Runtime.__init__``'s None is not kept).
+    warming = property(lambda self: self._parent.warming, lambda self, _job: None)
+
+    def stop_warming(self) -> None:
+        self._parent.stop_warming()
+
+    def start_warming(self, start: Callable[[], Any]) -> Any:
+        return self._parent.start_warming(start)
+
+    def close(self) -> None:
+        """Nothing to close: the parent owns what this shares."""
 
 
 @dataclass(frozen=True)
@@ -234,4 +289,5 @@ def drop(rt: "Runtime") -> bool:
         return True
 
 
-__all__ = ["CollectionStatus", "SectionsReport", "drop", "ingest", "sections", "status"]
+__all__ = ["CollectionStatus", "SectionsReport", "SiblingRuntime", "collections", "drop", "ingest", "sections",
+           "status"]

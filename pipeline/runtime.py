@@ -16,7 +16,7 @@ import dataclasses
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import models
 from .engine.once import once
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .engine.cache.ram import RamStates
     from .engine.cache.store import PrefixCache
     from .engine.contract import TextEmbedder, TextGenerator
-    from .engine.reuse.budget import ComposePolicy
+    from .engine.reuse.budget import ComposePolicy, Refusal
 
 #: The lazily built resources :meth:`Runtime.close` closes (those it made).
 RESOURCES = ("embedder", "engine", "prefix_cache", "ram_states", "pack_history", "calibrations")
@@ -58,6 +58,11 @@ class Runtime:
         self._background: threading.Thread | None = None  # a calibration after an answer
         self._background_cancel = None
         self._background_mu = threading.Lock()
+        self._loading: threading.Thread | None = None  # the generator's model, loading beside retrieval
+        #: The warming the last ingest started (a :class:`~pipeline.warm.job.WarmJob`; None: none), cancelled by
+        #: the next ingest and by :meth:`close` (the states it saved are kept).
+        self.warming = None
+        self._warming_mu = threading.Lock()
         c = self.config.store
         self._stores = SharedStore(self.config.store_path, wait=c.wait, url=c.url, catalog_url=c.catalog_url,
                                    catalog_pool=c.catalog_pool, timeout=c.timeout)
@@ -108,6 +113,41 @@ class Runtime:
 
             return remote_generator(ref, self.config.engine, self.config.remote, log=self.log)
         return self.new_engine(self.model_path("generator"))
+
+    def load_generator_soon(self, *, build: bool = False) -> None:
+        """Start loading the local generator's model in a thread of its own, so that it loads while
+        retrieval runs (llama.cpp releases the GIL while it loads); the first thread that needs the
+        model waits for that load (:class:`~.engine.once.once`), never starts a second. ``build``:
+        make the engine here first (find the model file, read its header), so that only llama.cpp's
+        load runs beside what this thread does next. Nothing happens for a given or remote
+        generator, a model loaded already, or, unless ``build``, one not on disk yet (it is fetched,
+        with its messages, where it is first needed); a load that fails here is tried again, and
+        reported, where the model is needed."""
+        with self._background_mu:
+            if self._loading is not None or self.given("engine") or models.is_server(self.config.models.generator):
+                return
+        if build:
+            self.engine  # noqa: B018 - found (fetched if it must be) and its header read, in this thread
+        elif not self.has("engine"):
+            try:
+                models.resolve(self.config.models.generator, home=self.config.home_path, fetch=False)
+            except Exception:  # not provisioned yet (or not a model at all): the ask path says so
+                return
+        with self._background_mu:
+            if self._loading is not None:
+                return
+            self._loading = threading.Thread(target=self._load_generator, name="rag-load-generator", daemon=True)
+            self._loading.start()
+
+    def _load_generator(self) -> None:
+        from .engine.local import Engine
+
+        try:
+            engine = self.engine
+            if isinstance(engine, Engine) and "llm" not in engine.__dict__:
+                engine.llm  # noqa: B018 - loads it (once, whoever asks first)
+        except Exception:  # noqa: BLE001 - the thread that needs the model loads it again and reports why not
+            pass
 
     def model_path(self, role: str) -> Path:
         """The local GGUF of the configured ``role`` ("embedder" or "generator"), provisioned on first use."""
@@ -202,6 +242,25 @@ class Runtime:
             thread.join()
             raise
 
+    def stop_warming(self) -> None:
+        """Cancel the warming an ingest started, if it runs, and wait for it to stop (within a micro-batch)."""
+        with self._warming_mu:
+            job, self.warming = self.warming, None
+        if job is not None:
+            job.cancel()
+            job.wait()
+
+    def start_warming(self, start: Callable[[], Any]) -> Any:
+        """Stop the warming running, if any, then ``start()`` the next and keep it: one at a time, however many
+        threads ingest at once."""
+        with self._warming_mu:
+            job, self.warming = self.warming, None
+            if job is not None:
+                job.cancel()
+                job.wait()
+            self.warming = start()
+            return self.warming
+
     def engine_settings(self, model_path: Path) -> "EngineConfig":
         """The engine settings: the configuration, with a ``rag tune`` profile over the keys left at default."""
         from .config.tuned import tuned_engine
@@ -262,33 +321,48 @@ class Runtime:
     def section_tokens(self) -> int:
         """The size new documents' sections are cut to, in embedder tokens (``chunking.section_tokens``,
         else derived from the generator's context: 512 from 8K up; a quarter of it up to 16K where
-        prompts may be composed, that is unless ``ask.compose = "off"`` or the generator cannot shift
-        (recurrent and hybrid layers, a server); see :func:`.ingest.sections.target_tokens`)."""
-        from .engine.local import Engine
-        from .errors import RagError
+        prompts may be composed, as the generator's reuse planner answers it, calibration aside: not with
+        ``ask.compose = "off"``, without the prefix cache, on a model that cannot shift (recurrent and
+        hybrid layers) or a server; see :func:`.ingest.sections.target_tokens`)."""
         from .ingest.sections import target_tokens
 
         c = self.config
         if c.chunking.section_tokens:
             return c.chunking.section_tokens
-        composed = self.compose_policy.enabled and not models.is_server(c.models.generator)
-        if self.has("engine"):
-            engine = self.engine
-        else:  # the generator as it will run, read from its header if it is here already
-            try:
-                path = models.resolve(c.models.generator, home=c.home_path, fetch=False, what="generator")
-                engine = Engine(path, c.engine)
-            except RagError:
-                engine = None
-        n_ctx = engine.n_ctx if engine is not None else (c.engine.n_ctx or 8192)
-        # Only a local engine composes, and only on a model without recurrent layers. A local generator
-        # not fetched yet (a new home: `rag ingest` fetches it after the embedding, to warm) is taken to
-        # be one, as most are: cutting for it as for a server would leave every section a quarter of
-        # the size composing wants, until `rag sections --recut`.
-        if engine is not None:
-            composed = composed and isinstance(engine, Engine) and not any(
-                layer.kind == "recurrent" for layer in engine.info.layers)
+        engine, refusal = self.composition(calibrated=False)
+        if engine is None:
+            # A local generator not fetched yet (a new home: `rag ingest` fetches it after the embedding, to
+            # warm) is taken to compose, as most do: cutting for it as for a server would leave every section a
+            # quarter of the size composing wants, until `rag sections --recut`.
+            composed, n_ctx = self.compose_policy.enabled and c.cache.enabled, c.engine.n_ctx or 8192
+        else:
+            composed, n_ctx = refusal is None, engine.n_ctx
         return target_tokens(n_ctx, chunk_size=c.chunking.size, composed=composed)
+
+    def composition(self, *, calibrated: bool = True) -> "tuple[TextGenerator | None, Refusal | None]":
+        """The generator as it runs (or will: read from its header, loading nothing) and its reuse planner's
+        answer to "may prompts be composed here" (``calibrated=False``: could they ever be); ``(None, None)``
+        where a local generator is not provisioned yet. Creates nothing: a prefix cache not made yet holds
+        no calibration, and would be made on first use."""
+        from .engine.cache.calibrations import Calibrations
+        from .engine.local import Engine
+        from .engine.reuse.budget import Refusal
+        from .errors import RagError
+
+        c = self.config
+        if self.has("engine") or models.is_server(c.models.generator):
+            return self.engine, self.engine.composition_refusal(calibrated=calibrated)
+        try:
+            path = models.resolve(c.models.generator, home=c.home_path, fetch=False, what="generator")
+        except RagError:
+            return None, None
+        made = c.cache.enabled and c.cache_path.is_dir()
+        engine = Engine(path, self.engine_settings(path), cache=self.prefix_cache if made else None,
+                        compose=self.compose_policy, calibrations=Calibrations(c.cache_path if made else None))
+        refusal = engine.composition_refusal(calibrated=calibrated)
+        if refusal is Refusal.NO_CACHE and c.cache.enabled:
+            refusal = self.compose_policy.refusal(None) if calibrated else None
+        return engine, refusal
 
     def reserve(self, max_tokens: int | None = None) -> int:
         """The answer room every layout decision holds back (:func:`.ask.prompt.layout_reserve`)."""
@@ -343,16 +417,16 @@ class Runtime:
 
     # -- lifetime -----------------------------------------------------------------------------
 
-    def sibling(self, collection: str) -> "Runtime":
-        """A runtime over ``collection`` of the same store sharing this one's models, engines, caches and
-        open store (:class:`SiblingRuntime`); a :class:`~pipeline.errors.ConfigError` for a name no
-        collection can have."""
-        return SiblingRuntime(self, collection)
-
     def close(self) -> None:
         """Close what the runtime built (engines, embedder, caches, the store's connections); work left
-        after answers is cancelled first."""
+        after answers, and warming, are cancelled first (the states they saved are kept), and a model still
+        loading is waited for."""
+        self.stop_warming()
         self.settle(cancel=True)
+        with self._background_mu:
+            loading, self._loading = self._loading, None
+        if loading is not None:
+            loading.join()
         pool = self.__dict__.pop("pool", None)
         if pool is not None:
             pool.close_extra()
@@ -368,56 +442,6 @@ class Runtime:
         self._stores.close()  # the PostgreSQL connections, when this was the last pipeline using them
 
 
-class SiblingRuntime(Runtime):
-    """A runtime over another collection of the same store that shares everything of ``parent`` but the
-    collection: its models, engines, caches, calibrations, pack history and open store (one process
-    lock). What a server answering several collections asks them with (:meth:`Runtime.sibling`).
-    Closing it closes nothing: the parent owns what they share."""
-
-    SHARED = ("embedder", "engine", "pool", "prefix_cache", "ram_states", "calibrations", "pack_history",
-              "section_memo", "compose_policy", "stops")
-
-    def __init__(self, parent: Runtime, collection: str):
-        config = dataclasses.replace(parent.config, store=dataclasses.replace(parent.config.store,
-                                                                              collection=collection))
-        super().__init__(config, log=parent.log)
-        self._parent = parent
-        self._stores = parent._stores
-
-    embedder = property(lambda self: self._parent.embedder)
-    engine = property(lambda self: self._parent.engine)
-    pool = property(lambda self: self._parent.pool)
-    prefix_cache = property(lambda self: self._parent.prefix_cache)
-    ram_states = property(lambda self: self._parent.ram_states)
-    calibrations = property(lambda self: self._parent.calibrations)
-    pack_history = property(lambda self: self._parent.pack_history)
-    section_memo = property(lambda self: self._parent.section_memo)
-    compose_policy = property(lambda self: self._parent.compose_policy)
-    stops = property(lambda self: self._parent.stops)
-
-    def has(self, name: str) -> bool:
-        return self._parent.has(name) if name in self.SHARED else super().has(name)
-
-    def given(self, name: str) -> bool:
-        return self._parent.given(name) if name in self.SHARED else super().given(name)
-
-    def layout(self, system: str | None = None) -> "Layout":
-        return self._parent.layout(system)
-
-    def after_answer(self, engine) -> None:
-        self._parent.after_answer(engine)
-
-    @property
-    def settling(self) -> bool:
-        return self._parent.settling
-
-    def settle(self, *, cancel: bool = False) -> None:
-        self._parent.settle(cancel=cancel)
-
-    def close(self) -> None:
-        """Nothing to close: the parent owns what this shares."""
-
-
 def calibration_line(record, budget: float) -> str:
     """One line for people about a calibration: its figures and what it decides."""
     verdict = ("prompts over sections are composed from their states from now on" if record.allowed(budget) else
@@ -426,4 +450,4 @@ def calibration_line(record, budget: float) -> str:
             f"{record.top1:.1%} over {record.tokens} tokens; {verdict}")
 
 
-__all__ = ["RESOURCES", "Runtime", "SiblingRuntime", "calibration_line"]
+__all__ = ["RESOURCES", "Runtime", "calibration_line"]

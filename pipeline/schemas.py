@@ -54,7 +54,10 @@ STATS = _obj({k: _num for k in (
         "cache": {"enum": ["none", "memory", "ram", "disk", "composed", "miss", "server"]},
         "notes": {"type": "array", "items": _str}, "sections_lost": {"type": "array", "items": _str},
         "mode": {"enum": ["whole", "sections", "passages"]}, "sections": {"type": "array", "items": {"type": "object"}},
-        "reuse_lost": _str})
+        "reuse_lost": _str} | {
+        # the wait a person sees, from the command's start (process), the call or the request to the first text
+        "start_to_first_token_seconds": _opt_num, "start_point": {"enum": ["", "process", "import", "call", "request"]}},
+    {"plan": {"enum": ["", "exact", "composed"]}, "predicted_seconds": _num, "predicted_exact_seconds": _num})
 
 ERROR = _versioned(_obj({"error": _obj({"message": _str, "type": _str}), "exit_code": _int}))
 
@@ -72,7 +75,8 @@ SCHEMAS: dict[str, dict] = {
             _obj({"warmed": _bool, "reason": _str},
                  {"sections": _int, "saved": _int, "cached": _int, "tokens": _int, "prefilled_tokens": _int,
                   "bytes_written": _int, "seconds": _num, "calibration": {"type": ["object", "null"]},
-                  "failed": _bool})]}})),
+                  "failed": _bool, "chosen": _int, "left": _int, "left_tokens": _int, "left_reason": _str,
+                  "room_bytes": _int, "cancelled": _bool, "interrupted": _bool})]}})),
     "search": _versioned(_obj({"query": _str, "hits": {"type": "array", "items": HIT}}, closed=True)),
     "ask": _versioned(_obj(
         {"question": _str, "text": _str, "sources": {"type": "array", "items": SOURCE}, "stats": STATS,
@@ -85,7 +89,9 @@ SCHEMAS: dict[str, dict] = {
          "sources": {"type": "array", "items": _obj({"source": _str, "chunks": _int, "tokens": _int})}},
         {"composition": _obj({"mode": {"enum": ["auto", "on", "off"]}, "model": _opt_str, "seams": _str,
                               "kl": _opt_num, "top1": _opt_num, "tokens": _int, "prompts": _int, "budget": _num,
-                              "allowed": _bool}, {"measured_at": _num, "method": _int}),
+                              "allowed": _bool}, {"measured_at": _num, "method": _int, "reason": _str,
+                                                  "kls": {"type": "array", "items": _num}, "kl_spread": _num,
+                                                  "kl_range": {"type": "array", "items": _num}}),
          "system": _obj({"rag": _str, "python": _str, "llama_cpp": _obj({"llama_cpp_python": _str,
                                                                          "system_info": _str}),
                          "models": {"type": "object"}, "cache": _obj({"enabled": _bool})})},

@@ -86,7 +86,8 @@ def model_home() -> Path:
     from pipeline.models import resolve
 
     home = _real_home()
-    for ref in ("builtin:all-MiniLM-L6-v2", "builtin:SmolLM2-135M-Instruct"):
+    # The default models, and SmolLM2 for the tests of a chat template (`make test` pulls it).
+    for ref in ("builtin:all-MiniLM-L6-v2", "builtin:gemma-3-270m", "builtin:SmolLM2-135M-Instruct"):
         try:
             resolve(ref, home=home, fetch=False)
         except Exception as exc:  # noqa: BLE001 - turn any failure into setup advice

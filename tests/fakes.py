@@ -20,7 +20,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from pipeline.engine.contract import EmbedderBase, EngineStats, Generation, GeneratorBase
-from pipeline.engine.reuse.shape import PromptShape
+from pipeline.records import PromptShape
 
 _WORDS = re.compile(r"\w+|[^\w\s]")
 _PIECES = re.compile(r"\s+|\w+|[^\w\s]")
@@ -164,13 +164,13 @@ class EchoGenerator(GeneratorBase):
             stats.decode_tokens += 1
             yield word
 
-    def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool:
-        key = tuple(prefix)
+    def warm(self, prompt: PromptShape) -> bool:
+        key = tuple(prompt.prefix)
         if len(key) < self.min_tokens or key in self.saved:
             return False
-        for b in boundaries:
-            if self.min_tokens <= b < len(key):
-                self.saved.add(key[:b])
+        for cut in prompt.cuts:
+            if self.min_tokens <= cut < len(key):
+                self.saved.add(key[:cut])
         self.saved.add(key)
         self._kv = list(key)
         return True

@@ -204,7 +204,7 @@ def test_no_import_cycles_among_the_package_modules():
 #: Above everything: the façade, the command line and the server, which nothing of the library imports.
 TOP = ("pipeline.api", "pipeline.cli", "pipeline.serve")
 #: The operations over a runtime (the product's parts); the runtime and the layers below never import them.
-OPERATIONS = ("pipeline.ask", "pipeline.retrieval", "pipeline.summarize", "pipeline.collection")
+OPERATIONS = ("pipeline.ask", "pipeline.retrieval", "pipeline.summarize", "pipeline.collection", "pipeline.warm")
 #: The leaf modules of the ask path that the runtime builds its caches from (layouts, section tokens,
 #: the pack history, the stops, the numbering of citations): they import nothing above the store and the engine.
 ASK_LEAVES = ("pipeline.ask.prompt", "pipeline.ask.history", "pipeline.ask.stops", "pipeline.ask.citations")
@@ -220,10 +220,12 @@ def _layer_rules():
         ("pipeline.runtime", (*TOP, *OPERATIONS, "pipeline.planner")),  # but the ask path's leaves
         *((leaf, (*TOP, *OPERATIONS, "pipeline.runtime")) for leaf in ASK_LEAVES),
         ("pipeline.retrieval.", (*TOP, "pipeline.ask", "pipeline.summarize", "pipeline.collection",
-                                 "pipeline.planner")),
-        ("pipeline.ask.", (*TOP, "pipeline.summarize", "pipeline.collection", "pipeline.planner")),
-        ("pipeline.summarize.", (*TOP, "pipeline.planner")),
-        ("pipeline.collection", (*TOP, "pipeline.ask", "pipeline.retrieval", "pipeline.summarize", "pipeline.planner")),
+                                 "pipeline.planner", "pipeline.warm")),
+        ("pipeline.ask.", (*TOP, "pipeline.summarize", "pipeline.collection", "pipeline.planner", "pipeline.warm")),
+        ("pipeline.warm.", (*TOP, "pipeline.summarize", "pipeline.collection", "pipeline.planner")),
+        ("pipeline.summarize.", (*TOP, "pipeline.planner", "pipeline.warm")),
+        ("pipeline.collection", (*TOP, "pipeline.ask", "pipeline.retrieval", "pipeline.summarize", "pipeline.planner",
+                                 "pipeline.warm")),
     ]
 
 

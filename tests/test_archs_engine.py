@@ -19,7 +19,7 @@ from pipeline.engine.loading import resolve_overrides
 from pipeline.engine.local import Engine
 from pipeline.engine.offload import planned_tensors
 from pipeline.planner.spec import ModelSpec
-from pipeline.engine.reuse.shape import PromptShape
+from pipeline.records import PromptShape
 
 MOE_ARCHS = ["qwen35moe", "gpt-oss"]
 
@@ -53,7 +53,7 @@ def test_the_command_writes_every_architecture_and_llama_cpp_runs_it(tmp_path):
             assert {lay.kind for lay in engine.info.layers} == kinds
             text, stats = _greedy(engine, "The quick brown fox", temperature=0.0, repeat_penalty=1.0)
             assert stats.decode_tokens >= 1
-            assert engine.can_trim == (arch in ("qwen3moe", "gpt-oss"))  # recurrent memory cannot be cut
+            assert engine.memory_kind.composes == (arch in ("qwen3moe", "gpt-oss"))  # recurrent memory cannot be cut
         finally:
             engine.llm.close()
     proc = subprocess.run([sys.executable, "-m", "pipeline.dev.synthetic", "qwen35moe", str(tmp_path / "h.gguf")],

@@ -32,7 +32,7 @@ def test_per_call_options_override_the_settings(make_pipeline, ingested):
 
 
 def test_chat_template_turn_markers_are_stop_tokens(make_pipeline, ingested):
-    rag = make_pipeline(**FAST)
+    rag = make_pipeline(models__generator="builtin:SmolLM2-135M-Instruct", **FAST)  # a model with a chat template
     stops = rag.stops
     im_start, im_end = rag.engine.tokenize("<|im_start|>", special=True), rag.engine.tokenize("<|im_end|>", special=True)
     assert len(im_start) == len(im_end) == 1

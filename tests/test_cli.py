@@ -108,6 +108,21 @@ def test_a_run_where_every_file_failed_exits_1_and_says_so(tmp_store, tmp_path):
     assert result.exit_code == 1 and json.loads(result.stdout)["counts"]["failed"] == 2
 
 
+def test_an_empty_folder_or_one_without_documents_is_not_a_success(tmp_store, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / ".hidden.md").write_text("# skipped, as hidden files are\n")
+    result = run("ingest", str(empty))
+    assert result.exit_code == 2 and "no files under" in result.output and "nothing to ingest" in result.output
+    assert not tmp_store.exists()  # refused before the store opens: nothing created
+    pictures = tmp_path / "pictures"
+    pictures.mkdir()
+    (pictures / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    result = run("ingest", str(pictures))
+    assert result.exit_code == 1 and "no document found: the 1 file(s)" in result.output
+    assert "warm" not in result.output and "section states" not in result.output
+
+
 def test_search_before_ingest_is_a_clear_error(tmp_store):
     result = run("search", "anything")
     assert result.exit_code == 4

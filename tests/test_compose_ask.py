@@ -125,11 +125,11 @@ def test_warm_sections_saves_every_section_and_questions_then_prefill_only_seams
     ingest(moe, tmp_path, shelf)
     seen = []
     with pipeline(moe, tmp_path) as rag:
-        report = rag.warm_sections(progress=lambda done, total: seen.append((done, total)))
+        report = rag.warm_sections(progress=lambda p: seen.append((p.done, p.total)))
         again = rag.warm_sections()
     n = report["sections"]
     assert report["documents"] == len(TOPICS) and n >= 2 * len(TOPICS)
-    assert report["saved"] == n and report["cached"] == 0 and report["bytes_written"] > 0
+    assert report["saved"] == report["chosen"] == n and report["cached"] == 0 and report["bytes_written"] > 0
     assert report["prefilled_tokens"] == report["tokens"] and seen[-1] == (report["tokens"],) * 2
     assert again["saved"] == 0 and again["cached"] == n and again["prefilled_tokens"] == 0
     with pipeline(moe, tmp_path) as rag:
@@ -154,7 +154,8 @@ def test_rag_warm_sections_command(moe, tmp_path, shelf, monkeypatch):
             monkeypatch.setenv("RAG_" + key.replace(".", "_").upper(), str(value))
     result = CliRunner().invoke(cli, ["warm", "--sections"])
     assert result.exit_code == 0, result.output
-    assert "saved, 0 already saved" in result.output and "MB of states written" in result.output
+    assert "saved now, 0 saved before" in result.output and "MB written" in result.output
+    assert "section states: saving section states" in result.output  # progress, off a terminal too
     data = __import__("json").loads(CliRunner().invoke(cli, ["warm", "--sections", "--json"]).output)
     assert data["saved"] == 0 and data["cached"] == data["sections"] > 0
     from pipeline.errors import ConfigError

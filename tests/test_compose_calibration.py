@@ -118,7 +118,7 @@ def test_the_calibration_answer_is_decoded_as_questions_answers_are(moe, tmp_pat
     monkeypatch.setattr(Engine, "generate", spy)
     with auto(moe, tmp_path, **{"ask.repeat_penalty": 1.3}) as rag:
         report = rag.warm_sections()
-    assert report["calibration"] is not None and penalties == [1.3]
+    assert report["calibration"] is not None and penalties == [1.3, 1.3, 1.3]  # each of its prompts
 
 
 def test_a_question_that_arrives_during_a_calibration_is_not_kept_waiting(moe, tmp_path, shelf):
@@ -205,17 +205,19 @@ def test_compare_is_kl_and_top1_over_positions():
 
 
 def test_the_policy_and_its_records():
-    c = Calibration("m.gguf", "ns", "first 32", kl=0.04, top1=0.9, tokens=32)
+    c = Calibration("m.gguf", "ns", "first 32", kl=0.04, top1=0.9, tokens=96, prompts=3, kls=(0.03, 0.04, 0.05))
     policy = ComposePolicy(mode=ComposeMode.AUTO, max_kl=0.05)
-    assert policy.refusal(can_shift=True, calibration=None) is Refusal.NOT_CALIBRATED
-    assert policy.refusal(can_shift=True, calibration=c) is None
-    assert ComposePolicy(max_kl=0.01).refusal(can_shift=True, calibration=c) is Refusal.OVER_BUDGET
-    assert policy.refusal(can_shift=False, calibration=c) is Refusal.CANNOT_SHIFT
-    assert ComposePolicy(mode=ComposeMode.ON).refusal(can_shift=True, calibration=None) is None
-    assert ComposePolicy(mode=ComposeMode.OFF).refusal(can_shift=True, calibration=c) is Refusal.OFF
+    assert policy.refusal(None) is Refusal.NOT_CALIBRATED
+    assert policy.refusal(c) is None
+    assert ComposePolicy(max_kl=0.01).refusal(c) is Refusal.OVER_BUDGET
+    assert ComposePolicy(mode=ComposeMode.ON).refusal(None) is None
+    assert ComposePolicy(mode=ComposeMode.OFF).refusal(c) is Refusal.OFF
     assert not policy.wants_calibration(c) and policy.wants_calibration(None)
+    assert policy.wants_calibration(Calibration("m.gguf", "ns", "first 32", kl=0.04, top1=0.9, tokens=64))  # 1 prompt
     merged = Calibration("m.gguf", "ns", "first 32", kl=0.02, top1=1.0, tokens=16).merged(c)
-    assert merged.tokens == 48 and merged.kl == pytest.approx((0.02 * 16 + 0.04 * 32) / 48) and merged.prompts == 2
+    assert merged.tokens == 112 and merged.prompts == 4 and merged.kls == (0.02, 0.03, 0.04, 0.05)
+    assert merged.kl == pytest.approx(0.035) and merged.spread == pytest.approx(0.0129099, abs=1e-6)  # per prompt
+    assert merged.to_dict()["kl_range"] == [0.02, 0.05]
     older = Calibration("m.gguf", "ns", "first 32", kl=0.01, top1=1.0, tokens=64, method=c.method - 1)
     assert older.merged(c) == c  # measured differently: the new measurement alone
 

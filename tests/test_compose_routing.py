@@ -12,7 +12,7 @@ from pipeline.config import EngineConfig
 from pipeline.engine.cache.store import PrefixCache
 from pipeline.engine.local import Engine
 from pipeline.engine.reuse.budget import ComposeMode, ComposePolicy
-from pipeline.engine.reuse.shape import PromptShape, Sections
+from pipeline.records import PromptShape, Sections
 
 from test_compose_ask import moe  # noqa: F401 - a fixture
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from pipeline.engine.context_lock import CancelToken, FairLock
-from pipeline.engine.reuse.shape import PromptShape
+from pipeline.records import PromptShape
 from pipeline.errors import Cancelled
 from pipeline.ask.stops import until_stop
 
@@ -437,7 +437,7 @@ _CLOSE_DURING_EMBEDDING = r"""
 import threading, time
 import numpy as np
 from pipeline import Pipeline
-from pipeline.engine.reuse.shape import PromptShape
+from pipeline.records import PromptShape
 
 rag = Pipeline.from_config()
 embedder = rag.runtime.embedder

@@ -13,7 +13,7 @@ from pipeline.engine.local import Engine
 from pipeline.engine.remote.embedder import RemoteEmbedder
 from pipeline.engine.remote.generator import RemoteGenerator
 from pipeline.engine.contract import EmbedderBase, EngineStats, GeneratorBase, TextEmbedder, TextGenerator
-from pipeline.engine.reuse.shape import PromptShape
+from pipeline.records import PromptShape
 
 
 def members(protocol: type) -> set[str]:
@@ -36,7 +36,7 @@ def test_the_fakes_fulfil_the_contracts():
 
 def test_the_base_gives_the_capabilities_a_backend_lacks_their_plain_meaning():
     g = EchoGenerator(min_tokens=4)
-    assert g.waiting == 0 and g.n_seq_max == 1 and g.can_trim and g.workers() == [g]
+    assert g.waiting == 0 and g.n_seq_max == 1 and g.workers() == [g]
     assert g.render([{"role": "user", "content": "x"}]) is None  # no template of its own: the stop guard only
     head = g.bos + g.tokenize(g.chat("sys", "Documents:\n\n[1] a long shared passage of text "))
     prompts = [head + g.tokenize(f"Question: {q}?<|im_end|>\n") for q in ("what", "why")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from pipeline.engine.pool import EnginePool
-from pipeline.engine.reuse.shape import PromptShape
+from pipeline.records import PromptShape
 
 
 class HoldingEngine:

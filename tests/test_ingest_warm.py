@@ -59,11 +59,18 @@ def test_a_shelf_larger_than_the_context_is_calibrated_and_warmed_so_the_first_q
     with pipeline(moe, tmp_path) as rag:
         rag.ingest([docs])
         seen = []
-        report = rag.warm_auto(progress=lambda done, total: seen.append((done, total)))
+        report = rag.warm_auto(progress=lambda p: seen.append((p.stage, p.done, p.total, p.unit)))
     assert report["warmed"] is True and "larger than the context" in report["reason"]
-    assert report["sections"] >= 8 and report["saved"] + report["cached"] == report["sections"]
-    assert report["calibration"]["allowed"] is True and report["calibration"]["tokens"] >= 32
-    assert seen and seen[-1][0] == seen[-1][1] == report["tokens"]
+    assert report["sections"] >= 8 and report["saved"] + report["cached"] == report["chosen"] == report["sections"]
+    assert report["left"] == 0 and report["room_bytes"] > 0
+    c = report["calibration"]
+    assert c["allowed"] is True and c["tokens"] >= 32 and c["prompts"] == 3 and len(c["kls"]) == 3
+    assert c["kl"] == pytest.approx(sum(c["kls"]) / 3, abs=1e-4) and c["kl_spread"] >= 0
+    # Progress from the first step, in tokens, through the calibration, to the end of the states.
+    assert seen[0][1] == 0 and all(unit == "tokens" for *_, unit in seen)
+    assert any(stage.startswith("calibrating composition") for stage, *_ in seen)
+    assert seen[-1][0] == "done" and seen[-1][1] == seen[-1][2] > report["tokens"]
+    assert all(done <= total for _, done, total, _ in seen)
     with pipeline(moe, tmp_path) as rag:  # a new process: the first question, every state on disk
         first = rag.ask("What does pump unit 3 report?")
         assert rag.calibration()["allowed"] is True
@@ -89,7 +96,6 @@ def test_nothing_is_done_where_the_collection_fits_the_context(moe, tmp_path):
 
 @pytest.mark.parametrize("setting, expected", [
     ({"ask.compose": "off"}, 'ask.compose is "off"'),
-    ({"cache.max_gb": 0.000001}, "more than half of cache.max_gb"),
     ({"cache.enabled": False}, "the prefix cache cannot save states"),
 ])
 def test_nothing_is_done_where_states_would_not_be_used_or_kept(moe, tmp_path, setting, expected):
@@ -134,18 +140,22 @@ def test_cli_ingest_warms_by_default_and_the_first_ask_is_composed(store_dir, tm
     out = runner.invoke(cli, ["ingest", str(docs)])
     assert out.exit_code == 0, out.output
     assert "composition calibrated" in out.output and "questions are composed" in out.output
-    assert "warmed " in out.output and "sections of 4 documents" in out.output
+    assert "section states: " in out.output and "sections of 4 documents" in out.output
+    assert "calibrating composition (prompt 1 of 3)" in out.output  # said from its first step
 
     ran = runner.invoke(cli, ["ask", "What does pump unit 3 report?", "--json"])
     assert ran.exit_code == 0, ran.output
     st = json.loads(ran.stdout)["stats"]
-    assert st["cache"] == "composed" and st["composed_sections"] >= 2 and st["states_saved"] == 0
+    # Every part of the prompt before the question was saved ahead: composed from section states, or a prefix
+    # the calibration prefilled exactly (the same sections in the same order), restored whole.
+    assert (st["cache"], st["plan"]) in (("composed", "composed"), ("disk", "exact")) and st["states_saved"] == 0
+    assert st["prefill_tokens"] < st["prompt_tokens"] // 4
 
     (docs / "e-pipes.md").write_text("\n\n".join(f"Pipe {i} holds {i * 3} litres." for i in range(60)) + "\n")
     data = json.loads(runner.invoke(cli, ["ingest", str(docs), "--json"]).stdout)
     validate("ingest", versioned(data))
     warm = data["warm"]  # only the new document's sections computed; the calibration kept
-    assert warm["warmed"] is True and 0 < warm["saved"] < warm["sections"] and warm["cached"] > 0
+    assert warm["warmed"] is True and 0 < warm["saved"] < warm["chosen"] and warm["cached"] > 0
 
     out = runner.invoke(cli, ["ingest", str(docs), "--no-warm", "--json"])
     assert out.exit_code == 0 and "warm" not in json.loads(out.stdout)
@@ -192,14 +202,18 @@ def test_a_full_cache_disk_stops_the_states_not_the_ingest(moe, tmp_path, monkey
 def test_ctrl_c_while_saving_states_keeps_the_ingest_and_exits_0(store_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("RAG_INGEST_WARM")
 
-    def interrupted(self, *, progress=None):
+    from pipeline.cli.warming import WarmLine
+
+    def interrupted(self, progress):  # Ctrl-C while the bar is drawn, on the command's own thread
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Pipeline, "warm_auto", interrupted)
-    docs = write_shelf(tmp_path / "shelf", paragraphs=4)
+    monkeypatch.setattr(WarmLine, "show", interrupted)
+    monkeypatch.setenv("RAG_ENGINE_N_CTX", "1024")  # a shelf larger than the context: there is work to stop
+    docs = write_shelf(tmp_path / "shelf", paragraphs=16)
     out = CliRunner().invoke(cli, ["ingest", str(docs)])
     assert out.exit_code == 0, out.output
-    assert "section states interrupted: the documents are ingested" in out.output
+    assert "stopping: the documents are ingested; the states saved so far are kept" in out.output
+    assert "cancelled" in out.output and "the next `rag ingest`) saves the rest" in out.output
     status = json.loads(CliRunner().invoke(cli, ["status", "--json"]).stdout)
     assert status["documents"] == 4
 
@@ -217,7 +231,9 @@ def test_questions_come_first_while_section_states_are_saved(moe, tmp_path):
             answer = rag.ask("What does valve unit 5 report?")
             events.append(f"answer {answer.stats.cache}")
 
-        def progress(done: int, total: int) -> None:
+        def progress(p) -> None:
+            if not (p.stage.startswith("saving") and p.done):
+                return
             events.append("section")
             if not asker:  # after the first section: a question arrives and waits for the engine
                 asker.append(threading.Thread(target=question))
@@ -240,7 +256,7 @@ def test_cancelling_keeps_the_states_saved_and_the_next_run_saves_the_rest(moe, 
     with pipeline(moe, tmp_path, **{"ask.compose": "on"}) as rag:
         rag.ingest([docs])
         with pytest.raises(Cancelled):
-            rag.warm_sections(progress=lambda done, total: token.cancel(), cancel=token)
+            rag.warm_sections(progress=lambda p: token.cancel() if p.done else None, cancel=token)
         kept = states(tmp_path)
         assert kept >= 1
         report = rag.warm_sections()
@@ -257,21 +273,23 @@ def test_the_servers_writer_saves_section_states_after_a_job_and_the_next_job_co
         writer = IngestWriter(rag)
         job = writer.submit([docs], prune=False)
         writer.wait_idle()
-        assert job.state == "done" and job.warm["warmed"] is True
+        assert job.state == "done" and job.warm["state"] == "done" and job.warm["warmed"] is True
         assert job.warm["saved"] + job.warm["cached"] == job.warm["sections"] > 0
         assert job.to_dict()["warm"] == job.warm
 
-        real, blocked = rag.warm_auto, threading.Event()
+        import pipeline.warm.sections as warming
 
-        def slow(*, progress=None, cancel=None):  # the next warm runs until it is cancelled
-            rag.warm_auto = real
+        real, blocked = warming.warm_auto, threading.Event()
+
+        def slow(rt, *, progress=None, cancel=None):  # the next warm runs until it is cancelled
+            warming.warm_auto = real
             blocked.set()
             deadline = time.monotonic() + 60
             while not cancel.cancelled and time.monotonic() < deadline:
                 time.sleep(0.01)
             raise Cancelled("cancelled")
 
-        rag.warm_auto = slow
+        warming.warm_auto = slow
         (docs / "e-pipes.md").write_text("\n\n".join(f"Pipe {i} holds {i * 3} litres." for i in range(40)) + "\n")
         second = writer.submit([docs], prune=False)
         assert blocked.wait(60)
@@ -313,3 +331,67 @@ def test_a_question_asked_while_composition_is_calibrated_runs_first(moe, tmp_pa
     assert prefills[0] is True and prefills[1] is False  # the question's prefill came next, not the calibration's
     assert report["warmed"] is True and report["calibration"]["allowed"] is True
     assert report["saved"] + report["cached"] == report["sections"] >= 8
+
+
+def test_a_shelf_larger_than_the_cache_room_gets_the_most_useful_states_first(moe, tmp_path):
+    """Never all or nothing: with room for about half the states, those the last question packed come first,
+    the rest are left (and said) for the questions that need them; that question is then fully composed."""
+    docs = write_shelf(tmp_path / "shelf", paragraphs=48)
+    question = "What does sensor unit 40 report?"
+    with pipeline(moe, tmp_path) as rag:
+        rag.ingest([docs])
+        asked = rag.ask(question)  # not calibrated yet: exact, and its pack goes to the history
+        per_token = rag.runtime.engine.state_bytes_per_token()
+    assert asked.stats.mode == "sections" and asked.stats.cache != "composed"
+    pack = sum(s["tokens"] for s in asked.stats.sections)
+    room = 2.5 * pack * per_token * 1.3  # for the asked pack and a little more, far from the whole shelf
+    gb = room / 0.8 / 2**30  # SECTIONS_SHARE of the budget
+    with pipeline(moe, tmp_path, **{"cache.max_gb": gb}) as rag:
+        report = rag.warm_auto()
+        sections = rag.sections().sections
+    assert report["warmed"] is True and 0 < report["chosen"] < report["sections"] == sections
+    assert report["left"] == report["sections"] - report["chosen"] and report["left_tokens"] > 0
+    assert "room for about" in report["left_reason"] and report["room_bytes"] <= 2**30 * gb
+    with pipeline(moe, tmp_path, **{"cache.max_gb": gb}) as rag:
+        again = rag.ask(question)
+    st = again.stats
+    assert st.cache == "composed" and st.composed_sections == len(st.sections) and st.states_saved == 0
+
+
+def test_the_library_warms_after_an_ingest_as_the_cli_does_and_a_question_runs_first(moe, tmp_path):
+    """Pipeline.ingest applies ingest.warm itself, in the background: its report's warming shows the progress
+    and the outcome, a question asked meanwhile is answered, and once it is done the next question is
+    composed, as after `rag ingest`."""
+    docs = write_shelf(tmp_path / "shelf")
+    with pipeline(moe, tmp_path, **{"ingest.warm": "auto"}) as rag:
+        report = rag.ingest([docs])
+        job = report.warming
+        assert job is not None and rag.warming is job and job.setting == "auto"
+        meanwhile = rag.ask("What does valve unit 5 report?")  # runs first: not kept waiting for the states
+        warmed = job.wait()
+        assert job.done and job.to_dict()["state"] == "done"
+        after = rag.ask("What does pump unit 3 report?")
+    assert meanwhile.text is not None
+    assert warmed["warmed"] is True and warmed["calibration"]["allowed"] is True
+    assert after.stats.cache == "composed" and after.stats.states_saved == 0
+    with pipeline(moe, tmp_path, **{"ingest.warm": "auto"}) as rag:
+        assert rag.ingest([docs], warm=False).warming is None  # off for this call
+        job = rag.ingest([docs]).warming
+    assert job.done  # closing the pipeline stopped it (or it had finished): nothing runs after close
+
+
+def test_a_warm_cut_for_a_larger_context_says_what_to_do(moe, tmp_path):
+    """Sections cut for a larger context do not fit a smaller one: `rag warm --sections` says so in words, and
+    the ingest's warming skips with the same words (a question falls back to passages)."""
+    from pipeline.errors import ConfigError
+
+    docs = write_shelf(tmp_path / "shelf")
+    with pipeline(moe, tmp_path, **{"chunking.section_tokens": 0, "engine.n_ctx": 8192}) as rag:
+        rag.ingest([docs])  # sections cut for 8K: a quarter of it each
+    small = {"chunking.section_tokens": 0, "engine.n_ctx": 1024, "ask.compose": "on"}
+    with pipeline(moe, tmp_path, **small) as rag, pytest.raises(ConfigError) as caught:
+        rag.warm_sections()
+    assert "cut for a larger context" in str(caught.value) and "rag sections --recut" in str(caught.value)
+    with pipeline(moe, tmp_path, **small) as rag:
+        report = rag.warm_auto()
+    assert report["warmed"] is False and "rag sections --recut" in report["reason"]

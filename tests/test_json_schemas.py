@@ -24,6 +24,8 @@ def test_every_json_output_validates(store_dir, corpus):
     validate("search", search)
     ask, _ = _json("ask", "Where do tomatoes grow best?", "--ctx", "768", "--max-tokens", "4", "-k", "2", "--json")
     validate("ask", ask)
+    assert ask["stats"]["start_point"] == "process"  # the wait from the command's start to the first text
+    assert ask["stats"]["start_to_first_token_seconds"] >= ask["stats"]["ttft_seconds"]
     status, _ = _json("status", "--json")
     validate("status", status)
     plan, _ = _json("plan", "--spec", "qwen3.6-35b-a3b", "--gpu", "rtx3090", "--ctx", "16384", "--json")

@@ -11,7 +11,7 @@ from pipeline.config import EngineConfig
 from pipeline.dev.synthetic import write_moe_model
 from pipeline.engine.local import Engine
 from pipeline.engine.multiseq import groups
-from pipeline.engine.reuse.shape import PromptShape
+from pipeline.records import PromptShape
 
 
 def settings(**kw) -> EngineConfig:

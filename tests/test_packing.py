@@ -245,28 +245,42 @@ def test_warm_prepares_each_documents_leading_sections_when_the_collection_does_
     assert answer.stats.cache == "disk" and answer.stats.cached_tokens > 0
 
 
-def test_the_generator_loads_only_after_the_store_is_released(make_pipeline, corpus, monkeypatch):
+def test_other_processes_can_use_the_store_while_the_generator_loads(make_pipeline, corpus, monkeypatch):
+    """The generator's model loads beside retrieval, in a thread of its own, and the store is released as
+    soon as retrieval is done: a load still going on holds no store lock another process would wait for."""
+    import threading
+
     from pipeline.engine import local
+    from pipeline.engine.once import once
     from pipeline.store.lock import StoreLock
 
     make_pipeline().ingest([corpus])
     store_path = make_pipeline().config.store_path
-    held = []
+    loading, release = threading.Event(), threading.Event()
     real = local.Engine.llm.func
 
     def load(self):
-        try:
-            with StoreLock(store_path, wait=0):
-                held.append(False)
-        except Exception:  # noqa: BLE001 - the lock is held by this very ask
-            held.append(True)
+        loading.set()
+        assert release.wait(600)  # held here until another process has had the store
         return real(self)
 
-    monkeypatch.setattr(local.Engine, "llm", local.cached_property(load))
+    monkeypatch.setattr(local.Engine, "llm", once(load))
     local.Engine.llm.__set_name__(local.Engine, "llm")
     for mode in ("auto", "passages"):  # a fresh pipeline each time: its generator loads during this ask
-        make_pipeline(engine__n_ctx=1024, ask__max_tokens=2).ask("What does --n-cpu-moe do?", mode=mode)
-    assert held == [False, False]
+        loading.clear()
+        release.clear()
+        rag = make_pipeline(engine__n_ctx=1024, ask__max_tokens=2)
+        answers: list = []
+        asking = threading.Thread(target=lambda: answers.append(rag.ask("What does --n-cpu-moe do?", mode=mode)))
+        asking.start()
+        try:
+            assert loading.wait(600)
+            with StoreLock(store_path, wait=120):  # another process gets the store while the model is loading
+                assert not release.is_set() and asking.is_alive()
+        finally:
+            release.set()
+            asking.join(600)
+        assert answers and answers[0].text
 
 
 def test_not_even_one_passage_or_section_fits_is_refused(make_pipeline, tmp_path):

@@ -74,8 +74,8 @@ def test_bench_names_the_benchmarks_it_knows(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     out = run("bench", "no-such-benchmark")
     assert out.exit_code == 2
-    assert ("unknown benchmark(s): no-such-benchmark; there are: cache, citations, compose_memory, compose_quality, "
-            "concurrency, expansion, fusion_choice, generators, heldout, hybrid_order, ingest, prefill, remote, retrieval, section_size, "
+    assert ("unknown benchmark(s): no-such-benchmark; there are: cache, calibration, citations, compose_memory, compose_quality, "
+            "concurrency, expansion, first_token, fusion_choice, generators, heldout, hybrid_order, ingest, prefill, remote, retrieval, section_size, "
             "session, shared_ingest, summarize") in out.output
     assert not (tmp_path / "bench-results").exists()  # nothing ran, nothing written
 

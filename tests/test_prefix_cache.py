@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import cli
-from pipeline.engine.reuse.shape import PromptShape
+from pipeline.records import PromptShape
 
 FAST = {"engine__n_ctx": 1024, "ask__max_tokens": 16, "cache__min_tokens": 16}
 
@@ -152,7 +152,7 @@ def test_recurrent_model_restores_its_state_at_the_prefix_boundary(tmp_path, arc
     _, plain, _ = ask("what jumps?")
     cache = PrefixCache(tmp_path / "cache", max_bytes=2**30)
     engine, first, st1 = ask("what jumps?", cache=cache)
-    assert not engine.can_trim and st1.cache == "miss"
+    assert not engine.memory_kind.composes and st1.cache == "miss"
     _, again, st2 = ask("what jumps?", cache=cache)
     assert st2.cache == "disk" and st2.cached_tokens > 0 and plain == first == again
     _, other, st3 = ask("who is lazy?", engine=engine)  # same process: the old question cannot be cut off

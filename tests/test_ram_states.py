@@ -12,7 +12,7 @@ from pipeline.config import EngineConfig
 from pipeline.engine.cache.ram import RamStates
 from pipeline.engine.cache.store import PrefixCache
 from pipeline.engine.local import Engine
-from pipeline.engine.reuse.shape import PromptShape
+from pipeline.records import PromptShape
 
 SETTINGS = EngineConfig(n_ctx=2048, n_batch=256, n_ubatch=256, threads=2)
 DOC = "document: " + "the quick brown fox jumps over the lazy dog. " * 12

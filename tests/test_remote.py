@@ -22,7 +22,7 @@ from pipeline.engine.remote.routing import HashRing, route_key
 from pipeline.errors import ConfigError, EngineError, ModelError
 
 from pipeline.dev.llama_server import LlamaServer, free_port
-from pipeline.engine.reuse.shape import PromptShape
+from pipeline.records import PromptShape
 
 GEN = "builtin:SmolLM2-135M-Instruct"
 EMB = "builtin:all-MiniLM-L6-v2"

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 
 from pipeline.engine.cache.protocol import ExactLookup
 from pipeline.engine.contract import EngineStats
+from pipeline.engine.reuse.kinds import ATTENTION, RECURRENT
 from pipeline.engine.reuse.memory import Memory
 from pipeline.engine.reuse.prefix import PrefixReuse
-from pipeline.engine.reuse.shape import PromptShape, common_prefix, cuts
+from pipeline.records import PromptShape, common_prefix, cuts
 
 
 @dataclass
@@ -81,11 +82,11 @@ def policy(store=None, **kw) -> PrefixReuse:
 
 
 def prepare(p: PrefixReuse, mem: Memory, stats: EngineStats):
-    return p.prepare(p.plan(mem, SHAPE), SHAPE, mem, stats)
+    return p.prepare(p.plan(SHAPE, mem), SHAPE, mem, stats)
 
 
 def memory(tokens=(), **kw) -> Memory:
-    m = Memory()
+    m = Memory(expected=lambda: ATTENTION if kw.get("can_trim", True) else RECURRENT)  # the fake's kind
     m.model = FakeModel(**kw)
     m.tokens = list(tokens)
     return m
@@ -108,34 +109,34 @@ def test_cuts_are_the_boundaries_within_the_prefix_and_its_end_one_token_left():
 
 def test_held_is_the_common_prefix_cut_back_to_a_cut():
     p = policy()
-    assert p.held(memory(PROMPT[:50] + [7], can_trim=True), SHAPE) == 40
-    assert p.held(memory(PROMPT, can_trim=True), SHAPE) == 60  # never past the prefix
-    assert p.held(memory([], can_trim=True), SHAPE) == 0 and p.held(memory(PROMPT), shape(PROMPT, ())) == 0
+    assert p.held(SHAPE, memory(PROMPT[:50] + [7], can_trim=True)) == 40
+    assert p.held(SHAPE, memory(PROMPT, can_trim=True)) == 60  # never past the prefix
+    assert p.held(SHAPE, memory([], can_trim=True)) == 0 and p.held(shape(PROMPT, ()), memory(PROMPT)) == 0
     # A memory that cannot be cut keeps only what is exactly a prefix of the prompt at a cut.
-    assert p.held(memory(PROMPT[:40], can_trim=False), SHAPE) == 40
-    assert p.held(memory(PROMPT[:50], can_trim=False), SHAPE) == 0
+    assert p.held(SHAPE, memory(PROMPT[:40], can_trim=False)) == 40
+    assert p.held(SHAPE, memory(PROMPT[:50], can_trim=False)) == 0
 
 
 def test_a_plan_keeps_the_memory_unless_a_longer_state_is_saved():
     store = FakeStore(saved=[PROMPT[:20], PROMPT[:60]])
     p = policy(store)
-    plan = p.plan(memory(PROMPT[:45]), SHAPE)
+    plan = p.plan(SHAPE, memory(PROMPT[:45]))
     assert plan.keep == 40 and plan.restore is not None and plan.reused == 60 and plan.source == "disk"
-    held_all = p.plan(memory(PROMPT[:70]), SHAPE)  # the memory holds the whole prefix
+    held_all = p.plan(SHAPE, memory(PROMPT[:70]))  # the memory holds the whole prefix
     assert held_all.restore is None and held_all.reused == 60 and held_all.source == "memory"
     assert store.misses == 0
-    nothing = policy(FakeStore()).plan(memory([]), SHAPE)
+    nothing = policy(FakeStore()).plan(SHAPE, memory([]))
     assert nothing.source == "miss" and nothing.reused == 0 and nothing.store
-    short = policy(FakeStore(), min_tokens=100).plan(memory(PROMPT[:30]), SHAPE)
+    short = policy(FakeStore(), min_tokens=100).plan(SHAPE, memory(PROMPT[:30]))
     assert not short.store and short.source == "memory" and short.keep == 20  # a prefix too short to save
 
 
 def test_reusable_is_a_probe_and_counts_no_miss():
     store = FakeStore(saved=[PROMPT[:40]])
     p = policy(store)
-    assert p.plan(memory(), SHAPE, probe=True).reused == 40
-    assert p.plan(memory(), shape([9] + PROMPT[1:]), probe=True).reused == 0 and store.misses == 0
-    p.plan(memory(), shape([9] + PROMPT[1:]))
+    assert p.plan(SHAPE, memory(), probe=True).reused == 40
+    assert p.plan(shape([9] + PROMPT[1:]), memory(), probe=True).reused == 0 and store.misses == 0
+    p.plan(shape([9] + PROMPT[1:]), memory())
     assert store.misses == 1  # a use counts
 
 
@@ -187,7 +188,7 @@ def test_advance_prefills_piece_by_piece_and_saves_at_the_save_points():
     assert pieces == [(20, 40), (40, 60)] and saved == {40, 60} and stats.states_saved == 2
     assert store.saved == {tuple(PROMPT[:40]), tuple(PROMPT[:60])}
     assert p.advance(plan, SHAPE, mem, EngineStats(), prefill) == set()  # nothing left to prefill
-    unsaved = policy(FakeStore(), min_tokens=100).plan(memory([]), SHAPE)
+    unsaved = policy(FakeStore(), min_tokens=100).plan(SHAPE, memory([]))
     assert not unsaved.store and policy(FakeStore(), min_tokens=100).advance(
         unsaved, SHAPE, memory(), EngineStats(), lambda t, s: None) == set()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import threading
 
 import pytest
@@ -63,7 +64,7 @@ def test_a_full_disk_stops_warm_at_the_first_state_it_cannot_save(moe, tmp_path,
     seen = []
     calls = _writes(monkeypatch, fail_after=3)
     with pipeline(moe, tmp_path) as rag, pytest.raises(DiskFullError) as caught:
-        rag.warm_sections(progress=lambda done, total: seen.append(done))
+        rag.warm_sections(progress=lambda p: seen.append(p.done) if p.done > (seen[-1] if seen else 0) else None)
     message = str(caught.value)
     assert caught.value.exit_code == 4
     cache = tmp_path / "cache"
@@ -174,7 +175,7 @@ def test_warm_checks_each_state_and_saves_the_bad_ones_again(moe, tmp_path, shel
 
 def test_the_packers_probe_does_not_count_a_state_whose_file_is_gone(moe, tmp_path, shelf):
     from pipeline.engine.cache.sections import SectionStates
-    from pipeline.engine.reuse.shape import Piece
+    from pipeline.records import Piece
 
     ingest(moe, tmp_path, shelf)
     with pipeline(moe, tmp_path) as rag:
@@ -284,3 +285,40 @@ def test_sections_lost_with_a_deleted_index_are_said_so_not_evicted(moe, tmp_pat
     assert any(n.startswith("the prefix cache index") and f"{len(orphans)} orphaned state file(s)" in n
                for n in st.notes), st.notes
     assert left == []  # removed at once, not left outside cache.max_gb until a sweep
+
+
+def test_a_warm_that_waits_for_another_says_so_and_can_be_cancelled_meanwhile(moe, tmp_path, shelf):
+    """A second warming of the same states waits for the first: its progress says what it waits for (and
+    whose), from the moment it waits, and a cancel stops the wait at once."""
+    from pipeline.engine.cache.sections import namespace
+    from pipeline.engine.context_lock import CancelToken
+    from pipeline.errors import Cancelled
+
+    ingest(moe, tmp_path, shelf)
+    with pipeline(moe, tmp_path) as rag:
+        ns = namespace(rag.engine.namespace, rag.runtime.layout().head_tokens)
+        held, release = threading.Event(), threading.Event()
+
+        def other() -> None:  # another process's warm, as far as the lock file can tell
+            with rag.prefix_cache.exclusive(f"sections-{ns[:32]}.lock"):
+                held.set()
+                release.wait(120)
+
+        holder = threading.Thread(target=other)
+        holder.start()
+        assert held.wait(60)
+        stages: list[str] = []
+        token = CancelToken()
+
+        def progress(p) -> None:
+            stages.append(p.stage)
+            if p.stage.startswith("waiting for another"):
+                token.cancel()
+
+        with pytest.raises(Cancelled):
+            rag.warm_sections(progress=progress, cancel=token)
+        assert any(s.startswith(f"waiting for another rag process (pid {os.getpid()})") for s in stages)
+        release.set()
+        holder.join(60)
+        report = rag.warm_sections()  # the lock free: it saves everything
+    assert report["saved"] + report["cached"] == report["sections"]

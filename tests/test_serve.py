@@ -119,6 +119,8 @@ def test_openai_client_streams_an_answer_with_sources(server):
         model="rag", messages=[{"role": "user", "content": "Which fruit is rich in potassium?"}])
     assert whole.choices[0].message.content.strip() == "".join(text).strip()  # greedy: the same answer
     assert whole.model_extra["sources"] == sources
+    stats = whole.model_extra["stats"]  # the wait counts from the request's arrival
+    assert stats["start_point"] == "request" and stats["start_to_first_token_seconds"] >= stats["ttft_seconds"] > 0
 
 
 def test_four_clients_while_an_ingest_runs_and_searches_answer_during_it(server):

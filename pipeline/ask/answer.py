@@ -15,6 +15,7 @@ from ..engine.contract import EngineStats
 
 if TYPE_CHECKING:
     from ..records import Prompt
+    from .started import Start
     from ..engine.contract import Generation
 
 
@@ -26,11 +27,21 @@ class AskStats(EngineStats):
     sections chosen for this question) or "passages"; ``sections`` lists what was packed
     (document number, source, section, pages, tokens); ``cached_tokens`` is how much of
     the prompt was reused, and ``reuse_lost`` says why, where less than the whole prefix was.
+
+    ``start_to_first_token_seconds`` is the wait a person sees: from the start named by
+    ``start_point`` to the first piece of answer text (to the end, for an answer with none);
+    "process" for ``rag ask`` (the command's start, read from the kernel: the interpreter,
+    the imports, retrieval, loading the models and ``ttft_seconds`` all count), "call" for
+    :meth:`~pipeline.api.Pipeline.ask` and its kin (retrieval, packing, a model load and
+    ``ttft_seconds``), "request" for ``rag serve`` (from the request's arrival). None for
+    answers decoded together (:meth:`~pipeline.api.Pipeline.ask_many`), which stream nothing.
     """
 
     mode: str = ""
     sections: list[dict] = field(default_factory=list)
     reuse_lost: str = ""
+    start_to_first_token_seconds: float | None = None
+    start_point: str = ""
 
 
 @dataclass
@@ -65,7 +76,7 @@ class AnswerStream:
     def __init__(self, question: str, prompt: "Prompt", generation: "Generation", notes: list[str],
                  retrieval: dict[str, float] | None = None,
                  finish: Callable[[AskStats], None] | None = None, *, stops: Sequence[str] = (),
-                 cancel: CancelToken | None = None):
+                 cancel: CancelToken | None = None, start: "Start | None" = None):
         self.question = question
         self.prompt = prompt
         self.cancel_token = cancel or CancelToken()
@@ -74,6 +85,7 @@ class AnswerStream:
         self._retrieval = retrieval
         self._finish = finish
         self._stops = tuple(stops)
+        self._start = start
         # Filled by the iterator, which holds no reference back to the stream: a stream dropped
         # half-way is freed (and gives the engine back) at once, not at the next cycle collection.
         self._result: dict = {"callbacks": []}
@@ -90,7 +102,7 @@ class AnswerStream:
     def __iter__(self) -> Iterator[str]:
         if self._iter is None:
             self._iter = _pieces(self.question, self.prompt, self._generation, self._stops, self._notes,
-                                 self._retrieval, self._finish, self._result)
+                                 self._retrieval, self._finish, self._result, self._start)
         return self._iter
 
     def result(self) -> Answer:
@@ -125,22 +137,29 @@ class AnswerStream:
 
 
 def _pieces(question: str, prompt: "Prompt", generation: "Generation", stops: tuple[str, ...], notes: list[str],
-            retrieval, finish, result: dict) -> Iterator[str]:
-    """An :class:`AnswerStream`'s pieces up to the first stop string; the answer lands in ``result``."""
+            retrieval, finish, result: dict, start: "Start | None" = None) -> Iterator[str]:
+    """An :class:`AnswerStream`'s pieces up to the first stop string; the answer lands in ``result``.
+    The wait from ``start`` to the first piece goes into the answer's figures."""
     from .citations import Renumbering
     from .stops import until_stop
 
     parts: list[str] = []
+    stats = generation.stats
 
     def model_text() -> Iterator[str]:
         for piece in until_stop(generation, stops):
-            parts.append(piece)
+            if start is not None and not parts and piece:
+                stats.start_to_first_token_seconds, stats.start_point = start.seconds(), start.point
+            if piece:
+                parts.append(piece)
             yield piece
 
     try:  # the citations as the sources number them (the same text complete() makes of the whole)
         yield from Renumbering(prompt.citations).stream(model_text())
     finally:
         generation.close()  # a stop string ends it early: the engine is given back now
+    if start is not None and stats.start_to_first_token_seconds is None:  # no text at all: the wait was to the end
+        stats.start_to_first_token_seconds, stats.start_point = start.seconds(), start.point
     result["answer"] = answer = complete(question, prompt, "".join(parts), generation.stats, notes, retrieval,
                                          finish)
     for callback in result["callbacks"]:

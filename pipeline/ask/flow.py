@@ -27,8 +27,9 @@ from ..store.store import Store
 from . import packing
 from .answer import Answer, AnswerStream, AskStats, complete
 from .history import reuse_note, sections_note
-from .prompt import pack, shape_of
+from .prompt import pack
 from .request import AskOptions, AskRequest
+from .started import Start
 
 if TYPE_CHECKING:
     from ..runtime import Runtime
@@ -48,12 +49,13 @@ class Built:
 def ask_stream(rt: "Runtime", request: AskRequest) -> AnswerStream:
     """:meth:`Pipeline.ask_stream <pipeline.api.Pipeline.ask_stream>`: the prompt is built here,
     generation starts when the stream is iterated."""
+    start = request.start or Start.now()
     options = request.options(rt.config.ask)
     built = build_prompt(rt, request, options=options)
     prompt = built.prompt
     stats = AskStats(mode=prompt.mode, sections=[p.to_dict() for p in prompt.sections])
     stops = rt.stops.with_strings(options.stop)
-    shape = shape_of(prompt)
+    shape = prompt.shape
     engine = rt.pool.pick(shape)
     cancel = request.cancel or CancelToken()  # every generator takes one: a stream can always be cancelled
     generation = engine.generate(shape, max_tokens=options.max_tokens, temperature=options.temperature,
@@ -61,7 +63,7 @@ def ask_stream(rt: "Runtime", request: AskRequest) -> AnswerStream:
                                  stop_tokens=stops.tokens, cancel=cancel,
                                  progress=_tracker(request.progress) if request.progress else None)
     stream = AnswerStream(request.question, prompt, generation, built.notes, built.timings, built.finish,
-                          stops=stops.strings, cancel=cancel)
+                          stops=stops.strings, cancel=cancel, start=start)
     stream.on_complete(lambda answer: rt.after_answer(engine))
     return stream
 
@@ -74,7 +76,7 @@ def ask_many(rt: "Runtime", requests: Sequence[AskRequest]) -> list[Answer]:
     built = [build_prompt(rt, r) for r in requests]
     engine, stops = rt.engine, rt.stops
     answers: list[Answer | None] = [None] * len(built)
-    shapes = [shape_of(b.prompt) for b in built]
+    shapes = [b.prompt.shape for b in built]
     by_prefix: dict[tuple, list[int]] = {}
     for i, shape in enumerate(shapes):
         by_prefix.setdefault((shape.prefix, shape.cuts), []).append(i)
@@ -117,7 +119,7 @@ def build_prompt(rt: "Runtime", request: AskRequest, *, options: AskOptions | No
     --packed`` measures).
     """
     options = options or request.options(rt.config.ask)
-    engine = rt.engine  # the model file is found now; it loads only after the store is released
+    engine = rt.engine  # the model file is found now; it loads beside retrieval (see _reading)
     timings: dict[str, float] = {}
     notes: list[str] = []
     if options.mode == "auto":
@@ -167,12 +169,12 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
         shelf = packing.gather(store, sources=selection, target=rt.section_tokens, hits=hits,
                                fetch_tokens=3 * engine.n_ctx, also={key for p in history[:16] for key in p})
     shelf.fixed_numbers = rt.compose_policy.enabled  # a section's tokens, so its state, the same in every pack
-    # The store is released: tokenising (and loading the generator) happens from here on.
+    # The store is released: tokenising (once the generator has loaded) happens from here on.
     prompt = packing.plan(
         shelf, request.text, layout=rt.layout(options.system_prompt), tokenize=engine.tokenize,
         memo=rt.section_memo, n_ctx=engine.n_ctx, reserve=rt.reserve(options.max_tokens),
         tolerance=a.reuse_tolerance, history=history,
-        reusable=lambda p: rt.pool.reusable(shape_of(p)), composes=lambda: rt.pool.composes,
+        reusable=lambda p: rt.pool.reusable(p.shape), composes=lambda: rt.pool.composes,
         top_k=options.top_k, neighbours=a.neighbours)
     if prompt is None:
         return None
@@ -251,6 +253,7 @@ def _reading(rt: "Runtime") -> Iterator[Store]:
         if store.catalog.totals(store.name)[0] == 0:
             raise StoreError(f"collection '{store.name}' is empty; run `rag ingest PATH` first")
         rt.check_embedder(store)
+        rt.load_generator_soon()  # the model loads while retrieval runs
         yield store
 
 

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
-from ..engine.reuse.shape import PromptShape, Sections
 from ..errors import EngineError
 from ..records import PackedSection, Passage, Prompt, Section
 from .citations import excerpt
@@ -255,15 +254,3 @@ def pack(passages: Sequence[Passage], question: str, *, chat: Callable[[str, str
 
 def _with_text(p: Passage, text: str) -> Passage:
     return Passage(p.source, p.content_hash, p.first, p.last, p.pages, text, p.rank)
-
-
-def shape_of(prompt: Prompt) -> PromptShape:
-    """The prompt as reuse sees it (:class:`~pipeline.engine.reuse.shape.PromptShape`), built once per
-    prompt: its tokens, its cuts (the boundaries within its shared prefix), and, for a sections-mode
-    prompt, where its head and sections are (what an engine composes it by, and routes and weighs it
-    by); whole documents and passages reuse a prefix only."""
-    sections = None
-    if prompt.mode == "sections" and prompt.head > 0 and prompt.boundaries:
-        sections = Sections(prompt.head, tuple(prompt.boundaries))
-    return PromptShape.of(prompt.tokens, prefix_len=len(prompt.prefix_tokens), boundaries=prompt.boundaries,
-                          sections=sections)

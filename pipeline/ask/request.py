@@ -23,6 +23,7 @@ from ..inputs import check_text, check_top_k
 if TYPE_CHECKING:
     from ..engine.context_lock import CancelToken
     from .progress import PrefillProgress
+    from .started import Start
 
 Paths = "str | os.PathLike | Sequence[str | os.PathLike] | None"
 
@@ -65,8 +66,9 @@ class AskRequest:
     turns) makes it a follow-up, and ``chat_id`` names the conversation whose turns are kept
     on disk (see :mod:`.chat`; its turns are read from there unless ``history`` is given).
     ``cancel`` stops the call from another thread; ``progress`` receives a
-    :class:`~.progress.PrefillProgress` after each prefilled piece. The other fields are the
-    call's :class:`AskOptions`, None for the ``[ask]`` setting.
+    :class:`~.progress.PrefillProgress` after each prefilled piece; ``start`` is where the
+    answer's ``start_to_first_token_seconds`` counts from (a :class:`~.started.Start`; None:
+    the call). The other fields are the call's :class:`AskOptions`, None for the ``[ask]`` setting.
     """
 
     question: str
@@ -82,6 +84,7 @@ class AskRequest:
     chat_id: str | None = None
     cancel: "CancelToken | None" = field(default=None, compare=False, repr=False)
     progress: "Callable[[PrefillProgress], None] | None" = field(default=None, compare=False, repr=False)
+    start: "Start | None" = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.question, str) or not self.question.strip():

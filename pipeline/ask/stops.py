@@ -68,14 +68,14 @@ def _turn_markers(between: str) -> list[str]:
 def until_stop(pieces: Iterable[str], stops: Sequence[str]) -> Iterator[str]:
     """``pieces`` up to (not including) the first stop string; a stop split across pieces is caught.
 
-    Text that could be the start of a stop string is held back until it cannot be. The
+    Text that could be the start of a stop string is held back until it cannot be (only that:
+    the rest is passed on at once, so the first words reach the reader with the first tokens). The
     new-turn guard applies only once the answer has begun: a model that first repeats
     the question ("Question: …" on a line of its own) has that line dropped instead.
     """
     if not stops:
         yield from pieces
         return
-    hold = max(len(s) for s in stops) - 1
     guard = [s.lstrip("\n") for s in stops if s in TURN_GUARD]
     buf, started = "", False
     for piece in pieces:
@@ -96,9 +96,20 @@ def until_stop(pieces: Iterable[str], stops: Sequence[str]) -> Iterator[str]:
             if min(hits):
                 yield buf[:min(hits)]
             return
-        if len(buf) > hold:
-            cut = len(buf) - hold
+        cut = len(buf) - _stop_start(buf, stops)
+        if cut > 0:
             yield buf[:cut]
             buf = buf[cut:]
     if buf and started or buf.strip():
         yield buf
+
+
+def _stop_start(text: str, stops: Sequence[str]) -> int:
+    """The length of the longest end of ``text`` that a stop string starts with (0: none)."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:n]):
+                longest = n
+                break
+    return longest

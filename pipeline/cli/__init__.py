@@ -3,15 +3,15 @@
 No logic lives here beyond presentation: progress bars, tables, JSON, and
 turning :class:`pipeline.errors.RagError` into a message and an exit status.
 
-The commands, one module per concept: :mod:`.collection` (ingest, warm, cache, status,
-drop), :mod:`.questions` (search, ask, eval, serve), :mod:`.summarize`, :mod:`.tuning`
-(plan, tune, bench) and :mod:`.settings` (config, models); what they share (the root
+The commands, one module per concept: :mod:`.collection` (ingest, cache, status, sections,
+drop), :mod:`.warming` (warm, and how warming shows), :mod:`.questions` (search, ask, eval,
+serve), :mod:`.summarize`, :mod:`.tuning` (plan, tune, bench) and :mod:`.settings` (config, models); what they share (the root
 group, the shared options, errors) is in :mod:`.common`.
 """
 
 from __future__ import annotations
 
-from . import collection, questions, settings, summarize, tuning  # noqa: F401  (each adds its commands to cli)
+from . import collection, questions, settings, summarize, tuning, warming  # noqa: F401  (each adds its commands)
 from .common import cli
 
 __all__ = ["cli", "main"]

@@ -1,4 +1,4 @@
-"""Building and keeping a collection: ``rag ingest``, ``rag warm``, ``rag cache``, ``rag status``, ``rag sections``, ``rag drop``."""
+"""Building and keeping a collection: ``rag ingest``, ``rag cache``, ``rag status``, ``rag sections``, ``rag drop``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import click
 from ..errors import ConfigError, InputError
 from .common import (UserError, cli, display_path, echo_json, handles_errors, json_option, open_pipeline, printable,
                      store_options, store_overrides)
+from .warming import follow
 
 
 @cli.command()
@@ -39,14 +40,16 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
     are skipped. Unchanged files are not embedded again; changed files replace their old chunks.
 
     Then, for a collection larger than the context, composition is calibrated on its own sections
-    and every section's KV state is saved, so that every question, the first included, is
-    composed from them (`ingest.warm = "auto"`; `--no-warm` skips it, Ctrl-C stops it).
+    and the sections' KV states are saved (the most useful first, as many as the cache has room
+    for), so that every question, the first included, is composed from them (`ingest.warm =
+    "auto"`; `--no-warm` skips it, Ctrl-C stops it keeping what is saved).
     """
     rag = open_pipeline(ctx, **store_overrides(collection, store_path))
     bar = IngestProgress(bar=sys.stderr.isatty())
+    warmed = None
     try:
         report = rag.ingest(paths, prune=prune, include=include, exclude=exclude,
-                            follow_symlinks=follow_symlinks, progress=bar.event)
+                            follow_symlinks=follow_symlinks, progress=bar.event, warm=warm)
         bar.close()
         if not as_json:
             for f in report.notable_skips:
@@ -54,9 +57,8 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
             for f in report.failed:
                 click.echo(f"failed: {display_path(f.path)}: {printable(f.reason)}", err=True)
             click.echo(report.summary())
-        setting = rag.config.ingest.warm if warm is None else ("on" if warm else "off")
-        warmed = (_warm(rag, quiet=as_json) if setting == "on" else
-                  _warm_auto(rag, quiet=as_json) if setting == "auto" else None)
+        if report.warming is not None:
+            warmed = follow(report.warming, quiet=as_json)
     finally:
         bar.close()
         rag.close()
@@ -68,103 +70,12 @@ def ingest(ctx, paths, collection, store_path, prune, strict, include, exclude, 
     if report.nothing_read:  # every file failed: say so, whatever the options
         click.echo(f"no file could be ingested: {len(report.failed)} failed", err=True)
         ctx.exit(1)
+    if report.nothing_found:  # every file skipped: not one document
+        click.echo(f"no document found: the {len(report.files)} file(s) under {', '.join(map(str, paths))} were "
+                   "skipped (PDF, Markdown, text and HTML files are read)", err=True)
+        ctx.exit(1)
     if strict and report.failed:
         ctx.exit(1)
-
-
-def _warm(rag, *, quiet: bool, purpose: str = "ask") -> dict:
-    def show(prefix: str, outcome: str) -> None:
-        if not quiet:
-            click.echo(f"warm: {display_path(prefix)}: {outcome}", err=True)
-
-    report = rag.warm(progress=show, purpose=purpose)
-    if not quiet and "section_states" in report:
-        _say_sections(report["section_states"])
-    elif not quiet:
-        items = report["prefixes"]
-        counts = {k: sum(1 for i in items if i["outcome"] == k) for k in ("saved", "cached", "too short", "too long")}
-        spent = (f"{report['prefilled_tokens']:,} tokens prefilled, {report['bytes_written'] / 1e6:,.1f} MB of "
-                 "states written")
-        own = items[1:] if purpose == "all" else items  # each document's own prefix, in whole mode
-        if report["mode"] == "whole":
-            if purpose != "summarize":
-                item = items[0]
-                click.echo(f"warmed {item['prefix']}, {item['tokens']:,} tokens in one prefix: {item['outcome']}")
-            if purpose != "ask":
-                click.echo(f"warmed each document's own prefix (what `rag summarize` and `rag ask --doc` start "
-                           f"from): {sum(i['outcome'] == 'saved' for i in own)} saved, "
-                           f"{sum(i['outcome'] == 'cached' for i in own)} already cached, "
-                           f"{sum(i['outcome'] == 'too short' for i in own)} too short to save")
-            elif len(items) == 1 and items[0]["documents"] > 1:
-                click.echo("summaries and `rag ask --doc` start from each document's own prefix: "
-                           "`rag warm --for summarize` saves those too", err=True)
-        else:
-            click.echo(f"warmed the leading sections of {len(items)} documents (the collection does not fit the "
-                       f"context whole): {counts['saved']} saved, {counts['cached']} already cached, "
-                       f"{counts['too short']} too short to save, {counts['too long']} too long for the context")
-        click.echo(spent)
-    return report
-
-
-@cli.command()
-@store_options
-@click.option("--for", "purpose", type=click.Choice(["ask", "summarize", "all"]), default="ask", show_default=True,
-              help="When the collection fits whole: its one prefix (ask), each document's own prefix "
-                   "(summarize, ask --doc), or both.")
-@click.option("--sections", is_flag=True,
-              help="Save every section's own state, for prompts composed from them, and calibrate composition "
-                   "(ask.compose = auto): for collections larger than the context.")
-@json_option
-@click.pass_context
-@handles_errors
-def warm(ctx, collection, store_path, purpose, sections, as_json):
-    """Prefill and save the prompt prefixes the next questions will hit, so the first one is fast too.
-
-    The whole collection's prefix when it fits the context (what `rag ask` packs then; with
-    `--for summarize`, each document's own prefix, what its summaries start from), else each
-    document's leading sections. With `--sections`, every section once, on its own: any
-    question's prompt is then composed from those states; with `ask.compose = "auto"` (the
-    default) composition is also calibrated on one prompt of the collection's own sections.
-    """
-    overrides = store_overrides(collection, store_path)
-    with open_pipeline(ctx, **overrides) as rag:
-        report = _warm_sections(rag, quiet=as_json) if sections else _warm(rag, quiet=as_json, purpose=purpose)
-    if as_json:
-        echo_json(report)
-
-
-def _warm_auto(rag, *, quiet: bool) -> dict:
-    """``ingest.warm = "auto"``: section states where the collection is larger than the context."""
-    import time
-
-    last = time.monotonic()
-
-    def lines(progress):
-        def every(done: int, total: int) -> None:  # off a terminal: a line every 10 s, as embedding does
-            nonlocal last
-            if progress is not None:
-                progress(done, total)
-            elif not quiet and time.monotonic() - last >= IngestProgress.every:
-                last = time.monotonic()
-                click.echo(f"section states: {done:,} of {total:,} tokens (Ctrl-C or `--no-warm` skips this)",
-                           err=True)
-        return rag.warm_auto(progress=every)
-
-    try:
-        report = _counted(lines, label="section states", quiet=quiet)
-    except KeyboardInterrupt:  # the ingest is complete: Ctrl-C skips only what comes after it
-        reason = ("interrupted: the documents are ingested; the states saved so far are kept, and `rag warm "
-                  "--sections` (or the next `rag ingest`) saves the rest")
-        if not quiet:
-            click.echo(f"\nsection states {reason}", err=True)
-        return {"warmed": False, "reason": reason}
-    if not quiet and report["warmed"]:
-        _say_sections(report)
-    elif not quiet and report.get("calibration"):  # measured, and over the budget: states would not be used
-        _say_calibration(report["calibration"])
-    elif not quiet and (report.get("failed") or "cache.max_gb" in report["reason"]):
-        click.echo(f"note: {printable(report['reason'])}", err=True)
-    return report
 
 
 def _counted(call, *, label: str, quiet: bool):
@@ -182,31 +93,6 @@ def _counted(call, *, label: str, quiet: bool):
         return call(progress=advance)
     finally:
         bar.render_finish()
-
-
-def _warm_sections(rag, *, quiet: bool) -> dict:
-    report = _counted(rag.warm_sections, label="section states", quiet=quiet)
-    if not quiet:
-        _say_sections(report)
-    return report
-
-
-def _say_sections(report: dict) -> None:
-    click.echo(f"warmed {report['sections']} sections of {report['documents']} documents "
-               f"({report['tokens']:,} tokens): {report['saved']} saved, {report['cached']} already saved"
-               f"{f', {n} not saved' if (n := report.get('not_saved')) else ''}; "
-               f"{report['prefilled_tokens']:,} tokens prefilled in {report['seconds']:.1f} s, "
-               f"{report['bytes_written'] / 1e6:,.1f} MB of states written")
-    _say_calibration(report.get("calibration"))
-    for note in report["notes"]:
-        click.echo(f"note: {printable(note)}", err=True)
-
-
-def _say_calibration(c: dict | None) -> None:
-    if c:
-        verdict = "questions are composed" if c["allowed"] else "over ask.compose_max_kl: questions stay exact"
-        click.echo(f"composition calibrated: mean KL {c['kl']:.4f} nats (budget {c['budget']}), top-1 "
-                   f"{c['top1']:.1%} over {c['tokens']} tokens: {verdict}")
 
 
 @cli.group()
@@ -340,12 +226,17 @@ def _composition_line(c: dict) -> str:
     head = f"composition: {c['mode']}"
     if c["mode"] == "off":
         return head + " (prompts over sections are prefilled exactly)"
+    model = printable(str(c["model"]))
     if c["kl"] is None:
-        tail = "composing" if c["allowed"] else "not calibrated yet (measured after the first answer over sections)"
-        return f"{head}, {c['model']}: {tail}"
+        tail = ("composing" if c["allowed"] else
+                "not calibrated yet (`rag ingest` measures it for a collection larger than the context)"
+                if c.get("reason", "").startswith("composition is not calibrated") else
+                f"exact ({printable(c.get('reason', ''))})")
+        return f"{head}, {model}: {tail}"
     verdict = "composing" if c["allowed"] else "exact (over the budget)"
-    return (f"{head}, {printable(str(c['model']))}: mean KL {c['kl']:.4f} nats (budget {c['budget']}), top-1 "
-            f"{c['top1']:.1%} over {c['tokens']} tokens, seams {c['seams']}: {verdict}")
+    spread = f", spread {c['kl_spread']:.4f}" if c.get("prompts", 1) > 1 else ""
+    return (f"{head}, {model}: mean KL {c['kl']:.4f} nats over {c.get('prompts', 1)} prompt(s){spread} (budget "
+            f"{c['budget']}), top-1 {c['top1']:.1%} over {c['tokens']} tokens, seams {c['seams']}: {verdict}")
 
 
 def _printable_lines(text: str) -> str:

@@ -10,6 +10,7 @@ from typing import Iterator
 
 import click
 
+from ..ask.started import process_start  # early: where the kernel cannot tell the process's start, this is it
 from .common import (QueryCommand, UserError, cli, display_path, echo_json, handles_errors, json_option, open_pipeline,
                      printable, store_options, store_overrides)
 
@@ -105,12 +106,15 @@ def ask(ctx, question, docs, sources, mode, top_k, show_stats, n_ctx, max_tokens
     overrides = store_overrides(collection, store_path)
     overrides.update({"engine.n_ctx": n_ctx, "ask.max_tokens": max_tokens})
     progress = _PrefillLine if not as_json and sys.stderr.isatty() else None
+    # The first answer's wait counts from the command's start; a later one's, from its own turn.
     requests = [AskRequest(q, doc=docs, source=sources, mode=mode, top_k=top_k, temperature=temperature,
                            system_prompt=system_prompt, stop=stop, chat_id=chat_id,
-                           progress=progress() if progress else None) for q in question]
+                           progress=progress() if progress else None, start=process_start() if i == 0 else None)
+                for i, q in enumerate(question)]
     several = len(requests) > 1
     answers = []
     with open_pipeline(ctx, **overrides) as rag:
+        rag.preload()  # the generator loads while the rest starts and retrieval runs
         for i, request in enumerate(requests, start=1):
             if several and not as_json:
                 click.secho(("\n" if i > 1 else "") + f"Q{i}: {printable(request.question)}", bold=True)
@@ -169,12 +173,24 @@ def _echo_answer(answer, *, show_stats: bool) -> None:
         click.echo(
             f"\n{packed} | prompt {st.prompt_tokens:,} tokens ({reuse}) | "
             f"prefill {st.prefill_seconds:.2f} s at {st.prefill_tokens_per_second:,.0f} tok/s | "
-            f"TTFT {st.ttft_seconds:.2f} s | decode {st.decode_tokens} tokens at "
+            f"TTFT {st.ttft_seconds:.2f} s{_first_token(st)} | decode {st.decode_tokens} tokens at "
             f"{st.decode_tokens_per_second:.1f} tok/s | model load {st.load_seconds:.2f} s", err=True)
+        if st.plan:
+            other = f"; exact {st.predicted_exact_seconds:.2f} s" if st.plan == "composed" else ""
+            click.echo(f"plan: {st.plan}, predicted {st.predicted_seconds:.2f} s to the first token{other}; "
+                       f"measured {st.ttft_seconds:.2f} s", err=True)
         if answer.retrieval:
             click.echo(_retrieval_line(answer.retrieval), err=True)
         if st.reuse_lost:
             click.echo(f"reuse: {st.reuse_lost}", err=True)
+
+
+def _first_token(st) -> str:
+    """The wait a person saw for the first answer text, beside the engine's TTFT."""
+    if st.start_to_first_token_seconds is None:
+        return ""
+    since = {"process": "the start", "import": "the start", "call": "the question"}.get(st.start_point, "the start")
+    return f" (from {since} {st.start_to_first_token_seconds:.2f} s)"
 
 
 def _comparison(answers) -> list[str]:

@@ -26,7 +26,7 @@ class ModelsConfig:
 
     embedder: str = "builtin:all-MiniLM-L6-v2"
     """The embedding model: builtin:NAME, a .gguf path, hf:owner/repo/file.gguf or openai:URL#model."""
-    generator: str = "builtin:SmolLM2-135M-Instruct"
+    generator: str = "builtin:gemma-3-270m"
     """The model that writes answers and summaries; the same reference forms as models.embedder."""
     embedder_query_prefix: str = "auto"
     """Text put before every query the embedder sees (e5: "query: "); "auto" = the model's own, "" = none."""

@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     import numpy as np
 
     from .context_lock import CancelToken
-    from .reuse.budget import Calibration
-    from .reuse.shape import PromptShape
+    from .reuse.budget import Calibration, Refusal
+    from ..records import PromptShape
 
 
 class CacheKind(str, enum.Enum):
@@ -64,6 +64,9 @@ class EngineStats:
     composed_sections: int = 0  # sections restored from their saved states (a composed prompt)
     recomputed_tokens: int = 0  # tokens decoded again at the seams of moved sections
     sections_lost: list[str] = field(default_factory=list)  # why each section computed now was not reused
+    plan: str = ""  # the way the reuse planner chose: "exact" or "composed" ("" where no planner ran)
+    predicted_seconds: float = 0.0  # the plan's predicted time to the first token (measured: ttft_seconds)
+    predicted_exact_seconds: float = 0.0  # the same, had the prompt been prefilled exactly
     notes: list[str] = field(default_factory=list)
 
     def __setattr__(self, name: str, value) -> None:
@@ -178,17 +181,17 @@ class TextGenerator(Protocol):
 
     Reuse, without running anything: ``reusable`` is how much of a prompt it would reuse
     now from anywhere (what a packer weighs candidate prompts by), ``held`` how much its
-    own memory holds (what a pool routes by), ``warm(prefix)`` saves a prefix's state
-    ahead of the first question (True if it was saved now), ``warm_sections`` saves each
+    own memory holds (what a pool routes by), ``warm(prompt)`` saves the state of a prompt's
+    shared prefix (and at its cuts) ahead of the first question (True if it was saved now), ``warm_sections`` saves each
     section's own state for composed prompts, and ``reset`` forgets what the memory holds.
     ``namespace`` names the model and settings states belong to. ``calibrate_pending`` measures
-    composition against an exact answer that asked for it (once the answer is done), and
-    ``composes`` tells whether it ever composes prompts (a packer orders sections by it).
+    composition against an exact answer that asked for it (once the answer is done),
+    ``composition_refusal()`` says why prompts are not composed (None: they are) and
+    ``composes`` whether they are (a packer orders sections by it).
 
     Capacity: ``waiting`` is its queue (the running prompt included), ``n_seq_max`` how
-    many prompts over one prefix ``generate_many`` decodes together, ``can_trim`` whether
-    its memory can be cut at any position (false for recurrent and hybrid models), and
-    ``workers()`` the generators a batch job may spread over (one per server).
+    many prompts over one prefix ``generate_many`` decodes together, and ``workers()`` the
+    generators a batch job may spread over (one per server).
     ``render(messages)`` is the generator's own chat template applied to ``messages``
     (None where it has none it renders itself): where default stop markers come from.
     """
@@ -207,9 +210,6 @@ class TextGenerator(Protocol):
 
     @property
     def n_seq_max(self) -> int: ...
-
-    @property
-    def can_trim(self) -> bool: ...
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]: ...
 
@@ -236,14 +236,16 @@ class TextGenerator(Protocol):
 
     def calibrate_pending(self, *, cancel: CancelToken | None = None) -> Calibration | None: ...
 
-    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float,
-                  cancel: CancelToken | None = None) -> Calibration | None: ...
+    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float, cancel: CancelToken | None = None,
+                  progress: Callable[[int], None] | None = None) -> Calibration | None: ...
 
-    def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool: ...
+    def composition_refusal(self, *, calibrated: bool = True) -> Refusal | None: ...
+
+    def warm(self, prompt: PromptShape) -> bool: ...
 
     def warm_sections(self, head: Sequence[int], sections: Sequence[Sequence[int]], *,
-                      progress: Callable[[int, int], None] | None = None,
-                      cancel: CancelToken | None = None) -> dict: ...
+                      progress: Callable[[int], None] | None = None, cancel: CancelToken | None = None,
+                      on_wait: Callable[[str], None] | None = None) -> dict: ...
 
     def reset(self) -> None: ...
 
@@ -258,8 +260,8 @@ class GeneratorBase:
     A backend provides ``namespace``, ``n_ctx``, ``bos``, ``tokenize``, ``chat``,
     ``generate``, ``reusable``, ``warm`` and ``close``; it inherits one prompt at a time
     (``generate_many`` runs them one after another, ``n_seq_max`` 1), no queue, a memory
-    that can be cut anywhere, no template of its own for stop markers, one worker (itself),
-    ``held`` equal to ``reusable``, and no composition (nothing to calibrate).
+    no template of its own for stop markers, one worker (itself), ``held`` equal to
+    ``reusable``, and no composition (nothing to calibrate).
     """
 
     @property
@@ -269,10 +271,6 @@ class GeneratorBase:
     @property
     def n_seq_max(self) -> int:
         return 1
-
-    @property
-    def can_trim(self) -> bool:
-        return True
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenize(text))  # type: ignore[attr-defined]
@@ -299,12 +297,18 @@ class GeneratorBase:
         """Whether this generator may compose prompts from section states: only a local engine can."""
         return False
 
+    def composition_refusal(self, *, calibrated: bool = True) -> Refusal | None:
+        """Why prompts are not composed: a server reuses prefixes only."""
+        from .reuse.budget import Refusal
+
+        return Refusal.SERVER
+
     def calibrate_pending(self, *, cancel: CancelToken | None = None) -> Calibration | None:
         """Nothing to measure: only a local engine composes."""
         return None
 
-    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float,
-                  cancel: CancelToken | None = None) -> Calibration | None:
+    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float, cancel: CancelToken | None = None,
+                  progress: Callable[[int], None] | None = None) -> Calibration | None:
         """Nothing to measure: only a local engine composes."""
         return None
 
@@ -312,8 +316,8 @@ class GeneratorBase:
         pass
 
     def warm_sections(self, head: Sequence[int], sections: Sequence[Sequence[int]], *,
-                      progress: Callable[[int, int], None] | None = None,
-                      cancel: CancelToken | None = None) -> dict:
+                      progress: Callable[[int], None] | None = None, cancel: CancelToken | None = None,
+                      on_wait: Callable[[str], None] | None = None) -> dict:
         """Save each section's own state ahead of composed prompts: only a local engine can."""
         from ..errors import EngineError
 

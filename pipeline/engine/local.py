@@ -14,7 +14,6 @@ from __future__ import annotations
 import codecs
 import time
 import weakref
-from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -25,9 +24,12 @@ from .gguf.info import ModelInfo
 from .loading import check_memory, load_generator, load_params, resolve_overrides
 from .reuse import calibrate
 from .reuse.budget import Calibration, ComposeMode, ComposePolicy, Refusal
+from .reuse.kinds import MemoryKind, kind_of_info
 from .reuse.memory import Memory
+from .reuse.execute import carry_out
+from .reuse.plan import Need
 from .reuse.planner import Planner
-from .reuse.shape import PromptShape
+from ..records import PromptShape
 from .templates import render, render_chat
 from .context_lock import CancelToken, ContextLock
 from .once import once
@@ -67,7 +69,8 @@ class Engine(GeneratorBase):
                                boundary_states=boundary_states, ram=ram_states, calibrations=calibrations,
                                model_name=lambda: me().model_path.name)
         self.pending_calibration: calibrate.Recorder | None = None  # an exact answer to measure composition by
-        self.memory = Memory()  # what the KV cache holds (the model is attached when it loads)
+        # What the KV cache holds (the model is attached when it loads; its kind read from the header until then).
+        self.memory = Memory(expected=lambda: kind_of_info(me().info))
         self._log = log or (lambda message: None)
         self.load_seconds = 0.0
         self.notes: list[str] = []  # about the model and settings: reported with every prompt
@@ -116,13 +119,14 @@ class Engine(GeneratorBase):
         """The model in llama.cpp (a :class:`._llama.Model`), loaded on first use."""
         llm, self.load_seconds = load_generator(self.model_path, self.settings, info=self.info, n_ctx=self.n_ctx,
                                                 overrides=self.overrides, compose=self.planner.policy.enabled)
-        self.memory.model = llm
+        self.memory.attach(llm)
         return llm
 
     @property
-    def can_trim(self) -> bool:
-        """Whether the KV memory can be cut at any position (false for recurrent and hybrid models)."""
-        return self.llm.can_trim
+    def memory_kind(self) -> MemoryKind:
+        """What reuse may do with this model's memory (:mod:`.reuse.kinds`): the header's word until the
+        model loads, then llama.cpp's."""
+        return self.memory.kind
 
     @cached_property
     def namespace(self) -> str:
@@ -208,13 +212,13 @@ class Engine(GeneratorBase):
     def composes(self) -> bool:
         """Whether sections-mode prompts are composed from section states now (the model shifts, the
         policy and its calibration allow it); where not, a packer puts held sections first."""
-        return self.planner.refusal(self.memory) is None
+        return self.composition_refusal() is None
 
-    @property
-    def composition_refusal(self) -> Refusal | None:
-        """Why sections-mode prompts are not composed now (the model loaded to know whether it shifts);
-        None: they are."""
-        return self.planner.refusal(self._loaded_memory())
+    def composition_refusal(self, *, calibrated: bool = True) -> Refusal | None:
+        """The planner's answer to "may prompts be composed here" (:meth:`.reuse.planner.Planner.refusal`):
+        why not, or None; ``calibrated=False``: whether they ever could be (the calibration aside). Loads
+        nothing: before the model loads, its header says what its memory can do."""
+        return self.planner.refusal(self.memory, calibrated=calibrated)
 
     @property
     def calibration(self) -> Calibration | None:
@@ -251,7 +255,7 @@ class Engine(GeneratorBase):
                  repeat_penalty: float = 1.0, seed: int | None = None, stats: EngineStats | None = None,
                  stop_tokens: Sequence[int] = (), progress: Callable[[int, int], None] | None = None,
                  cancel: CancelToken | None = None, exact: bool = False, preemptible: bool = False) -> Generation:
-        """Stream the completion of ``prompt`` (a :class:`~.reuse.shape.PromptShape`, or plain tokens
+        """Stream the completion of ``prompt`` (a :class:`~pipeline.records.PromptShape`, or plain tokens
         that share nothing with other prompts); ``exact``: never composed (what a calibration compares
         composition against); ``preemptible``: background work, cancelled when a prompt queues.
 
@@ -289,58 +293,36 @@ class Engine(GeneratorBase):
 
     def _start(self, shape: PromptShape, stats: EngineStats, progress: Callable[[int, int], None] | None, *,
                exact: bool = False) -> tuple[tuple[float, float], calibrate.Recorder | None]:
-        """Carry out the planner's plan for the prompt, then prefill the rest (states saved at its save
-        points). An exact prompt is always decoded in pieces split at its cuts and reuses state only
-        up to a cut, so a reused or restored prefix leaves the computation exactly as it is without
-        any cache. At least one token is always decoded: sampling needs its logits. Returns when it
-        started and when its prefill did, and the recorder of a prompt whose answer calibrates
+        """Ask the planner for the prompt's plan, carry it out as planned (:func:`.reuse.execute.carry_out`),
+        then prefill the rest. An exact prompt is always decoded in pieces split at its cuts and reuses
+        state only up to a cut, so a reused or restored prefix leaves the computation exactly as it is
+        without any cache. At least one token is always decoded: sampling needs its logits. Returns when
+        it started and when its prefill did, and the recorder of a prompt whose answer calibrates
         composition (``exact``: never composed)."""
         llm = self.llm
         stats.load_seconds = self.load_seconds
         stats.notes.extend(self.notes)
         t0 = time.perf_counter()
-        plan = self.planner.plan(shape, self.memory)
-        if exact and plan.composed is not None:
-            plan = replace(plan, composed=None)
-        if plan.refusal is not None and self.planner.policy.enabled:
-            # Only the sections the exact prefix does not cover are computed now for want of composing.
-            computed = sum(1 for end in shape.sections.ends if end > plan.exact.reused)
-            if computed:
-                stats.sections_lost = [plan.refusal.value] * computed
-                stats.notes.append(plan.refusal.value)
-        if plan.composed is not None:
-            llm.synchronize()
-            llm.reset_timings()  # composing's decodes (new sections, seams) are the prompt's prefill
-            t_prefill = time.perf_counter()
-            if progress is not None:
-                progress(0, len(shape))
-            self.planner.sections.run(llm, self.memory, shape, stats, self._prefill_piece)
-            reused = stats.cached_tokens - stats.recomputed_tokens
-        else:
-            done = self.planner.prefix.prepare(plan.exact, shape, self.memory, stats)
-            stats.notes.extend(done.notes)
-            reused = done.reused
-            if done.restore is not None:
-                entry = done.restore.entry
-                self.planner.speeds.saw(restored=entry.bytes, restore_seconds=stats.cache_load_seconds,
-                                        bytes_per_token=entry.bytes / max(1, entry.n_tokens))
+        plan = self.planner.plan(shape, self.memory, need=Need.EXACT if exact else Need.ANSWER)
+        started: list[float] = []
+
+        def begin(reused: int | None) -> None:
             llm.synchronize()  # anything pending is booked before the counters restart
             llm.reset_timings()
-            t_prefill = time.perf_counter()
+            started.append(time.perf_counter())
             if progress is not None:
-                progress(0, len(shape) - reused)
+                progress(0, len(shape) - (reused or 0))
+                if reused is not None:
+                    self._progress = lambda position: progress(position - reused, len(shape) - reused)
+
+        reused = carry_out(self.planner, plan, llm, self.memory, stats, self._prefill_piece, begin=begin)
         if progress is not None:
             self._progress = lambda position: progress(position - reused, len(shape) - reused)
-        if plan.composed is None:
-            self.planner.prefix.advance(done, shape, self.memory, stats, self._prefill_piece)
         self.prefill(shape.tokens, start=len(self.memory.tokens))
         self._progress = None
         stats.prefill_tokens = len(shape) - reused
         stats.notes.extend(self.planner.prefix.store_notes(shape.prefix_len))
-        record = None
-        if plan.composed is None and self.planner.wants_calibration(shape, self.memory):
-            record = calibrate.Recorder(shape)
-        return (t0, t_prefill), record
+        return (t0, started[0]), (calibrate.Recorder(shape) if plan.calibrate else None)
 
     def _decode(self, max_tokens: int, sampling: tuple, stats: EngineStats, stop_tokens: frozenset[int],
                 started: tuple[float, float], record: calibrate.Recorder | None = None) -> Iterator[str]:
@@ -403,43 +385,54 @@ class Engine(GeneratorBase):
         (:func:`.reuse.calibrate.run_pending`); the record now in force, or None."""
         return calibrate.run_pending(self, cancel=cancel)
 
-    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float,
-                  cancel: CancelToken | None = None) -> Calibration | None:
+    def calibrate(self, prompt: PromptShape, *, repeat_penalty: float, cancel: CancelToken | None = None,
+                  progress: Callable[[int], None] | None = None) -> Calibration | None:
         """Answer ``prompt`` exactly (decoded with ``repeat_penalty``, as questions are), then measure
-        composition on it (:func:`.reuse.calibrate.run_on`): what ``rag warm --sections`` calibrates by."""
-        return calibrate.run_on(self, prompt, repeat_penalty=repeat_penalty, cancel=cancel)
+        composition on it (:func:`.reuse.calibrate.run_on`): one of the prompts warming calibrates by.
+        ``progress(tokens)`` is told of the tokens computed as it goes."""
+        return calibrate.run_on(self, prompt, repeat_penalty=repeat_penalty, cancel=cancel, progress=progress)
 
     # -- warming ------------------------------------------------------------------------------
 
-    def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool:
-        """Prefill ``prefix`` and save its state (and states at ``boundaries``, as :meth:`generate`
+    def warm(self, prompt: PromptShape) -> bool:
+        """Prefill ``prompt``'s shared prefix and save its state (and states at its cuts, as :meth:`generate`
         does), unless it is already saved. True if the whole prefix was saved now."""
         stats = EngineStats()
-        prefix = tuple(prefix)
         prefix_reuse = self.planner.prefix
-        if not prefix or not prefix_reuse.uses_store(len(prefix)) or prefix_reuse.has(prefix):
+        if not prompt.prefix or not prefix_reuse.uses_store(prompt.prefix_len) or prefix_reuse.has(prompt.prefix):
             return False
-        cuts = tuple(sorted({int(b) for b in boundaries if 0 < b < len(prefix)} | {len(prefix)}))
-        shape = PromptShape(prefix, cuts)
         with self.turn():
             self.llm  # noqa: B018 - loaded first
-            plan = prefix_reuse.plan(self.memory, shape)
-            done = prefix_reuse.prepare(plan, shape, self.memory, stats)
-            return len(prefix) in prefix_reuse.advance(done, shape, self.memory, stats, self._prefill_piece)
+            plan = self.planner.plan(prompt, self.memory, need=Need.EXACT)
+            done = prefix_reuse.prepare(plan.exact, prompt, self.memory, stats)
+            return prompt.prefix_len in prefix_reuse.advance(done, prompt, self.memory, stats, self._prefill_piece)
 
     def warm_sections(self, head: Sequence[int], sections: Sequence[Sequence[int]], *,
-                      progress: Callable[[int, int], None] | None = None, cancel: CancelToken | None = None) -> dict:
+                      progress: Callable[[int], None] | None = None, cancel: CancelToken | None = None,
+                      on_wait: Callable[[str], None] | None = None) -> dict:
         """Save the state of every section (token lists, each prefilled on its own after ``head``) that has
         none (:meth:`.reuse.sections.SectionReuse.warm`), giving the context to any prompt that queues
-        meanwhile before the next section; ``cancel`` stops it within a micro-batch, keeping what is saved."""
+        meanwhile before the next section; ``cancel`` stops it within a micro-batch, keeping what is saved.
+        ``progress(tokens)`` is told of the tokens of each section computed; ``on_wait(holder)`` that another
+        process saves the same states and this one waits for it."""
         with self.turn(cancel):
-            self.planner.require_sections(self._loaded_memory())
+            self.llm  # noqa: B018 - loaded: its memory's kind is llama.cpp's word
+            self.planner.require_sections(self.memory)
         return self.planner.sections.warm(self.llm, self.memory, list(head), sections, self._prefill_piece, progress,
-                                          turn=lambda: self.turn(cancel), give_way=lambda: self.lock.queued > 0)
+                                          turn=lambda: self.turn(cancel), give_way=lambda: self.lock.queued > 0,
+                                          on_wait=on_wait, cancelled=lambda: cancel is not None and cancel.cancelled)
 
-    def _loaded_memory(self) -> Memory:
-        self.llm  # noqa: B018 - loaded: the memory's model answers what it can do
-        return self.memory
+    def saved_sections(self, head: Sequence[int], sections: Sequence[Sequence[int]]) -> list[bool]:
+        """Which of ``sections`` (token lists placed after ``head``) have a saved state (a look: nothing runs)."""
+        return self.planner.sections.saved(list(head), sections)
+
+    def state_bytes_per_token(self) -> float:
+        """What one token of a saved state takes: as this engine's restores measured it, else as the
+        model's header sizes it for the configured KV types."""
+        if self.planner.speeds.bytes_per_token > 0:
+            return self.planner.speeds.bytes_per_token
+        s = self.settings
+        return self.info.kv_bytes(1024, s.type_k, s.type_v) / 1024
 
     # -- several prompts over one prefix ---------------------------------------------------------
 
@@ -447,7 +440,7 @@ class Engine(GeneratorBase):
     def n_seq_max(self) -> int:
         """How many sequences one decode can run (``engine.n_seq_max``; 1 for recurrent and hybrid
         models, whose memory cannot share a prefix between sequences)."""
-        if self.settings.n_seq_max <= 1 or not self.can_trim:
+        if self.settings.n_seq_max <= 1 or not self.memory_kind.shares_prefix:
             return 1
         return self.llm.n_seq_max
 
@@ -455,7 +448,9 @@ class Engine(GeneratorBase):
                       repeat_penalty: float = 1.0, seed: int | None = None) -> list[Completion]:
         """Answer several prompts that share their prefix (the first one's cuts): the prefix is reused
         or prefilled once, and with ``n_seq_max`` > 1 the answers are decoded together, one decode call
-        per step for all of them (:func:`.multiseq.answer_together`); else one after the other."""
+        per step for all of them (:func:`.multiseq.answer_together`); else one after the other. Prompts
+        the planner composes (sections-mode prompts whose section states it restores) are answered one
+        after the other as planned: each keeps the sections the one before it composed."""
         from .multiseq import answer_together
 
         shapes = [PromptShape.coerce(p) for p in prompts]
@@ -464,7 +459,7 @@ class Engine(GeneratorBase):
             return []
         prefix = shapes[0].prefix
         shared = all(len(p) > len(prefix) and p.tokens[:len(prefix)] == prefix for p in shapes)
-        if len(shapes) == 1 or not shared or not prefix or self.n_seq_max <= 1:
+        if len(shapes) == 1 or not shared or not prefix or self.n_seq_max <= 1 or self.plan(shapes[0]).composed:
             return super().generate_many(shapes, **kw)
         return answer_together(self, shapes, **kw)
 
@@ -491,7 +486,7 @@ class Engine(GeneratorBase):
 
     def _free(self) -> None:
         llm = self.__dict__.pop("llm", None)
-        self.memory.model, self.memory.tokens = None, []
+        self.memory.detach()
         if llm is not None:
             llm.close()
 

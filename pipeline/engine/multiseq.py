@@ -39,7 +39,7 @@ from .contract import CacheKind, Completion, EngineStats
 from ..errors import EngineError
 
 if TYPE_CHECKING:
-    from .reuse.shape import PromptShape
+    from ..records import PromptShape
 
 
 def answer_together(engine, prompts: Sequence[PromptShape], *, max_tokens: int, temperature: float,
@@ -68,14 +68,18 @@ def answer_together(engine, prompts: Sequence[PromptShape], *, max_tokens: int, 
 def _group(engine, prompts: Sequence[PromptShape], stats: list[EngineStats], *, max_tokens: int,
            sampling: tuple) -> list[str]:
     """One group of :func:`answer_together`, holding the context."""
+    from .reuse.execute import carry_out
+    from .reuse.plan import Need
+
     llm, memory, prefix = engine.llm, engine.memory, engine.planner.prefix
     shape, prefix_len = prompts[0], prompts[0].prefix_len
     first = stats[0]
     first.load_seconds = engine.load_seconds
+    first.notes.extend(engine.notes)
     t0 = time.perf_counter()
-    done = prefix.prepare(prefix.plan(memory, shape), shape, memory, first)
-    first.notes.extend(engine.notes + list(done.notes))
-    prefix.advance(done, shape, memory, first, lambda tokens, start: engine.prefill(tokens, start=start))
+    plan = engine.planner.plan(shape, memory, need=Need.EXACT)  # sequences share exactly computed cells
+    reused = carry_out(engine.planner, plan, llm, memory, first,
+                       lambda tokens, start: engine.prefill(tokens, start=start), begin=lambda reused: None)
     llm.synchronize()
     first.prefill_seconds = time.perf_counter() - t0
     first.notes.extend(prefix.store_notes(prefix_len))
@@ -89,7 +93,7 @@ def _group(engine, prompts: Sequence[PromptShape], stats: list[EngineStats], *, 
         raise EngineError(f"llama.cpp failed decoding {len(prompts)} sequences together: {exc}") from None
     memory.tokens = held
     for i, st in enumerate(stats):
-        st.prefill_tokens = len(prompts[i]) - (done.reused if i == 0 else prefix_len)
+        st.prefill_tokens = len(prompts[i]) - (reused if i == 0 else prefix_len)
         if st.prefill_seconds > 0:
             st.prefill_tokens_per_second = st.prefill_tokens / st.prefill_seconds
     return texts

@@ -1,4 +1,5 @@
-"""A lazily built attribute that is built once, however many threads ask for it first.
+"""A lazily built attribute that is built once, however many threads ask for it first, and a module
+imported when first used.
 
 Models, engines, caches and the store are built on first use (so ``rag --help`` and most
 tests start at once); two threads asking at the same moment must not load a model twice.
@@ -6,6 +7,7 @@ tests start at once); two threads asking at the same moment must not load a mode
 
 from __future__ import annotations
 
+import importlib
 import threading
 from functools import cached_property
 from typing import Any, Callable
@@ -34,4 +36,16 @@ class once(cached_property):
             return cache[self.attrname]
 
 
-__all__ = ["once"]
+class Later:
+    """Stands for the module ``name`` (relative to ``package``) and imports it at the first attribute read:
+    :mod:`pipeline.api` names the ask path and the collection's operations this way, so that what they
+    import (retrieval, packing, the store, ingest) loads beside the generator's model, not before it."""
+
+    def __init__(self, name: str, package: str | None = None):
+        self._name, self._package = name, package
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name, self._package), attr)
+
+
+__all__ = ["Later", "once"]

@@ -29,7 +29,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
-    from .reuse.shape import PromptShape
+    from ..records import PromptShape
 
 
 class EnginePool:

@@ -60,6 +60,9 @@ class IngestReport:
     seconds: float = 0.0
     embed_seconds: float = 0.0
     collection: str = ""
+    #: The warming started after it (:meth:`Pipeline.ingest <pipeline.api.Pipeline.ingest>`): a
+    #: :class:`~pipeline.warm.job.WarmJob`, or None (off, or not started by the caller).
+    warming: Any = field(default=None, repr=False, compare=False)
 
     def count(self, status: str) -> int:
         return sum(1 for f in self.files if f.status == status)
@@ -81,6 +84,12 @@ class IngestReport:
         """Whether files failed and none was read (new, changed or unchanged): a run that must not look
         like a success."""
         return bool(self.failed) and not any(f.status in ("new", "changed", "unchanged") for f in self.files)
+
+    @property
+    def nothing_found(self) -> bool:
+        """Whether no file was a document (every one skipped, none read, failed or removed): a run that must
+        not look like a success either."""
+        return not any(f.status != "skipped" for f in self.files)
 
     @property
     def notable_skips(self) -> list[FileOutcome]:
@@ -196,6 +205,8 @@ def ingest(scanned: Scan, *, store: Store, embedder: TextEmbedder, chunk_size: i
                                 chunk_size=chunk_size, chunk_overlap=chunk_overlap)
         _embed(todo, chunker, store=store, embedder=embedder, report=report, emit=emit, max_bytes=max_bytes,
                section_tokens=section_tokens)
+    if known:  # documents committed before the catalog kept vectors get theirs (one catalog read when none lack them)
+        store.backfill_vectors()
     report.seconds = time.perf_counter() - started
     return report
 

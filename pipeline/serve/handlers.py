@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
+from ..ask.started import Start
 from ..errors import Cancelled, RagError, redact
 from . import completions as oa
 from .collections import Collections, from_query, pipeline_for, requested
@@ -127,13 +128,14 @@ async def models(request: "Request"):
 async def chat_completions(request: "Request"):
     from starlette.responses import JSONResponse, Response, StreamingResponse
 
+    arrived = Start.now("request")  # the answer's start_to_first_token_seconds counts from here
     s = served(request)
     chat = chat_request(await Body.read(request, limit=s.max_body))
     if s.stopping:
         raise HTTPError(503, STOPPING, "server_error", "server_stopping")
     rag = await pipeline_for(request, requested(chat.collection))
     reply = _Reply(s, chat)
-    stream = rag.aask_stream(chat.ask)
+    stream = rag.aask_stream(chat.ask.replace(start=arrived))
     s.answers.add(stream)
     streaming = False
     try:

@@ -57,8 +57,10 @@ class Catalog(Protocol):
     def committed_hashes(self, collection: str) -> dict[str, str]: ...
 
     def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence[Chunk],
-                        chunk_ids: Sequence[str], sections: Sequence[Section] = ()) -> None:
-        """Replace ``doc.source``'s record, chunks and sections in one transaction: the commit point."""
+                        chunk_ids: Sequence[str], sections: Sequence[Section] = (),
+                        vectors: Sequence[bytes] | None = None) -> None:
+        """Replace ``doc.source``'s record, chunks (with their ``vectors``: float32 bytes, one per chunk)
+        and sections in one transaction: the commit point."""
 
     def touch_document(self, collection: str, source: str, *, size: int, mtime_ns: int) -> None:
         """Record a new size/mtime for a document whose content did not change."""
@@ -96,6 +98,24 @@ class Catalog(Protocol):
 
     def totals(self, collection: str) -> tuple[int, int, int]:
         """(documents, chunks, tokens) committed in ``collection``."""
+
+    def chunks_by_id(self, collection: str, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The committed chunks of these ids (those that are)."""
+
+    # -- the chunks' vectors (see .exact) ----------------------------------------------------------
+
+    def vector_coverage(self, collection: str, source: str | Sequence[str] | None = None) -> tuple[int, bool]:
+        """(chunks committed in ``collection`` (of ``source``), whether every one has its vector)."""
+
+    def vectors(self, collection: str, *, source: str | Sequence[str] | None = None,
+                chunk_ids: Sequence[str] | None = None) -> list[tuple[str, bytes]]:
+        """(chunk id, vector) of the committed chunks that have one: of ``source`` or with these ids."""
+
+    def missing_vectors(self, collection: str, *, limit: int) -> list[str]:
+        """Up to ``limit`` ids of committed chunks stored without their vector (before schema 5 / 4)."""
+
+    def set_vectors(self, collection: str, vectors: Sequence[tuple[str, bytes]]) -> None:
+        """Record the vectors of chunks committed without them (the same ones Chroma holds)."""
 
 
 __all__ = ["Catalog"]

@@ -140,8 +140,11 @@ class PostgresCatalog:
         return dict(self._rows("SELECT source, content_hash FROM documents WHERE collection = %s", (collection,)))
 
     def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence["Chunk"],
-                        chunk_ids: Sequence[str], sections: Sequence[Section] = ()) -> None:
-        """Replace ``doc.source``'s record, chunks and sections in one transaction: the commit point."""
+                        chunk_ids: Sequence[str], sections: Sequence[Section] = (),
+                        vectors: Sequence[bytes] | None = None) -> None:
+        """Replace ``doc.source``'s record, chunks (with their ``vectors``) and sections in one
+        transaction: the commit point."""
+        blobs = vectors if vectors is not None else [None] * len(chunks)
         with self.conn.transaction(), self.conn.cursor() as cur:
             # The document's row, locked (or created) first: a concurrent writer of the same source waits here.
             cur.execute(
@@ -159,9 +162,10 @@ class PostgresCatalog:
             cur.execute("DELETE FROM chunks WHERE collection = %s AND source = %s", (collection, doc.source))
             cur.executemany(
                 "INSERT INTO chunks (collection, chunk_id, source, content_hash, idx, page, start, \"end\","
-                " tokens, text, context) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                " tokens, text, context, vector) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 [(collection, cid, doc.source, doc.content_hash, c.index, c.page, c.start, c.end, c.tokens,
-                  _clean(c.text), _clean(c.context) or None) for cid, c in zip(chunk_ids, chunks)])
+                  _clean(c.text), _clean(c.context) or None, blob)
+                 for cid, c, blob in zip(chunk_ids, chunks, blobs)])
 
     def touch_document(self, collection: str, source: str, *, size: int, mtime_ns: int) -> None:
         self._run("UPDATE documents SET size = %s, mtime_ns = %s WHERE collection = %s AND source = %s",
@@ -303,3 +307,43 @@ class PostgresCatalog:
         row = self._rows("SELECT COUNT(*), COALESCE(SUM(n_chunks), 0), COALESCE(SUM(n_tokens), 0) FROM documents"
                          " WHERE collection = %s", (collection,))[0]
         return int(row[0]), int(row[1]), int(row[2])
+
+    def chunks_by_id(self, collection: str, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
+        rows = self._rows(f"SELECT {_CHUNK} FROM chunks WHERE collection = %s AND chunk_id = ANY(%s)",
+                          (collection, list(chunk_ids)))
+        return {r[0]: StoredChunk(*r) for r in rows}
+
+    # -- the chunks' vectors (see .exact) -------------------------------------------------------
+
+    def vector_coverage(self, collection: str, source: str | Sequence[str] | None = None) -> tuple[int, bool]:
+        where, args = _of_sources(source)
+        chunks = self._rows(f"SELECT COALESCE(SUM(n_chunks), 0) FROM documents WHERE collection = %s{where}",
+                            (collection, *args))[0][0]
+        lacking = self._rows(f"SELECT 1 FROM chunks WHERE collection = %s{where} AND vector IS NULL LIMIT 1",
+                             (collection, *args))
+        return int(chunks), not lacking
+
+    def vectors(self, collection: str, *, source: str | Sequence[str] | None = None,
+                chunk_ids: Sequence[str] | None = None) -> list[tuple[str, bytes]]:
+        if chunk_ids is not None:
+            where, args = " AND chunk_id = ANY(%s)", [list(chunk_ids)]
+        else:
+            where, args = _of_sources(source)
+        return [(cid, bytes(v)) for cid, v in self._rows(
+            f"SELECT chunk_id, vector FROM chunks WHERE collection = %s{where} AND vector IS NOT NULL",
+            (collection, *args))]
+
+    def missing_vectors(self, collection: str, *, limit: int) -> list[str]:
+        return [r[0] for r in self._rows("SELECT chunk_id FROM chunks WHERE collection = %s AND vector IS NULL"
+                                         " LIMIT %s", (collection, limit))]
+
+    def set_vectors(self, collection: str, vectors: Sequence[tuple[str, bytes]]) -> None:
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            cur.executemany("UPDATE chunks SET vector = %s WHERE collection = %s AND chunk_id = %s"
+                            " AND vector IS NULL", [(blob, collection, cid) for cid, blob in vectors])
+
+
+def _of_sources(source: str | Sequence[str] | None) -> tuple[str, list]:
+    """A ``WHERE`` clause's continuation (and its argument) for chunks of ``source``: one document or several."""
+    sources = [] if not source else [source] if isinstance(source, str) else list(source)
+    return (" AND source = ANY(%s)", [sources]) if sources else ("", [])

@@ -121,17 +121,20 @@ class SQLiteCatalog:
             "SELECT source, content_hash FROM documents WHERE collection = ?", (collection,)))
 
     def commit_document(self, collection: str, doc: DocumentRecord, chunks: Sequence["Chunk"],
-                        chunk_ids: Sequence[str], sections: Sequence["_sections.Section"] = ()) -> None:
-        """Replace ``doc.source``'s record, chunks and sections in one transaction: the commit point."""
+                        chunk_ids: Sequence[str], sections: Sequence["_sections.Section"] = (),
+                        vectors: Sequence[bytes] | None = None) -> None:
+        """Replace ``doc.source``'s record, chunks (with their ``vectors``) and sections in one
+        transaction: the commit point."""
+        blobs = vectors if vectors is not None else [None] * len(chunks)
         with self._tx():
             _sections.replace(self.db, collection, doc.source, sections)
             self.db.execute("DELETE FROM chunks WHERE collection = ? AND source = ?",
                             (collection, doc.source))
             self.db.executemany(
                 "INSERT INTO chunks (chunk_id, collection, source, content_hash, idx, page, start,"
-                ' "end", tokens, text, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
+                ' "end", tokens, text, context, vector) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)',
                 [(cid, collection, doc.source, doc.content_hash, c.index, c.page, c.start, c.end,
-                  c.tokens, c.text, c.context or None) for cid, c in zip(chunk_ids, chunks)])
+                  c.tokens, c.text, c.context or None, blob) for cid, c, blob in zip(chunk_ids, chunks, blobs)])
             self.db.execute(
                 "INSERT OR REPLACE INTO documents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (collection, doc.source, doc.content_hash, doc.size, doc.mtime_ns, doc.format,
@@ -234,5 +237,64 @@ class SQLiteCatalog:
             " WHERE collection = ?", (collection,)).fetchone()
         return int(row[0]), int(row[1]), int(row[2])
 
+    def chunks_by_id(self, collection: str, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The committed chunks of these ids (those that are)."""
+        found: dict[str, StoredChunk] = {}
+        for part in _parts(chunk_ids):
+            rows = self.db.execute(
+                "SELECT chunk_id, source, content_hash, idx, page, start, \"end\", tokens, text FROM chunks"
+                f" WHERE collection = ? AND chunk_id IN ({','.join('?' * len(part))})", (collection, *part))
+            found.update((r[0], StoredChunk(*r)) for r in rows)
+        return found
+
+    # -- the chunks' vectors (see .exact) -------------------------------------------------------
+
+    def vector_coverage(self, collection: str, source: str | Sequence[str] | None = None) -> tuple[int, bool]:
+        """(chunks committed in ``collection`` (of ``source``), whether every one has its vector)."""
+        where, args = _of_sources(source)
+        chunks = self.db.execute(f"SELECT COALESCE(SUM(n_chunks), 0) FROM documents WHERE collection = ?{where}",
+                                 (collection, *args)).fetchone()[0]
+        lacking = self.db.execute(f"SELECT 1 FROM chunks WHERE collection = ?{where} AND vector IS NULL LIMIT 1",
+                                  (collection, *args)).fetchone()
+        return int(chunks), lacking is None
+
+    def vectors(self, collection: str, *, source: str | Sequence[str] | None = None,
+                chunk_ids: Sequence[str] | None = None) -> list[tuple[str, bytes]]:
+        """(chunk id, vector) of the committed chunks that have one: of ``source`` or with these ids."""
+        if chunk_ids is None:
+            where, args = _of_sources(source)
+            return self.db.execute(f"SELECT chunk_id, vector FROM chunks WHERE collection = ?{where}"
+                                   " AND vector IS NOT NULL", (collection, *args)).fetchall()
+        out: list[tuple[str, bytes]] = []
+        for part in _parts(chunk_ids):
+            out += self.db.execute(
+                f"SELECT chunk_id, vector FROM chunks WHERE collection = ? AND chunk_id IN ({','.join('?' * len(part))})"
+                " AND vector IS NOT NULL", (collection, *part)).fetchall()
+        return out
+
+    def missing_vectors(self, collection: str, *, limit: int) -> list[str]:
+        """Up to ``limit`` ids of committed chunks stored without their vector (catalogs before schema 5)."""
+        return [r[0] for r in self.db.execute(
+            "SELECT chunk_id FROM chunks WHERE collection = ? AND vector IS NULL LIMIT ?", (collection, limit))]
+
+    def set_vectors(self, collection: str, vectors: Sequence[tuple[str, bytes]]) -> None:
+        """Record the vectors of chunks committed without them (the same ones Chroma holds)."""
+        with self._tx():
+            self.db.executemany("UPDATE chunks SET vector = ? WHERE collection = ? AND chunk_id = ? AND vector IS NULL",
+                                [(blob, collection, cid) for cid, blob in vectors])
+
     def _tx(self):
         return transaction(self.db)
+
+
+def _of_sources(source: str | Sequence[str] | None) -> tuple[str, list[str]]:
+    """A ``WHERE`` clause's continuation (and its arguments) for chunks of ``source``: one document or several."""
+    sources = [] if not source else [source] if isinstance(source, str) else list(source)
+    return (f" AND source IN ({','.join('?' * len(sources))})" if sources else ""), sources
+
+
+def _parts(ids: Sequence[str], size: int = 900) -> Iterator[list[str]]:
+    """``ids`` in runs short enough for one statement's parameters."""
+    ids = list(ids)
+    for lo in range(0, len(ids), size):
+        yield ids[lo:lo + size]

@@ -18,7 +18,10 @@ History:
 3. the ``tsvector`` splits words at ASCII punctuation first, as FTS5's ``unicode61`` does:
    PostgreSQL's parser keeps ``audio/midi`` or ``bug-libtasn1@gnu.org`` as one lexeme, so a
    question about "midi" or "libtasn1" did not match them (the held-out set lost two
-   questions to this). The column is regenerated, which rewrites the chunks table once.
+   questions to this). The column is regenerated, which rewrites the chunks table once;
+4. ``chunks.vector``: each chunk's embedding (float32, little-endian ``bytea``), written in the
+   commit's transaction, so that a small collection's dense search reads the catalog instead of
+   asking Chroma (see :mod:`.exact`); old rows keep NULL until ``rag ingest`` copies theirs from Chroma.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Callable
 
 from ..errors import StoreError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Any constant shared by every rag process: the key of the advisory lock held while migrating.
 _MIGRATION_LOCK = 0x7261670001
@@ -103,8 +106,14 @@ def _v2_to_v3(cur) -> None:
         cur.execute(statement)
 
 
+def _v3_to_v4(cur) -> None:
+    cur.execute("ALTER TABLE chunks ADD COLUMN vector BYTEA")
+    # Chunks committed without their vector: found at once, and usually none.
+    cur.execute("CREATE INDEX chunks_without_vector ON chunks (collection, source) WHERE vector IS NULL")
+
+
 #: MIGRATIONS[v] turns a catalog of version v into version v + 1.
-MIGRATIONS: dict[int, Callable] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 #: The scripts that create each version from nothing: a new catalog runs version 1, then the migrations.
 CREATE = _V1
 

@@ -16,7 +16,11 @@ History:
    keep a NULL header, which indexes exactly as before;
 4. sections (:mod:`.sections`): each document version's fixed runs of chunks. Derived
    from the chunks, so the migration only creates the table; documents committed
-   before get their sections the first time a question needs them.
+   before get their sections the first time a question needs them;
+5. ``chunks.vector``: each chunk's embedding (float32, little-endian), written in the commit's
+   transaction, so that a small collection's dense search reads the catalog instead of starting
+   Chroma (see :mod:`.exact`). Old rows keep a NULL vector until ``rag ingest`` copies theirs
+   from Chroma; until then their collection is searched through Chroma as before.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from ..errors import StoreError
 from .names import name_problem
 from .sections import SCHEMA as SECTIONS
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _CHUNKS_V2 = """
 CREATE TABLE {name} (
@@ -49,13 +53,18 @@ _CHUNKS = """
 CREATE TABLE {name} (
     id INTEGER PRIMARY KEY, chunk_id TEXT, collection TEXT, source TEXT, content_hash TEXT,
     idx INTEGER, page INTEGER, start INTEGER, "end" INTEGER, tokens INTEGER, text TEXT, context TEXT,
-    UNIQUE (collection, chunk_id));
+    vector BLOB, UNIQUE (collection, chunk_id));
 """
 
 # The lexical index: a chunk's header (``context``: title and heading path) and its text.
 _FTS = """
 CREATE VIRTUAL TABLE chunks_fts USING fts5(
     context, text, content='chunks', content_rowid='id', tokenize="unicode61 tokenchars '_'");
+"""
+
+# Chunks committed without their vector (before version 5): found at once, and usually none.
+_WITHOUT_VECTOR = """
+CREATE INDEX chunks_without_vector ON chunks (collection, source) WHERE vector IS NULL;
 """
 
 _CHUNK_INDEXES = """
@@ -77,7 +86,7 @@ CREATE TABLE documents (
     collection TEXT, source TEXT, content_hash TEXT, size INTEGER, mtime_ns INTEGER,
     format TEXT, title TEXT, pages INTEGER, n_chunks INTEGER, n_tokens INTEGER, ingested_at REAL,
     PRIMARY KEY (collection, source));
-""" + _CHUNKS.format(name="chunks") + _FTS + _CHUNK_INDEXES + """
+""" + _CHUNKS.format(name="chunks") + _FTS + _CHUNK_INDEXES + _WITHOUT_VECTOR + """
 CREATE TABLE pending (collection TEXT, source TEXT, PRIMARY KEY (collection, source));
 """ + SECTIONS
 
@@ -117,8 +126,14 @@ def _v3_to_v4(db: sqlite3.Connection) -> None:
     db.execute(SECTIONS)
 
 
+def _v4_to_v5(db: sqlite3.Connection) -> None:
+    db.execute("ALTER TABLE chunks ADD COLUMN vector BLOB")
+    db.execute(_WITHOUT_VECTOR)
+
+
 # MIGRATIONS[v] turns a catalog of version v into version v + 1.
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
+                                                               4: _v4_to_v5}
 
 
 def _statements(script: str) -> list[str]:

@@ -17,7 +17,9 @@ commit point (step 3), so the crash tests stop an ingest exactly mid-document.
 
 Dense hits are filtered against the catalog, so chunks written before a crash
 are never returned, and every open of the store finishes the journal's pending
-cleanups first.
+cleanups first. The catalog also keeps each chunk's vector (written at the commit
+point with the rest), so a small collection's dense search is answered from it
+exactly, without starting Chroma (:mod:`.exact`).
 
 Embedded (the default), only one process opens a store at a time (see :mod:`.lock`).
 With a Chroma server (``url``) and a PostgreSQL catalog (``catalog_url``), any number of
@@ -40,6 +42,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 from .._testhooks import crash_point
 from ..errors import StoreError, redact
 from ..records import Chunk, CollectionInfo, DocumentRecord, Section, StoredChunk
+from . import exact
 from .catalog import Catalog
 from .failures import storage_error
 from .lock import StoreLock
@@ -323,7 +326,7 @@ class Store:
                                 "end": c.end, "tokens": c.tokens} for c in part],
                 )
             crash_point("BEFORE_COMMIT")
-            self.catalog.commit_document(self.name, doc, chunks, ids, sections)
+            self.catalog.commit_document(self.name, doc, chunks, ids, sections, vectors=exact.encode(vectors))
             self._reconcile(doc.source, keep=doc.content_hash)
 
     def touch_document(self, source: str, *, size: int, mtime_ns: int) -> None:
@@ -354,9 +357,14 @@ class Store:
 
     def dense(self, vector: "np.ndarray", *, limit: int, source: str | Sequence[str] | None = None
               ) -> list[tuple[StoredChunk, float]]:
-        """Nearest committed chunks (of ``source``: one document or several) with their cosine similarity."""
+        """Nearest committed chunks (of ``source``: one document or several) with their cosine similarity:
+        ranked exactly from the catalog's vectors where the search is small (:mod:`.exact`), else by Chroma."""
         import numpy as np
 
+        with self._writing(doing="reading"):
+            found = exact.nearest(self.catalog, self.name, vector, limit=limit, source=source)
+        if found is not None:
+            return found
         col = self._col()
         committed = self.catalog.committed_hashes(self.name)
         hits: list[tuple[StoredChunk, float]] = []
@@ -396,15 +404,39 @@ class Store:
         return self.catalog.search(self.name, query, limit=limit, source=source)
 
     def vectors(self, chunk_ids: list[str]) -> dict[str, "np.ndarray"]:
-        """The stored embeddings of these chunks (for MMR)."""
+        """The stored embeddings of these chunks (for MMR and reranking): the catalog's, else Chroma's."""
         import numpy as np
 
         if not chunk_ids:
             return {}
-        col = self._col()
         with self._writing(doing="reading"):
-            got = col.get(ids=chunk_ids, include=["embeddings"])
-        return {cid: np.asarray(v, dtype=np.float32) for cid, v in zip(got["ids"], got["embeddings"])}
+            kept = self.catalog.vectors(self.name, chunk_ids=chunk_ids)
+        found = dict(zip((cid for cid, _ in kept), exact.decode([blob for _, blob in kept])))
+        missing = [cid for cid in chunk_ids if cid not in found]
+        if missing:
+            col = self._col()
+            with self._writing(doing="reading"):
+                got = col.get(ids=missing, include=["embeddings"])
+            found.update((cid, np.asarray(v, dtype=np.float32)) for cid, v in zip(got["ids"], got["embeddings"]))
+        return found
+
+    def backfill_vectors(self, *, batch: int = 1000) -> int:
+        """Copy into the catalog, from Chroma, the vectors of chunks committed before the catalog kept them
+        (so that dense search over them skips Chroma, see :mod:`.exact`); returns how many."""
+        done = 0
+        while True:
+            with self._writing(doing="reading"):
+                ids = self.catalog.missing_vectors(self.name, limit=batch)
+                if not ids:
+                    return done
+                got = self._col().get(ids=ids, include=["embeddings"])
+            pairs = list(zip(got["ids"], exact.encode(got["embeddings"]))) if len(got["ids"]) else []
+            if pairs:
+                with self._writing():
+                    self.catalog.set_vectors(self.name, pairs)
+            done += len(pairs)
+            if len(pairs) < len(ids):  # Chroma lacks some: they stay on the Chroma path
+                return done
 
     def chunk_count(self) -> int:
         """Chunks on the dense side, committed or not (for status and consistency checks)."""

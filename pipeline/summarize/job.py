@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from ..ask import packing
-from ..ask.prompt import Layout, SectionTokens, pack, section_prompt, shape_of
+from ..ask.prompt import Layout, SectionTokens, pack, section_prompt
 from .digest import digest
 from ..errors import EngineError, InputError, RagError
 from ..records import DocumentRecord, Passage, Prompt, Section
@@ -465,7 +465,7 @@ class Job:
         g = self.settings
         kw = dict(max_tokens=g.max_tokens, temperature=g.temperature, repeat_penalty=g.repeat_penalty, seed=g.seed)
         first = prompts[0]
-        shapes = [shape_of(p) for p in prompts]
+        shapes = [p.shape for p in prompts]
         composed = g.compose and any(s.sections is not None for s in shapes)
         if len(prompts) > 1 and self.engine.n_seq_max > 1 and not composed and \
                 all(p.prefix_tokens == first.prefix_tokens for p in prompts):

@@ -419,7 +419,8 @@ def probe_control_tokens(d: Drill) -> None:
     from pipeline import Pipeline
 
     overrides = {"store.path": str(base / "store"), "cache.enabled": False, "engine.n_ctx": 2048,
-                 "engine.tuned": False, "home": str(d.home)}
+                 "engine.tuned": False, "home": str(d.home),
+                 "models.generator": "builtin:SmolLM2-135M-Instruct"}  # a chat template with control tokens
     with Pipeline.from_config(overrides=overrides, environ={}) as rag:
         prompt = rag.prompt("What does the warranty say?", top_k=2)
         tokens = list(prompt.tokens)

@@ -26,20 +26,43 @@ from .model import Model
 from .overrides import TensorOverrides
 
 _MODEL_PARAM_FIELDS = {name for name, _ in _llama_cpp_c.llama_model_params._fields_}
-# llama-cpp-python silences a load by pointing the process's stdout and stderr (fds 1 and 2) at
-# /dev/null and back; two loads at once restore each other's /dev/null, and every later print is lost.
-_constructing = threading.Lock()
 _local = threading.local()  # .pending: dict of field -> value for this thread's next load
 _install_lock = threading.Lock()
 _original_load = None
 
 
+class _Unsilenced:
+    """What replaces llama-cpp-python's ``suppress_stdout_stderr`` (see :func:`_install_load_hook`)."""
+
+    def __init__(self, disable: bool = True):
+        pass
+
+    def __enter__(self) -> "_Unsilenced":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 def _install_load_hook() -> None:
-    """Wrap ``llama_model_load_from_file`` once: a pass-through unless this thread asked for params."""
+    """Wrap ``llama_model_load_from_file`` once: a pass-through unless this thread asked for params.
+
+    Also stop llama-cpp-python from silencing loads by pointing the whole process's stdout and
+    stderr (file descriptors 1 and 2, and ``sys.stdout``/``sys.stderr``) at /dev/null: a model
+    loading in one thread (beside retrieval, or a second engine) would swallow what every other
+    thread prints meanwhile, an answer's text included. llama.cpp's own messages reach the log
+    callback of :mod:`.log` instead, which shows errors only, so a load stays as quiet as before,
+    and two loads may run at once.
+    """
     global _original_load
     with _install_lock:
         if _original_load is not None:
             return
+        import llama_cpp._internals as _internals
+        import llama_cpp.llama as _llama_module
+
+        _internals.suppress_stdout_stderr = _Unsilenced  # type: ignore[attr-defined]
+        _llama_module.suppress_stdout_stderr = _Unsilenced  # type: ignore[attr-defined]
         original = _llama_cpp_c.llama_model_load_from_file
 
         def llama_model_load_from_file(path_model: bytes, params: Any) -> Any:
@@ -139,8 +162,7 @@ def load(
     _local.applied = False
     _local.context = {"n_seq_max": n_seq_max, "kv_unified": True} if n_seq_max > 1 and not embedding else None
     try:
-        with _constructing:
-            llm = llama_cpp.Llama(model_path=str(model_path), **kwargs)
+        llm = llama_cpp.Llama(model_path=str(model_path), **kwargs)
     except (ValueError, RuntimeError) as exc:  # llama-cpp-python reports load failures as ValueError
         raise ModelLoadError(model_path, str(exc)) from exc
     finally:

@@ -43,9 +43,9 @@ class Vocabulary:
     def tokenize(self, text: str, *, add_bos: bool = False, special: bool = False) -> list[int]:
         """Tokens of ``text``; ``special``: markup such as ``<|im_start|>`` becomes its control token.
         Without it, markup tokens llama.cpp would parse from any text (gpt-oss's ``<|start|>``...) stay text."""
-        if not special:
+        if not special and _MARKUP_SPELLING.search(text):  # no text spelled like markup, no markup token in it
             markup = self.__dict__.get("_markup")
-            if markup is None:
+            if markup is None:  # the vocabulary is scanned once, for the first text that needs it
                 markup = self.__dict__["_markup"] = always_parsed_markup(self._vocab)
             if markup is not False and markup.search(text):
                 return tokenize_around(markup, text, lambda piece, bos: self._tokenize(piece, bos, False), add_bos)

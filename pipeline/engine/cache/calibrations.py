@@ -123,7 +123,7 @@ def _record(text: str) -> Calibration | None:
         return Calibration(d["model"], d["namespace"], d["seams"], kl=float(d["kl"]), top1=float(d["top1"]),
                            tokens=int(d["tokens"]), prompts=int(d.get("prompts", 1)),
                            sections=int(d.get("sections", 0)), measured_at=float(d.get("measured_at", 0.0)),
-                           method=int(d.get("method", 1)))
+                           method=int(d.get("method", 1)), kls=tuple(float(k) for k in d.get("kls", ())))
     except (ValueError, KeyError, TypeError):
         return None
 

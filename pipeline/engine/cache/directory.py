@@ -35,10 +35,10 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from ...disk import is_disk_full
-from ...errors import ConfigError, DiskFullError, EngineError
+from ...errors import Cancelled, ConfigError, DiskFullError, EngineError
 from .files import is_state_file, sweep_files
 from .index import INDEX_NAME, CacheIndex, Entry, is_damaged
 
@@ -131,18 +131,32 @@ class CacheDirectory:
             yield
 
     @contextlib.contextmanager
-    def exclusive(self, name: str) -> Iterator[bool]:
+    def exclusive(self, name: str, *, on_wait: Callable[[str], None] | None = None,
+                  cancelled: Callable[[], bool] = lambda: False) -> Iterator[bool]:
         """An exclusive lock on the file ``name`` of the directory, across processes (and across the threads
         of one), held through the block: yields whether it had to wait for another holder. For work that
-        two processes must not do twice at once (warming one set of section states)."""
+        two processes must not do twice at once (warming one set of section states). Before waiting,
+        ``on_wait(holder)`` is told who holds it (" (pid N)", or ""); ``cancelled()`` true stops the wait
+        with :class:`~pipeline.errors.Cancelled`."""
         fd = os.open(self.directory / name, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                waited = False
-            except BlockingIOError:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                waited = True
+            waited = False
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if not waited and on_wait is not None:
+                        on_wait(_holder(fd))
+                    waited = True
+                    if cancelled():
+                        raise Cancelled("cancelled while waiting for another process") from None
+                    time.sleep(0.2)
+            try:  # who holds it, for a process that waits for it
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+            except OSError:
+                pass
             yield waited
         finally:
             os.close(fd)
@@ -297,6 +311,15 @@ class CacheDirectory:
             removed = self.sweep()
             if removed:
                 self._notes.append(f"{removed} left-over prefix cache file(s) removed")
+
+
+def _holder(fd: int) -> str:
+    """Who holds a lock file (" (pid N)"), as its holder wrote it; "" where unknown."""
+    try:
+        pid = os.pread(fd, 32, 0).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f" (pid {pid})" if pid.isdigit() else ""
 
 
 __all__ = ["CacheDirectory", "LOCK_NAME", "SWEEP_INTERVAL"]

@@ -30,7 +30,7 @@ from ..._testhooks import crash_point
 from .index import Entry
 from .keys import full_hash, token_bytes
 from .store import PrefixCache
-from ..reuse.shape import Piece
+from ...records import Piece
 
 SEEN_NAME = "sections.sqlite"
 NO_STATE, EVICTED, LOST = "no state yet", "evicted", "lost with the cache index"

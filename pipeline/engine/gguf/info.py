@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Sequence
@@ -28,6 +29,9 @@ _SWA_DEFAULTS = {"gpt-oss": (2, False), "gemma2": (2, False), "gemma3": (6, Fals
                  "llama4": (4, False), "exaone4": (4, False), "olmo2": (4, False), "plamo3": (8, False),
                  "smallthinker": (4, True), "mistral": (0, False)}
 _SSM_TENSOR = re.compile(r"^blk\.(\d+)\..*ssm_")
+# ModelInfo.read's results by file version (path, inode, size, times): ModelInfo is immutable.
+_READ: dict[tuple, "ModelInfo"] = {}
+_READ_MU = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -69,10 +73,26 @@ class ModelInfo:
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> ModelInfo:
-        """The facts of the GGUF at ``path`` (its metadata and tensor names)."""
+        """The facts of the GGUF at ``path`` (its metadata and tensor names), read once per version of the
+        file in this process (the settings, the engine and the planner all ask, and a large vocabulary
+        takes tens of milliseconds to walk past)."""
         path = Path(path)
+        try:
+            st = path.stat()
+            key = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            key = None  # read_header says what is wrong
+        with _READ_MU:
+            if key is not None and key in _READ:
+                return _READ[key]
         header = read_header(path)
-        return cls.from_metadata(header.metadata, [t.name for t in header.tensors], name=path.name, path=path)
+        info = cls.from_metadata(header.metadata, [t.name for t in header.tensors], name=path.name, path=path)
+        if key is not None:
+            with _READ_MU:
+                if len(_READ) >= 32:
+                    _READ.pop(next(iter(_READ)))
+                _READ[key] = info
+        return info
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], tensor_names: Sequence[str], *, name: str = "model",

@@ -26,7 +26,7 @@ from .client import (RemoteRef, Retry, Server, TokenText, Transient, api_key, di
 from .routing import HashRing, route_key
 from ..contract import CacheKind, EngineStats, Generation, GeneratorBase
 from ..context_lock import CancelToken
-from ..reuse.shape import PromptShape, common_prefix
+from ...records import PromptShape, common_prefix
 from ..templates import FALLBACK, render_chat
 from ...errors import EngineError, UpstreamError, redact
 
@@ -347,13 +347,12 @@ class RemoteGenerator(GeneratorBase):
         n = common_prefix(held, shape.tokens, shape.prefix_len)
         return max((c for c in shape.cuts if c <= n), default=0)
 
-    def warm(self, prefix: Sequence[int], *, boundaries: Sequence[int] = ()) -> bool:
-        """Have the prefix's server prefill it (one answer token), so its slot holds it for the next question."""
-        if not prefix:
+    def warm(self, prompt: PromptShape) -> bool:
+        """Have the server of the prompt's shared prefix prefill it (one answer token), so its slot holds it
+        for the next question."""
+        if not prompt.prefix:
             return False
-        prefix = tuple(prefix)
-        cuts = tuple(sorted({int(b) for b in boundaries if 0 < b < len(prefix)} | {len(prefix)}))
-        self.generate(PromptShape(prefix, cuts), max_tokens=1).read()
+        self.generate(PromptShape(prompt.prefix, prompt.cuts), max_tokens=1).read()
         return True
 
     def close(self) -> None:

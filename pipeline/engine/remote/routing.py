@@ -16,7 +16,7 @@ import bisect
 import hashlib
 from typing import Sequence
 
-from ..reuse.shape import PromptShape
+from ...records import PromptShape
 
 VNODES = 160
 _NO_BOUNDARY_TOKENS = 256

@@ -19,14 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .shape import PromptShape
+from ...records import PromptShape
 
 if TYPE_CHECKING:
     import numpy as np
 
     from ..contract import EngineStats
     from .memory import Memory
-    from .sections import SectionReuse
+    from .planner import Planner
 
 #: Answer positions compared per prompt, at most (an answer that ends sooner gives fewer: a record
 #: under :data:`~.budget.MIN_TOKENS` is measured again after a later answer). One prompt's figure
@@ -80,17 +80,24 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.sum(np.exp(x - m), axis=1, keepdims=True))
 
 
-def measure(model, memory: Memory, record: Recorder, sections: SectionReuse, stats: EngineStats,
-            prefill: Callable[[Sequence[int], int], None]) -> Measured:
-    """Compose ``record``'s prompt on ``model`` (section states restored, or computed and saved), decode
-    its question and answer tokens with the logits of every position, and compare with the exact
-    logits recorded. Leaves ``memory`` holding the composed prompt and the answer tokens."""
+def measure(model, memory: Memory, record: Recorder, planner: Planner, stats: EngineStats,
+            prefill: Callable[[Sequence[int], int], None], *,
+            progress: Callable[[int], None] | None = None) -> Measured:
+    """Compose ``record``'s prompt on ``model`` as the planner plans it composed (section states restored,
+    or computed and saved), decode its question and answer tokens with the logits of every position,
+    and compare with the exact logits recorded. Leaves ``memory`` holding the composed prompt and the
+    answer tokens. ``progress(tokens)`` is told of the tokens computed as it goes."""
     import numpy as np
 
+    from ...errors import EngineError
     from .._llama import composing
+    from .plan import Need
 
     shape, n = record.shape, len(record.logits)
-    sections.run(model, memory, shape, stats, prefill)
+    plan = planner.plan(shape, memory, need=Need.COMPOSED)
+    if plan.composed is None:
+        raise EngineError(f"composition cannot be measured here: {plan.refusal.value if plan.refusal else 'no plan'}")
+    planner.sections.run(plan.composed, shape, model, memory, stats, prefill, progress=progress)
     end = shape.sections.end
     tail = list(shape.tokens[end:]) + record.tokens[:n - 1]
     first = len(shape) - 1 - end  # the offset in ``tail`` of the last prompt token: answer position 0
@@ -101,10 +108,12 @@ def measure(model, memory: Memory, record: Recorder, sections: SectionReuse, sta
         got = composing.output_logits(model, len(chunk))
         rows.extend(got[max(0, first - lo):])
     memory.tokens.extend(tail)
+    if progress is not None:
+        progress(len(tail))
     return compare(record.logits, np.stack(rows[:n]))
 
 
-def run_pending(engine, *, cancel=None):
+def run_pending(engine, *, cancel=None, progress: Callable[[int], None] | None = None):
     """Measure composition on ``engine`` (a :class:`~..local.Engine`) against the exact answer an earlier
     prompt recorded (``engine.pending_calibration``): that prompt composed from section states (the
     sections without one computed and saved), compared on the answer's tokens; the calibration kept
@@ -122,8 +131,8 @@ def run_pending(engine, *, cancel=None):
             if not planner.wants_calibration(record.shape, memory):
                 return None
             try:
-                got = measure(engine.llm, memory, record, planner.sections, EngineStats(),
-                              lambda tokens, start: engine.prefill(tokens, start=start))
+                got = measure(engine.llm, memory, record, planner, EngineStats(),
+                              lambda tokens, start: engine.prefill(tokens, start=start), progress=progress)
             except EngineError:
                 memory.clear()
                 if engine.lock.stopping:
@@ -134,11 +143,12 @@ def run_pending(engine, *, cancel=None):
     except Cancelled:
         engine.pending_calibration = record  # given way to another prompt, or cancelled: measured later
         return None
-    return planner.calibrated(planner.new_calibration(kl=got.kl, top1=got.top1, tokens=got.tokens,
+    return planner.calibrated(planner.new_calibration(kl=got.kl, top1=got.top1, tokens=got.tokens, kls=(got.kl,),
                                                       sections=len(record.shape.sections.ends)))
 
 
-def run_on(engine, prompt: PromptShape, *, repeat_penalty: float, cancel=None):
+def run_on(engine, prompt: PromptShape, *, repeat_penalty: float, cancel=None,
+           progress: Callable[[int], None] | None = None):
     """Answer ``prompt`` (a sections-mode prompt of the collection) exactly on ``engine``, recording its
     first answer positions, then :func:`run_pending`. None where no calibration is wanted
     (``ask.compose`` not ``auto``, calibrated already, a model that cannot shift, one section).
@@ -150,7 +160,8 @@ def run_on(engine, prompt: PromptShape, *, repeat_penalty: float, cancel=None):
 
     Both steps are background work: a prompt that queues meanwhile runs first, and the step is taken
     up again after it (an exact answer another prompt recorded meanwhile is measured instead), until
-    the calibration is done or ``cancel`` fires (:class:`~pipeline.errors.Cancelled`)."""
+    the calibration is done or ``cancel`` fires (:class:`~pipeline.errors.Cancelled`). ``progress(tokens)``
+    is told of the tokens computed (prefilled exactly, then composed) as it goes."""
     from ...errors import Cancelled, EngineClosed, EngineError
 
     if len(prompt) + TOKENS + 1 > engine.n_ctx:
@@ -159,18 +170,30 @@ def run_on(engine, prompt: PromptShape, *, repeat_penalty: float, cancel=None):
         if engine.pending_calibration is None:
             try:
                 engine.generate(prompt, max_tokens=TOKENS, repeat_penalty=repeat_penalty, cancel=cancel, exact=True,
-                                preemptible=True).read()
+                                preemptible=True, progress=_increments(progress)).read()
             except Cancelled as exc:
                 if isinstance(exc, EngineClosed) or (cancel is not None and cancel.cancelled):
                     raise
                 continue  # gave way: the waiting prompt runs, then this one again
             if engine.pending_calibration is None:
                 return None  # nothing to calibrate on this prompt
-        got = run_pending(engine, cancel=cancel)
+        got = run_pending(engine, cancel=cancel, progress=progress)
         if got is not None or engine.pending_calibration is None:
             return got
         if cancel is not None and cancel.cancelled:
             raise Cancelled("cancelled before composition was measured")
+
+
+def _increments(progress: Callable[[int], None] | None) -> Callable[[int, int], None] | None:
+    """A ``progress(done, total)`` of a prefill as ``progress(tokens)`` increments."""
+    if progress is None:
+        return None
+    seen = [0]
+
+    def tell(done: int, total: int) -> None:
+        progress(done - seen[0])
+        seen[0] = done
+    return tell
 
 
 __all__ = ["Measured", "Recorder", "TOKENS", "compare", "measure", "run_on", "run_pending"]

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from ..._testhooks import crash_point
 from ...errors import EngineError
 from .._llama import composing as mem
 from .seams import STRATEGIES, Seams, runs, seam_positions
-from .shape import Piece
+from ...records import Piece
 
 
 class States(Protocol):
@@ -100,7 +100,8 @@ class Composed:
 
 
 def compose(model, head: Sequence[int], pieces: Sequence[Piece], states: States, seams: Seams, *,
-            held: int = 0, scratch: int = 1, guard: int = 2, positions: Sequence[int] | None = None) -> Composed:
+            held: int = 0, scratch: int = 1, guard: int = 2, positions: Sequence[int] | None = None,
+            progress: Callable[[int], None] | None = None) -> Composed:
     """Fill sequence 0 of ``model`` with ``head`` and ``pieces`` composed from section states.
 
     Sequence 0 must hold exactly ``head`` and the first ``held`` pieces (as a composition made
@@ -108,7 +109,8 @@ def compose(model, head: Sequence[int], pieces: Sequence[Piece], states: States,
     sliding-window layers, ``guard`` is another (see :func:`_guarded`). ``positions``
     replaces the seams' choice of tokens to recompute (a benchmark's). On return sequence 0
     holds the whole documents part, ready for the question; raises EngineError if llama.cpp
-    refused a step (sequence 0 is then cleared).
+    refused a step (sequence 0 is then cleared). ``progress(tokens)`` is told of the tokens decoded
+    (sections computed, seams), as it goes.
     """
     if not mem.can_shift(model):
         raise EngineError("this model's memory cannot shift positions (recurrent or hybrid): it cannot compose")
@@ -121,7 +123,10 @@ def compose(model, head: Sequence[int], pieces: Sequence[Piece], states: States,
     guard_seq = _guarded(model, guard)
     try:
         for piece in pieces[held:]:
+            computed = out.computed_tokens
             _place(model, head, piece, pos, states, scratch, out)
+            if progress is not None and out.computed_tokens > computed:
+                progress(out.computed_tokens - computed)
             _protect(model, guard_seq, pos, pos + len(piece))
             crash_point("COMPOSING")
             if pos != h:
@@ -134,6 +139,8 @@ def compose(model, head: Sequence[int], pieces: Sequence[Piece], states: States,
             _recompute(model, tokens, a, b, scratch, guard_seq)
             out.runs += 1
             out.recomputed_tokens += b - a
+            if progress is not None:
+                progress(b - a)
         out.seconds["recompute"] += time.perf_counter() - t0
     except BaseException:
         model.clear()

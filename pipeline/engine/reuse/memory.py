@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from .kinds import ATTENTION, MemoryKind, kind_of_model
 
 if TYPE_CHECKING:
     from .._llama import Model
@@ -16,14 +18,34 @@ class Memory:
     ``composed`` is how many leading tokens a composition made (0: all computed exactly):
     prefix reuse takes only exactly computed memory, and a composed prompt keeps only what
     a composition made. ``model`` is the loaded model, None until its owner (the engine)
-    loads it: an unloaded model holds nothing. Not thread-safe: the owner calls it within
-    its turn; others read :meth:`snapshot`.
+    loads it (:meth:`attach`): an unloaded model holds nothing. :attr:`kind` is what reuse may
+    do with it (:mod:`.kinds`): ``expected()`` until the model loads (its header's word), then
+    llama.cpp's. Not thread-safe: the owner calls it within its turn; others read :meth:`snapshot`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, expected: Callable[[], MemoryKind] = lambda: ATTENTION) -> None:
         self.model: Model | None = None
         self.tokens: list[int] = []
         self.composed = 0
+        self._expected = expected
+        self._kind: MemoryKind | None = None  # the loaded model's
+
+    def attach(self, model: Model) -> None:
+        """The model is loaded: its memory is empty, and its kind is now llama.cpp's (read once)."""
+        self.model, self.tokens, self.composed = model, [], 0
+        self._kind = kind_of_model(model)
+
+    def detach(self) -> None:
+        """The model is freed: nothing is held."""
+        self.model, self.tokens, self.composed = None, [], 0
+
+    @property
+    def kind(self) -> MemoryKind:
+        return self._kind if self._kind is not None else self._expected()
+
+    @property
+    def loaded(self) -> bool:
+        return self.model is not None
 
     def _loaded(self) -> Model:
         if self.model is None:
@@ -32,14 +54,9 @@ class Memory:
 
     def snapshot(self) -> Memory:
         """A copy of what it holds, for a look beside a running prompt (the model shared, never used)."""
-        out = Memory()
-        out.model, out.tokens, out.composed = self.model, list(self.tokens), self.composed
+        out = Memory(expected=self._expected)
+        out.model, out.tokens, out.composed, out._kind = self.model, list(self.tokens), self.composed, self._kind
         return out
-
-    @property
-    def can_trim(self) -> bool:
-        """Whether the memory can be cut at any position (assumed until the model is loaded)."""
-        return self.model.can_trim if self.model is not None else True
 
     @property
     def exact(self) -> Sequence[int]:

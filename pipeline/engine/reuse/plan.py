@@ -14,12 +14,13 @@ with its predicted time to the first token:
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..contract import CacheKind
 from .budget import Refusal
-from .shape import PromptShape
+from ...records import PromptShape
 
 if TYPE_CHECKING:
     from ..cache.index import Entry
@@ -66,14 +67,18 @@ class PrefixPlan:
 
 @dataclass(frozen=True)
 class SectionsPlan:
-    """Composition: ``held`` sections kept in memory (``held_tokens`` with the head), and for each
-    other section (``sizes``) whether a state is saved; ``seams`` tokens recomputed."""
+    """Composition, as it will be carried out: the first ``held`` sections stay in memory as a composition
+    left them (``held_tokens`` with the head); else the head's state is restored (``head``) or, with none
+    saved, the head is prefilled. Each other section (``sizes``) is restored from its state where one is
+    saved (``saved``) or computed on its own and saved; the tokens at ``seams`` (prompt positions) are
+    decoded again."""
 
     held: int
     held_tokens: int
     saved: tuple[bool, ...]
     sizes: tuple[int, ...]
-    seams: int = 0
+    seams: tuple[int, ...] = ()
+    head: Restore | None = None
 
     @property
     def restorable_tokens(self) -> int:
@@ -86,21 +91,33 @@ class SectionsPlan:
 
     @property
     def reused(self) -> int:
-        """Tokens this prompt would not prefill (held or restored; seams aside)."""
-        return self.held_tokens + self.restorable_tokens
+        """Tokens this prompt would not prefill (held, or restored with the head; seams aside)."""
+        kept = self.held_tokens or (self.head.entry.n_tokens if self.head is not None else 0)
+        return kept + self.restorable_tokens
+
+
+class Need(str, enum.Enum):
+    """What a prompt needs of its plan (the one question asked of the planner)."""
+
+    ANSWER = "answer"  # the planner chooses: exact or composed, by the policy and the predicted time
+    EXACT = "exact"  # exact prefill: what a calibration compares against, a warmed prefix, shared sequences
+    COMPOSED = "composed"  # composed wherever the model can (a calibration's measurement)
 
 
 @dataclass(frozen=True)
 class ReusePlan:
-    """One prompt's plan: ``exact`` always (what prefix reuse would do), ``composed`` where the prompt is
-    composed (None: prefilled exactly, ``refusal`` says why a sections-mode prompt is not). ``seconds``
-    are the predicted times to the first token of each way, exact first (what the choice was made by)."""
+    """One prompt's plan, carried out as it is: ``composed`` where the prompt is composed, else ``exact``
+    (always planned: what prefix reuse does). ``refusal`` says why a sections-mode prompt is not composed.
+    ``seconds`` are the predicted times to the first token of each way planned (``"exact"``, and
+    ``"composed"`` where composition was weighed); ``calibrate``: this prompt's exact answer is recorded
+    to measure composition by (:mod:`.calibrate`)."""
 
     shape: PromptShape
     exact: PrefixPlan
     composed: SectionsPlan | None = None
     refusal: Refusal | None = None
-    seconds: tuple[float, ...] = field(default=())
+    seconds: dict[str, float] = field(default_factory=dict)
+    calibrate: bool = False
 
     @property
     def reused(self) -> int:
@@ -110,13 +127,22 @@ class ReusePlan:
     def kind(self) -> CacheKind:
         return CacheKind.COMPOSED if self.composed is not None else self.exact.source
 
-    def describe(self) -> str:
-        """One line for people: the way chosen and the predicted seconds of each."""
-        if len(self.seconds) < 2:
-            return ""
-        exact, composed = self.seconds[:2]
-        way = "composed" if self.composed is not None else "exact"
-        return f"planned {way}: predicted {composed:.2f} s composed, {exact:.2f} s exact"
+    @property
+    def way(self) -> str:
+        return "composed" if self.composed is not None else "exact"
+
+    @property
+    def predicted_seconds(self) -> float:
+        """The predicted time to the first token of the way chosen."""
+        return self.seconds.get(self.way, 0.0)
+
+    @property
+    def lost_sections(self) -> int:
+        """Sections computed now for want of composing (those the exact prefix does not cover)."""
+        s = self.shape.sections
+        if self.refusal is None or s is None:
+            return 0
+        return sum(1 for end in s.ends if end > self.exact.reused)
 
 
-__all__ = ["PrefixPlan", "ReusePlan", "Restore", "SectionsPlan"]
+__all__ = ["Need", "PrefixPlan", "ReusePlan", "Restore", "SectionsPlan"]

@@ -1,6 +1,6 @@
 """The reuse planner: for one prompt and what an engine holds, the one :class:`~.plan.ReusePlan`.
 
-The engine asks once per prompt, with the prompt's shape (:class:`~.shape.PromptShape`)
+The engine asks once per prompt, with the prompt's shape (:class:`~pipeline.records.PromptShape`)
 and its memory; the pool routes by the same plan (:meth:`Planner.held`) and the packer
 weighs candidate prompts by it (:meth:`Planner.plan` ``.reused``, a probe).
 
@@ -19,10 +19,15 @@ How it chooses:
    later question faster, and a cold composed prompt costs about what exact prefill does
    (sections are computed on their own, with shorter attention, plus a few seams).
 
-Model kinds are strategies, not flags spread through the code: a memory that can be cut
-anywhere keeps its common prefix in place; one that cannot (recurrent and hybrid models)
-reuses only states saved exactly at cuts, checkpoints at every boundary in host memory,
-and never composes.
+What the model's memory allows is its kind (:mod:`.kinds`), a strategy chosen once: a memory
+that can be cut anywhere keeps its common prefix in place; one that cannot (recurrent and
+hybrid models) reuses only states saved exactly at cuts, checkpoints at every boundary in
+host memory, and never composes.
+
+The plan binds: the engine carries it out as planned (:meth:`~..local.Engine.generate`), and
+every other user asks the same planner with what its prompt needs (:class:`~.plan.Need`):
+warming a prefix and decoding several prompts together need ``EXACT``; a calibration's
+measurement needs ``COMPOSED``; the pool routes by :meth:`Planner.held`.
 """
 
 from __future__ import annotations
@@ -31,10 +36,10 @@ from typing import TYPE_CHECKING, Callable
 
 from .budget import Calibration, ComposeMode, ComposePolicy, Refusal
 from .memory import Memory
-from .plan import PrefixPlan, ReusePlan, SectionsPlan
+from .plan import Need, PrefixPlan, ReusePlan, SectionsPlan
 from .prefix import PrefixReuse
 from .sections import SectionReuse
-from .shape import PromptShape
+from ...records import PromptShape
 
 if TYPE_CHECKING:
     from ..cache.calibrations import Calibrations
@@ -104,17 +109,21 @@ class Planner:
         self._calibration = (record,)
         return record
 
-    def new_calibration(self, *, kl: float, top1: float, tokens: int, sections: int) -> Calibration:
-        return Calibration(self._model_name(), self._namespace(), self.policy.seams.key, kl=kl, top1=top1,
-                           tokens=tokens, sections=sections)
+    def new_calibration(self, **figures) -> Calibration:
+        """A record of this model and seams with ``figures`` (``kl``, ``top1``, ``tokens``, ``prompts``...)."""
+        return Calibration(self._model_name(), self._namespace(), self.policy.seams.key, **figures)
 
-    def refusal(self, memory: Memory) -> Refusal | None:
-        """Why a sections-mode prompt may not be composed on this engine now (None: it may)."""
+    def refusal(self, memory: Memory, *, calibrated: bool = True) -> Refusal | None:
+        """Why a sections-mode prompt may not be composed on this engine now (None: it may): the one
+        answer to "may this compose" (the engine, warming, the status and the section size all ask it).
+        ``calibrated=False`` leaves the calibration out: whether prompts could ever be composed here."""
         if not self.policy.enabled:
             return Refusal.OFF
+        if not memory.kind.composes:
+            return Refusal.CANNOT_SHIFT
         if not self.sections.available:
             return Refusal.NO_CACHE
-        return self.policy.refusal(can_shift=can_shift(memory), calibration=self.calibration())
+        return self.policy.refusal(self.calibration()) if calibrated else None
 
     def require_sections(self, memory: Memory) -> None:
         """Refuse (:class:`~pipeline.errors.EngineError`) to save section states that no prompt would
@@ -122,32 +131,36 @@ class Planner:
         calibrated, or over its budget, may still be: ``ask.compose = "on"``, another budget.)"""
         from ...errors import EngineError
 
-        refusal = self.refusal(memory)
-        if refusal in (Refusal.OFF, Refusal.NO_CACHE, Refusal.CANNOT_SHIFT):
+        refusal = self.refusal(memory, calibrated=False)
+        if refusal is not None:
             raise EngineError(f"section states cannot be used: {refusal.value}")
 
     def wants_calibration(self, shape: PromptShape, memory: Memory) -> bool:
         """Whether this prompt's exact answer should be measured against its composition: ``auto``,
         no calibration of enough tokens yet, a prompt of two sections or more, a model that shifts."""
         s = shape.sections
-        return (s is not None and len(s.ends) >= 2 and self.sections.available
-                and self.policy.wants_calibration(self.calibration()) and can_shift(memory) is not False)
+        return (s is not None and len(s.ends) >= 2 and self.refusal(memory, calibrated=False) is None
+                and self.policy.wants_calibration(self.calibration()))
 
     # -- planning ----------------------------------------------------------------------------
 
-    def plan(self, shape: PromptShape, memory: Memory, *, probe: bool = False) -> ReusePlan:
-        """The plan for ``shape`` on ``memory``. ``probe``: a look that is not a use (no miss counted)."""
-        exact = self.prefix.plan(memory, shape, probe=probe)
-        if shape.sections is None:
-            return ReusePlan(shape, exact)
-        refusal = self.refusal(memory)
+    def plan(self, shape: PromptShape, memory: Memory, *, need: Need = Need.ANSWER, probe: bool = False) -> ReusePlan:
+        """The one plan for ``shape`` on ``memory``, which the engine carries out as it is. ``need``: what
+        the prompt requires (:class:`~.plan.Need`); ``probe``: a look that is not a use (no miss counted)."""
+        exact = self.prefix.plan(shape, memory, probe=probe)
+        seconds = {"exact": self._exact_seconds(shape, exact)}
+        calibrate = need is not Need.COMPOSED and self.wants_calibration(shape, memory)
+        if shape.sections is None or need is Need.EXACT:
+            return ReusePlan(shape, exact, seconds=seconds, calibrate=calibrate)
+        refusal = self.refusal(memory, calibrated=need is Need.ANSWER)
         if refusal is not None:
-            return ReusePlan(shape, exact, refusal=refusal)
-        composed = self.sections.plan(memory, shape)
-        seconds = (self._exact_seconds(shape, exact), self._composed_seconds(shape, composed))
-        if self.policy.mode is ComposeMode.ON or seconds[1] <= seconds[0] * (1 + MARGIN):
+            return ReusePlan(shape, exact, refusal=refusal, seconds=seconds, calibrate=calibrate)
+        composed = self.sections.plan(shape, memory)
+        seconds["composed"] = self._composed_seconds(shape, composed)
+        if (need is Need.COMPOSED or self.policy.mode is ComposeMode.ON
+                or seconds["composed"] <= seconds["exact"] * (1 + MARGIN)):
             return ReusePlan(shape, exact, composed, seconds=seconds)
-        return ReusePlan(shape, exact, refusal=Refusal.EXACT_FASTER, seconds=seconds)
+        return ReusePlan(shape, exact, refusal=Refusal.EXACT_FASTER, seconds=seconds, calibrate=calibrate)
 
     def _exact_seconds(self, shape: PromptShape, exact: PrefixPlan) -> float:
         restore = exact.restore.entry.bytes if exact.restore is not None else 0
@@ -156,27 +169,21 @@ class Planner:
     def _composed_seconds(self, shape: PromptShape, composed: SectionsPlan) -> float:
         s = shape.sections
         assert s is not None
-        prefill = len(shape) - s.end + composed.missing_tokens + composed.seams
-        if composed.held_tokens == 0:
-            prefill += s.head
+        prefill = len(shape) - s.end + composed.missing_tokens + len(composed.seams)
         restore = composed.restorable_tokens * self.speeds.bytes_per_token
+        if not composed.held_tokens:
+            if composed.head is not None:
+                restore += composed.head.entry.bytes
+            else:
+                prefill += s.head
         return self.speeds.seconds(prefill=prefill, restore_bytes=restore)
 
     def held(self, shape: PromptShape, memory: Memory) -> int:
         """How much of ``shape`` the memory itself holds as the plan would use it (what a pool routes by):
         a composition's leading sections for a composed prompt, else the exact common prefix."""
         if shape.sections is not None and memory.composed and self.refusal(memory) is None:
-            return self.sections.held(memory, shape)
-        return self.prefix.held(memory, shape)
+            return self.sections.held(shape, memory)
+        return self.prefix.held(shape, memory)
 
 
-def can_shift(memory: Memory) -> bool | None:
-    """Whether the memory's model can shift positions (None: not loaded yet)."""
-    if memory.model is None:
-        return None
-    from .._llama import composing
-
-    return composing.can_shift(memory.model)
-
-
-__all__ = ["MARGIN", "Planner", "Speeds", "can_shift"]
+__all__ = ["MARGIN", "Planner", "Speeds"]

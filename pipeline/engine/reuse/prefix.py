@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from ..contract import CacheKind, EngineStats
 from .memory import Memory
 from .plan import PrefixPlan, Restore
-from .shape import PromptShape, common_prefix
+from ...records import PromptShape, common_prefix
 
 if TYPE_CHECKING:
     from ..cache.index import Entry
@@ -70,13 +70,13 @@ class PrefixReuse:
         so its next one restores the prefix from the store instead."""
         return (self._disk() or self.ram is not None) and prefix_len >= self.min_tokens
 
-    def held(self, memory: Memory, shape: PromptShape) -> int:
+    def held(self, shape: PromptShape, memory: Memory) -> int:
         """How many tokens of the prompt ``memory`` holds, up to a cut the prompt may reuse."""
         if not shape.cuts:
             return 0
         return self._keepable(memory, shape)[0]
 
-    def plan(self, memory: Memory, shape: PromptShape, *, probe: bool = False) -> PrefixPlan:
+    def plan(self, shape: PromptShape, memory: Memory, *, probe: bool = False) -> PrefixPlan:
         """What the prompt would reuse: what ``memory`` holds of it up to a cut (with no cuts, any
         common prefix but the last token), or a longer state saved at a cut. ``probe``: a look
         that is not a use (the store counts no miss)."""
@@ -84,10 +84,10 @@ class PrefixReuse:
         cuts = shape.cuts
         if not cuts:
             return PrefixPlan(keep=keep, notes=notes)
-        store = self.uses_store(cuts[-1]) and (self._disk() or not memory.can_trim)  # RAM states: uncuttable
+        store = self.uses_store(cuts[-1]) and (self._disk() or memory.kind.checkpoints)
         if not store or keep >= cuts[-1]:
             return PrefixPlan(keep=keep, store=store, notes=notes)
-        restore = self._lookup(shape, floor=max(keep + 1, self.min_tokens), ram=not memory.can_trim, probe=probe)
+        restore = self._lookup(shape, floor=max(keep + 1, self.min_tokens), ram=memory.kind.checkpoints, probe=probe)
         if restore is None:
             return PrefixPlan(keep=keep, store=True, missed=True,
                               lookup_error=self.store.last_error if self._disk() else "", notes=notes)
@@ -137,12 +137,11 @@ class PrefixReuse:
             n = max((c for c in cuts if c <= n), default=0)
         else:
             n = common_prefix(held, tokens, len(tokens) - 1)
-        if n == len(held) or memory.can_trim:
-            return n, ()
-        if n:
-            return 0, (f"this model's memory (recurrent/hybrid) cannot be cut at token {n}: "
-                       "only a saved prefix state can be reused",)
-        return 0, ()
+        keep = memory.kind.keepable(n, len(held))
+        if keep < n:
+            return keep, (f"this model's memory ({memory.kind.name}) cannot be cut at token {n}: "
+                          "only a saved prefix state can be reused",)
+        return keep, ()
 
     # -- carrying a plan out ----------------------------------------------------------------
 
@@ -174,7 +173,7 @@ class PrefixReuse:
                               "full prefill",)
         if not plan.store:
             return replace(plan, keep=0, notes=notes)
-        again = self.plan(memory, shape, probe=True)  # one miss counted
+        again = self.plan(shape, memory, probe=True)  # one miss counted
         again = replace(again, missed=True, notes=notes, lookup_error=plan.lookup_error or again.lookup_error)
         return self.apply(again, shape, memory, stats) if again.restore is not None else again
 
@@ -196,7 +195,7 @@ class PrefixReuse:
         :meth:`save_points` where the plan uses the store. Returns the cuts saved now."""
         saved: set[int] = set()
         tokens, cuts = shape.tokens, shape.cuts
-        checkpoints = not memory.can_trim and self.ram is not None
+        checkpoints = memory.kind.checkpoints and self.ram is not None
         points = self.save_points(cuts, len(memory.tokens), every=checkpoints) if plan.store else set()
         disk_points = self.save_points(cuts, len(memory.tokens)) if plan.store else set()
         for cut in cuts:
@@ -230,7 +229,7 @@ class PrefixReuse:
     def _keep_in_ram(self, memory: Memory) -> Entry | None:
         """A copy of what the memory holds in the host-memory store, for a model that cannot cut its memory
         (others reuse their KV cache in place)."""
-        if self.ram is None or memory.can_trim:
+        if self.ram is None or not memory.kind.checkpoints:
             return None
         return memory.save(self.ram, self._namespace())
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .shape import Piece
+from ...records import Piece
 
 STRATEGIES = ("none", "first", "last", "headers", "focus", "whole")
 """How a moved section's tokens are chosen for recompute (:class:`Seams`); ``+`` combines them."""

@@ -24,9 +24,9 @@ from ...errors import DiskFullError
 from ..cache.sections import SectionStates
 from ..contract import CacheKind
 from .memory import Memory
-from .plan import SectionsPlan
+from .plan import Restore, SectionsPlan
 from .seams import Seams, seam_positions
-from .shape import Piece, PromptShape, common_prefix
+from ...records import Piece, PromptShape, common_prefix
 
 if TYPE_CHECKING:
     from ..cache.store import PrefixCache
@@ -54,14 +54,13 @@ class SectionReuse:
 
     # -- deciding ---------------------------------------------------------------------------
 
-    def plan(self, memory: Memory, shape: PromptShape) -> SectionsPlan:
-        """What composing the prompt now would reuse (memory, saved states), running nothing and counting
-        no miss."""
+    def plan(self, shape: PromptShape, memory: Memory) -> SectionsPlan:
+        """What composing the prompt now does (memory kept, saved states restored, sections computed, seams
+        recomputed), running nothing and counting no miss."""
         sections = shape.sections
         assert sections is not None
-        held, held_tokens = self._held(memory, shape)
-        if not held_tokens and self.store.find(self._namespace(), shape.tokens[:sections.head]) is not None:
-            held_tokens = sections.head
+        held, held_tokens = self._held(shape, memory)
+        head = None if held_tokens else self._saved_head(shape.tokens[:sections.head])
         pieces = sections.pieces(shape.tokens)
         states = self.states(shape)
         try:
@@ -74,14 +73,14 @@ class SectionReuse:
                 places.append((pos, piece))
             pos += len(piece)
         return SectionsPlan(held, held_tokens, saved, tuple(len(p) for p in pieces),
-                            seams=len(seam_positions(self.seams, places)))
+                            seams=tuple(seam_positions(self.seams, places)), head=head)
 
-    def held(self, memory: Memory, shape: PromptShape) -> int:
+    def held(self, shape: PromptShape, memory: Memory) -> int:
         """Tokens of the prompt (head and whole sections) ``memory`` holds as composing it would leave them."""
-        return self._held(memory, shape)[1]
+        return self._held(shape, memory)[1]
 
     @staticmethod
-    def _held(memory: Memory, shape: PromptShape) -> tuple[int, int]:
+    def _held(shape: PromptShape, memory: Memory) -> tuple[int, int]:
         """Sections (and tokens, with the head) the memory holds as this composition would make them."""
         sections = shape.sections
         assert sections is not None
@@ -93,26 +92,31 @@ class SectionReuse:
 
     # -- carrying a composition out ---------------------------------------------------------
 
-    def run(self, model, memory: Memory, shape: PromptShape, stats: EngineStats,
-            prefill: Callable[[Sequence[int], int], None]) -> Composed:
-        """Bring ``memory`` (on ``model``) to the prompt's documents part, composed; ``prefill(tokens,
-        start)`` decodes the head where the memory does not hold it. Fills the composition's figures
-        into ``stats``."""
+    def run(self, plan: SectionsPlan, shape: PromptShape, model, memory: Memory, stats: EngineStats,
+            prefill: Callable[[Sequence[int], int], None], *, progress: Callable[[int], None] | None = None
+            ) -> Composed:
+        """Carry ``plan`` out: bring ``memory`` (on ``model``) to the prompt's documents part, composed;
+        ``prefill(tokens, start)`` decodes the head where the plan restores none. Fills the composition's
+        figures into ``stats``. Where a step the plan counted on fails (the memory refuses a cut, a state
+        fails its checks), the same work is done the way that needs nothing saved (the head prefilled, the
+        section computed): nothing is decided again. ``progress(tokens)``: see :func:`.compose.compose`."""
         from .compose import compose  # llama.cpp's memory API: imported once a model runs
 
         sections = shape.sections
         assert sections is not None
         head = shape.tokens[:sections.head]
-        held, held_tokens = self._held(memory, shape)
+        held, held_tokens = plan.held, plan.held_tokens
         if held_tokens and not memory.cut(held_tokens):
             held, held_tokens = 0, 0
+            stats.notes.append("the KV memory could not be cut where the plan kept it: the head was brought back")
         if held_tokens == 0:
-            held_tokens = self._head(memory, head, prefill)
+            held_tokens = self._head(memory, head, plan.head, prefill)
         memory.composed = 0
         states = self.states(shape)
         t0 = time.perf_counter()
         try:
-            done = compose(model, head, sections.pieces(shape.tokens), states, self.seams, held=held)
+            done = compose(model, head, sections.pieces(shape.tokens), states, self.seams, held=held,
+                           positions=plan.seams if held == plan.held else None, progress=progress)
         except BaseException:
             memory.clear()
             raise
@@ -135,13 +139,22 @@ class SectionReuse:
         stats.cache_load_seconds += done.seconds["restore"]
         stats.notes.extend(states.notes)
 
+    def saved(self, head: Sequence[int], sections: Sequence[Sequence[int]]) -> list[bool]:
+        """Which of ``sections`` (token lists after ``head``) have a saved state whose file is there (a probe)."""
+        states = SectionStates(self.store, self._namespace(), head)
+        try:
+            return states.held([Piece(tuple(t)) for t in sections])
+        finally:
+            states.close()
+
     def warm(self, model, memory: Memory, head: Sequence[int], sections: Sequence[Sequence[int]],
              prefill: Callable[[Sequence[int], int], None],
-             progress: Callable[[int, int], None] | None = None, *,
-             turn: Callable[[], ContextManager] = nullcontext, give_way: Callable[[], bool] = lambda: False) -> dict:
+             progress: Callable[[int], None] | None = None, *,
+             turn: Callable[[], ContextManager] = nullcontext, give_way: Callable[[], bool] = lambda: False,
+             on_wait: Callable[[str], None] | None = None, cancelled: Callable[[], bool] = lambda: False) -> dict:
         """Compute and save the state of each of ``sections`` (token lists) that has none, each on
-        its own after ``head``, in order: what composed prompts restore. ``progress(done, total)``
-        counts the sections' tokens. Leaves ``memory`` holding ``head``.
+        its own after ``head``, in order: what composed prompts restore. ``progress(tokens)`` is told of
+        the tokens of each section computed. Leaves ``memory`` holding ``head``.
 
         ``model`` and ``memory`` are used only within ``turn()`` (the engine's hold on its context),
         and the turn is given up between two sections where ``give_way()`` says so (a prompt waits
@@ -149,19 +162,20 @@ class SectionReuse:
 
         Each saved state is checked first (its file there, its size and checksum): a missing or damaged
         one is dropped and saved again. One process warms a set of states at a time (a lock in the cache
-        directory): a second waits, then finds what the first saved, so ``saved + cached`` counts every
-        section. The first save that fails for lack of space stops the warm with a
+        directory): a second waits (telling ``on_wait(holder)`` first; ``cancelled()`` stops the wait), then
+        finds what the first saved, so ``saved + cached`` counts every section. The first save that fails for lack of space stops the warm with a
         :class:`~pipeline.errors.DiskFullError` that says how much was saved."""
         states = SectionStates(self.store, self._namespace(), head)
         counts = {"total": sum(map(len, sections)), "done": 0, "computed": 0, "found": 0, "repaired": 0}
         t0 = time.perf_counter()
         try:
-            with self.store.exclusive(f"sections-{states.namespace[:32]}.lock") as waited:
+            with self.store.exclusive(f"sections-{states.namespace[:32]}.lock", on_wait=on_wait,
+                                      cancelled=cancelled) as waited:
                 i = 0
                 while i < len(sections):
                     with turn():
                         if memory.composed or memory.tokens[:len(head)] != list(head) or not memory.cut(len(head)):
-                            self._head(memory, head, prefill)
+                            self._head(memory, head, self._saved_head(head), prefill)
                         i = self._warm_each(model, len(head), sections, i, states, counts, progress, give_way)
         finally:
             states.close()
@@ -175,7 +189,7 @@ class SectionReuse:
 
     @staticmethod
     def _warm_each(model, h: int, sections: Sequence[Sequence[int]], start: int, states: SectionStates,
-                   counts: dict, progress: Callable[[int, int], None] | None, give_way: Callable[[], bool]) -> int:
+                   counts: dict, progress: Callable[[int], None] | None, give_way: Callable[[], bool]) -> int:
         """Warm ``sections[start:]`` until one is to give way before; the index reached."""
         from .._llama import composing
         from .compose import compute
@@ -201,16 +215,20 @@ class SectionReuse:
                         "--sections` again: it computes only the sections still without a state")
                 if states.saved == saved and states.find(piece) is not None:
                     counts["found"] += 1  # saved meanwhile by a process that does not take the lock (a question)
+                if progress is not None:
+                    progress(len(piece))
             counts["done"] += len(piece)
-            if progress is not None:
-                progress(counts["done"], counts["total"])
         return len(sections)
 
-    def _head(self, memory: Memory, head: Sequence[int], prefill: Callable[[Sequence[int], int], None]) -> int:
-        """Bring ``memory`` to exactly ``head``: its state restored from the store (its tokens, what it
-        reused), else prefilled and saved (0)."""
+    def _saved_head(self, head: Sequence[int]) -> Restore | None:
         entry = self.store.find(self._namespace(), head)
-        if entry is not None and memory.restore(self.store, entry, head):
+        return Restore(self.store, entry) if entry is not None else None
+
+    def _head(self, memory: Memory, head: Sequence[int], restore: Restore | None,
+              prefill: Callable[[Sequence[int], int], None]) -> int:
+        """Bring ``memory`` to exactly ``head``: ``restore`` (its saved state, as planned) loaded, returning its
+        tokens; else (none saved, or it failed its checks) prefilled and saved, returning 0."""
+        if restore is not None and memory.restore(restore.store, restore.entry, head):
             return len(head)
         memory.clear()
         prefill(head, 0)

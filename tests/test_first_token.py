@@ -1,0 +1,192 @@
+"""The wait a person sees for the first answer text (``start_to_first_token_seconds``), and what shortens it:
+the generator loading beside retrieval, safely, and text passed on as soon as it cannot be a stop."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.ask.started import Start, process_start
+from pipeline.ask.stops import until_stop
+from pipeline.cli import cli
+
+FAST = {"engine__n_ctx": 768, "ask__max_tokens": 6, "ask__top_k": 2, "ask__neighbours": 0}
+QUESTIONS = ("Which fruit is rich in potassium?", "What does --n-cpu-moe do?")
+
+
+def _figure(stats) -> float:
+    d = stats if isinstance(stats, dict) else stats.to_dict()
+    return d["start_to_first_token_seconds"]
+
+
+def test_the_library_reports_the_wait_from_the_call(fake_pipeline, corpus):
+    rag = fake_pipeline()
+    rag.ingest([corpus])
+    answer = rag.ask(QUESTIONS[0])
+    st = answer.stats
+    assert st.start_point == "call" and _figure(st) >= st.ttft_seconds > 0
+    assert answer.to_dict()["stats"]["start_to_first_token_seconds"] == round(_figure(st), 4)
+    called = time.perf_counter()
+    with rag.ask_stream(QUESTIONS[0]) as stream:  # a stream counts from its call to its first piece
+        first = next(iter(stream))
+        at_first = time.perf_counter() - called
+        answer = stream.result()
+    assert first and answer.stats.start_point == "call" and _figure(answer.stats) <= at_first
+    # a start given with the request (a server's request, a command's process) is where it counts from
+    earlier = Start.now("request")
+    answer = rag.ask(rag_request(QUESTIONS[0], start=earlier))
+    assert answer.stats.start_point == "request" and _figure(answer.stats) <= earlier.seconds()
+    assert all(a.stats.start_to_first_token_seconds is None for a in rag.ask_many(list(QUESTIONS)))
+
+
+def rag_request(question: str, **fields):
+    from pipeline.ask.request import AskRequest
+
+    return AskRequest(question, **fields)
+
+
+def test_the_process_start_comes_from_the_kernel():
+    start = process_start()
+    assert start.point == "process"  # Linux: /proc/self/stat
+    # this test process started before this test did, and not before the machine did
+    assert 0.0 < start.seconds() < float(open("/proc/uptime").read().split()[0]) + 1.0
+
+
+def test_rag_ask_reports_the_wait_from_its_start_in_json_and_stats(store_dir, corpus):
+    runner = CliRunner()
+    assert runner.invoke(cli, ["ingest", str(corpus)]).exit_code == 0
+    args = ["ask", QUESTIONS[0], "--ctx", "768", "--max-tokens", "6", "-k", "2"]
+    result = runner.invoke(cli, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    st = json.loads(result.stdout)["stats"]
+    assert st["start_point"] == "process" and st["start_to_first_token_seconds"] >= st["ttft_seconds"] > 0
+    result = runner.invoke(cli, [*args, "--stats"])
+    assert result.exit_code == 0, result.output
+    assert "TTFT" in result.stderr and " (from the start " in result.stderr
+    # several questions: the first counts from the start, the next from its own turn
+    result = runner.invoke(cli, ["ask", *QUESTIONS, "--ctx", "768", "--max-tokens", "6", "-k", "2", "--json"])
+    lines = [json.loads(line)["stats"] for line in result.stdout.splitlines()]
+    assert [s["start_point"] for s in lines] == ["process", "call"]
+
+
+def test_two_threads_asking_a_new_pipeline_at_once_load_the_generator_once(make_pipeline, ingested, monkeypatch):
+    import pipeline.engine.local as local
+    from pipeline.runtime import Runtime
+
+    reference = make_pipeline(**FAST)
+    expected = {q: reference.ask(q).text for q in QUESTIONS}
+    loads, real, background, real_background = [], local.load_generator, [], Runtime._load_generator
+
+    def counted(*args, **kwargs):
+        loads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    def started(runtime) -> None:
+        background.append(threading.current_thread().name)
+        real_background(runtime)
+
+    monkeypatch.setattr(local, "load_generator", counted)
+    monkeypatch.setattr(Runtime, "_load_generator", started)
+    rag = make_pipeline(**FAST)
+    barrier, got, errors = threading.Barrier(2), {}, []
+
+    def ask(q: str) -> None:
+        try:
+            barrier.wait()
+            got[q] = rag.ask(q)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(q,)) for q in QUESTIONS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert not errors, errors
+    assert {q: a.text for q, a in got.items()} == expected and all(a.sources for a in got.values())
+    assert background == ["rag-load-generator"]  # the first question started loading it beside retrieval
+    assert len(loads) == 1  # and it loaded once, however many threads needed it meanwhile
+    assert all(_figure(a.stats) >= a.stats.ttft_seconds for a in got.values())
+
+
+def test_what_other_threads_print_while_the_generator_loads_is_kept(make_pipeline, capfd):
+    rag = make_pipeline(**FAST)
+    engine = rag.engine  # the model file is found; it has not loaded
+    assert "llm" not in engine.__dict__
+    rag.runtime.load_generator_soon()
+    printed = 0
+    while "llm" not in engine.__dict__:  # print through the file descriptors and through sys.stderr
+        os.write(1, f"fd line {printed}\n".encode())
+        print(f"py line {printed}", file=sys.stderr, flush=True)
+        printed += 1
+        time.sleep(0.002)
+    engine.tokenize("loaded")
+    out, err = capfd.readouterr()
+    assert printed > 0
+    assert out.count("fd line ") == printed and err.count("py line ") == printed
+
+
+def test_closing_a_pipeline_while_its_generator_loads_waits_for_it_and_closes_it(make_pipeline, monkeypatch):
+    import pipeline.engine.local as local
+
+    loaded, real = [], local.load_generator
+
+    def kept(*args, **kwargs):
+        loaded.append(real(*args, **kwargs))
+        return loaded[-1]
+
+    monkeypatch.setattr(local, "load_generator", kept)
+    rag = make_pipeline(**FAST)
+    rag.engine  # noqa: B018 - found, not loaded
+    rag.runtime.load_generator_soon()
+    rag.close()  # the load finishes first, then the model is closed
+    assert len(loaded) == 1 and not loaded[0][0].is_open and not rag.runtime.has("engine")
+
+
+def test_text_reaches_the_reader_as_soon_as_it_cannot_be_a_stop():
+    stops = ["<end_of_turn>", "\nQuestion:"]
+    pieces = iter(["- Use", " the cache", "\nQue", "stion: next"])
+    stream = until_stop(pieces, stops)
+    assert next(stream) == "- Use"  # not held until a stop's length of text has come
+    assert list(stream) == [" the cache"]
+    assert "".join(until_stop(["a <end_of", "_turn> b"], stops)) == "a "
+    assert "".join(until_stop(["x\nQuest", "ionable"], stops)) == "x\nQuestionable"
+
+
+@pytest.mark.parametrize("point", ["call", "request", "process"])
+def test_the_json_schema_accepts_each_start(point, fake_pipeline, corpus):
+    from pipeline.schemas import validate, versioned
+
+    rag = fake_pipeline()
+    rag.ingest([corpus])
+    answer = rag.ask(rag_request(QUESTIONS[0], start=Start.now(point)))
+    validate("ask", versioned(answer.to_dict()))
+    assert answer.to_dict()["stats"]["start_point"] == point
+
+
+def test_preload_starts_the_load_where_there_is_a_store_to_answer_from(make_pipeline, corpus):
+    rag = make_pipeline(**FAST)
+    rag.preload()  # no store yet: a question would fail at once, so no model is loaded for it
+    assert not rag.runtime.has("engine")
+    rag.ingest([corpus])
+    rag.preload()
+    assert rag.runtime.has("engine")  # found in this thread; llama.cpp loads it in the background
+    assert rag.engine.tokenize("Hello")  # waits for that load
+    assert rag.ask(QUESTIONS[0]).text
+
+
+def test_importing_the_api_leaves_the_ask_path_and_ingest_for_later():
+    import subprocess
+
+    script = ("import sys, pipeline.api\n"
+              "print(sorted(m for m in ('pipeline.ask.flow', 'pipeline.collection', 'pipeline.ingest.run', 'numpy',"
+              " 'llama_cpp', 'chromadb') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
