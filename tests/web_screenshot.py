@@ -1,6 +1,6 @@
 """The screenshot of the web page in docs/app.md, taken by the browser the tests use.
 
-    .venv/bin/python tests/web_screenshot.py docs/web-page.png --config configs/gemma-3-270m.toml
+    .venv/bin/python tests/web_screenshot.py docs/web-page.png
 
 Ingests samples/ into a temporary store (as `rag ingest` does by default: section states saved and
 composition calibrated where the collection is larger than the context), starts `rag serve` on it
@@ -32,7 +32,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, nargs="?", default=ROOT / "docs" / "web-page.png")
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--config", type=Path, help="a settings file (RAG_CONFIG), e.g. configs/gemma-3-270m.toml")
+    parser.add_argument("--config", type=Path, help="a settings file (RAG_CONFIG), e.g. configs/smollm2-135m.toml")
     args = parser.parse_args()
     binary = find_chromium()
     if binary is None:
