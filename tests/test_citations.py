@@ -12,7 +12,7 @@ import pytest
 from fakes import EchoGenerator
 from pipeline.ask.citations import Renumbering, numbering, renumber, shown_sources
 from pipeline.engine.contract import Generation
-from pipeline.engine.reuse.shape import PromptShape
+from pipeline.records import PromptShape
 
 
 def test_listed_documents_come_first_in_prompt_order_then_the_others():

@@ -75,7 +75,7 @@ def test_one_access_log_line_per_request_never_the_token_nor_the_query(home):
     server = RagServer(env, log=home["root"] / "serve-log.log").start()
     auth = {"Authorization": f"Bearer {TOKEN}"}
     try:
-        before = len(_logged(server, 0))
+        before = len(_logged(server, 1))  # start()'s /health, logged once its answer is sent
         server.request("GET", "/status?secret-question=vault", headers=auth)
         server.request("GET", "/status")  # no token: 401
         server.request("GET", "/health", headers={"Host": "evil.example"})  # refused by the guard: 403
