@@ -24,8 +24,8 @@ from browser import Browser, find_chromium  # noqa: E402
 from serving import RagServer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-QUESTION = "What is the difference between n_batch and n_ubatch?"
-FOLLOW_UP = "Which one should be the larger?"
+QUESTION = "How much faster was prefill with 8 layers' experts on the CPU?"  # the two questions of `make demo`
+FOLLOW_UP = "What is the difference between n_batch and n_ubatch?"
 
 
 def main() -> int:
