@@ -228,6 +228,18 @@ class Pipeline:
         """Delete the collection; False if it did not exist."""
         return collection.drop(self.runtime)
 
+    def collections(self) -> list[dict]:
+        """Every collection of the store: ``{"name", "documents", "chunks"}``, by name; never creates anything."""
+        return collection.collections(self.runtime)
+
+    def for_collection(self, name: str) -> "Pipeline":
+        """A pipeline over the store's collection ``name`` sharing this one's models, engines, caches, warming
+        and open store (:class:`~.collection.SiblingRuntime`); closing it closes nothing they share. Use it
+        while this one is open."""
+        other = object.__new__(Pipeline)
+        other.runtime = collection.SiblingRuntime(self.runtime, name)
+        return other
+
     def sections(self) -> "collection.SectionsReport":
         """How the collection's documents are cut into sections (the units prompts are packed from),
         against the size the settings cut new documents to (:attr:`section_tokens`)."""
@@ -351,17 +363,12 @@ class Pipeline:
              cancel: CancelToken | None = None) -> dict:
         """Prefill and save the prefixes the next prompts will hit, with states at their boundaries.
 
-        When the collection fits the context whole, ``purpose`` chooses: "ask" (default) its
-        whole prefix, what every question over it starts from; "summarize" each document's
-        own prefix, what its summaries and ``ask --doc`` start from; "all" both. Otherwise each
-        document's leading sections (as many as fit), which serve both. Returns ``{"mode":
-        "whole" | "sections", "purpose", "prefixes": [...], "prefilled_tokens", "bytes_written"}``,
-        one item per prefix with its documents, sections, tokens, the tokens prefilled for it,
-        the bytes of the states written and its outcome: "saved", "cached" (already there),
-        "too short" (under ``cache.min_tokens``) or "too long" (not even one section fits). Where the
+        When the collection fits the context whole, ``purpose`` chooses: "ask" (default) its whole prefix,
+        what every question over it starts from; "summarize" each document's own prefix, what its summaries
+        and ``ask --doc`` start from; "all" both. Otherwise each document's leading sections (as many as
+        fit), which serve both. Returns the report :func:`.warm.prefixes.warm` describes. Where the
         collection does not fit and prompts may be composed, it saves the section states instead
-        (:meth:`warm_sections`; ``states_progress``, ``cancel``) and returns them as ``"section_states"``.
-        """
+        (:meth:`warm_sections`; ``states_progress``, ``cancel``) and returns them as ``"section_states"``."""
         from .warm.prefixes import warm
 
         return warm(self.runtime, progress=progress, purpose=purpose, states_progress=states_progress, cancel=cancel)
@@ -374,14 +381,9 @@ class Pipeline:
         (those recent questions used, then spread over the collection) within the room the cache has for
         them, the rest left for the questions that need them to compute (:mod:`.warm.sections`).
         ``progress`` receives a :class:`~.warm.progress.WarmProgress` (tokens done of the total, rate, time
-        left) from the start. Returns ``{"mode": "sections", "documents", "sections", "chosen" (saved now or
-        before), "saved", "cached" (had a whole state already, or another process saved it meanwhile),
-        "not_saved", "repaired" (states found missing or damaged, saved again), "left" / "left_tokens" /
-        "left_reason" (sections without a state for want of room, and why), "room_bytes", "tokens",
-        "prefilled_tokens", "bytes_written", "seconds", "notes", "calibration"}``: ``saved + cached +
-        not_saved`` is ``chosen``. A second call while another process warms the same states waits for
-        it. A full cache disk stops it at the first state it cannot save
-        (:class:`~pipeline.errors.DiskFullError`, exit 4).
+        left) from the start. Returns the report :func:`.warm.sections.warm_sections` describes. A second
+        call while another process warms the same states waits for it. A full cache disk stops it at the
+        first state it cannot save (:class:`~pipeline.errors.DiskFullError`, exit 4).
 
         Questions come first: one asked meanwhile (another thread, ``rag serve``) runs before the next
         step. ``cancel`` stops it within a micro-batch (:class:`~pipeline.errors.Cancelled`); the

@@ -1,5 +1,5 @@
 """Building and keeping a collection: ingest with the configured settings, what it holds, its
-sections, dropping it.
+sections, dropping it; the store's other collections, and a runtime over one of them.
 
 The operations behind :meth:`Pipeline.ingest <pipeline.api.Pipeline.ingest>`,
 :meth:`~pipeline.api.Pipeline.status`, :meth:`~pipeline.api.Pipeline.sections`,
@@ -10,17 +10,16 @@ The operations behind :meth:`Pipeline.ingest <pipeline.api.Pipeline.ingest>`,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from ._testhooks import crash_point
 from .errors import InputError, StoreError, redact
 from .ingest.run import IngestReport, Progress, ingest as ingest_scanned
 from .ingest.scan import scan
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from .runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -129,6 +128,79 @@ def status(rt: "Runtime") -> CollectionStatus:
             collections=tuple(store.catalog.collections()), generator=generator, sources=sources)
 
 
+def collections(rt: "Runtime") -> list[dict]:
+    """:meth:`Pipeline.collections <pipeline.api.Pipeline.collections>`: the store's collections, with
+    their documents and chunks, by name; never creates anything."""
+    if not _exists(rt):
+        return []
+    with rt.store(create=False) as store:
+        out = []
+        for name in sorted(store.catalog.collections()):
+            docs, chunks, _ = store.catalog.totals(name)
+            out.append({"name": name, "documents": docs, "chunks": chunks})
+        return out
+
+
+class SiblingRuntime(Runtime):
+    """A runtime over another collection of the same store that shares everything of ``parent`` but the
+    collection: its models, engines, caches, calibrations, pack history and open store (one process
+    lock). What a server answering several collections asks them with
+    (:meth:`Pipeline.for_collection <pipeline.api.Pipeline.for_collection>`).
+    Closing it closes nothing: the parent owns what they share."""
+
+    SHARED = ("embedder", "engine", "pool", "prefix_cache", "ram_states", "calibrations", "pack_history",
+              "section_memo", "compose_policy", "stops")
+
+    def __init__(self, parent: Runtime, collection: str):
+        config = dataclasses.replace(parent.config, store=dataclasses.replace(parent.config.store,
+                                                                              collection=collection))
+        super().__init__(config, log=parent.log)
+        self._parent = parent
+        self._stores = parent._stores
+
+    embedder = property(lambda self: self._parent.embedder)
+    engine = property(lambda self: self._parent.engine)
+    pool = property(lambda self: self._parent.pool)
+    prefix_cache = property(lambda self: self._parent.prefix_cache)
+    ram_states = property(lambda self: self._parent.ram_states)
+    calibrations = property(lambda self: self._parent.calibrations)
+    pack_history = property(lambda self: self._parent.pack_history)
+    section_memo = property(lambda self: self._parent.section_memo)
+    compose_policy = property(lambda self: self._parent.compose_policy)
+    stops = property(lambda self: self._parent.stops)
+
+    def has(self, name: str) -> bool:
+        return self._parent.has(name) if name in self.SHARED else super().has(name)
+
+    def given(self, name: str) -> bool:
+        return self._parent.given(name) if name in self.SHARED else super().given(name)
+
+    def layout(self, system: str | None = None):
+        return self._parent.layout(system)
+
+    def after_answer(self, engine) -> None:
+        self._parent.after_answer(engine)
+
+    @property
+    def settling(self) -> bool:
+        return self._parent.settling
+
+    def settle(self, *, cancel: bool = False) -> None:
+        self._parent.settle(cancel=cancel)
+
+    #: One warming at a time for the engine they share: the parent's (``Runtime.__init__``'s None is not kept).
+    warming = property(lambda self: self._parent.warming, lambda self, _job: None)
+
+    def stop_warming(self) -> None:
+        self._parent.stop_warming()
+
+    def start_warming(self, start: Callable[[], Any]) -> Any:
+        return self._parent.start_warming(start)
+
+    def close(self) -> None:
+        """Nothing to close: the parent owns what this shares."""
+
+
 @dataclass(frozen=True)
 class SectionsReport:
     """How a collection's documents are cut into sections, against the size new documents get.
@@ -217,4 +289,5 @@ def drop(rt: "Runtime") -> bool:
         return True
 
 
-__all__ = ["CollectionStatus", "SectionsReport", "drop", "ingest", "sections", "status"]
+__all__ = ["CollectionStatus", "SectionsReport", "SiblingRuntime", "collections", "drop", "ingest", "sections",
+           "status"]

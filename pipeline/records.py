@@ -173,6 +173,8 @@ class Prompt:
     the last is ``len(prefix_tokens)``. ``mode`` is "passages", "whole" (every document
     of the selection, whole) or "sections" (chosen sections); ``head`` is how many tokens
     come before the first document part (the template's head and the system prompt).
+    ``sources`` are numbered from 1 as shown to people; ``citations`` maps the numbers the
+    prompt gives its documents to those (see :mod:`pipeline.ask.citations`).
     """
 
     prefix: str
@@ -187,6 +189,7 @@ class Prompt:
     sections: list[PackedSection] = field(default_factory=list)
     sources: list[dict] = field(default_factory=list)
     head: int = 0
+    citations: dict[int, int] = field(default_factory=dict)  # the prompt's document numbers -> the sources'
     shape: PromptShape = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -45,7 +45,7 @@ HIT = _obj({"source": _str, "page": _opt_int, "score": _num, "text": _str,
 
 SOURCE = _obj({"n": _int, "source": _str, "pages": {"type": "array", "items": _int}},
               {"chunks": {"type": "array", "items": _int, "minItems": 2, "maxItems": 2},
-               "sections": {"type": "array", "items": _int}})
+               "sections": {"type": "array", "items": _int}, "excerpt": _str})
 
 STATS = _obj({k: _num for k in (
     "prompt_tokens", "cached_tokens", "prefill_tokens", "prefill_seconds", "prefill_tokens_per_second",

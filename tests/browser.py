@@ -39,7 +39,7 @@ class BrowserError(Exception):
 class Browser:
     """One headless Chromium process with a fresh profile in ``profile``; :meth:`page` opens a tab."""
 
-    def __init__(self, binary: str, profile: Path, *, timeout: float = 60):
+    def __init__(self, binary: str, profile: Path, *, timeout: float = 60, flags: tuple[str, ...] = ()):
         self.timeout = timeout
         self.log_path = Path(profile).with_suffix(".log")
         cmd_r, self._cmd_w = os.pipe()
@@ -50,7 +50,7 @@ class Browser:
             os.dup2(out_w, 4)
 
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([binary, *FLAGS, "--remote-debugging-pipe", f"--user-data-dir={profile}",
+        self.proc = subprocess.Popen([binary, *FLAGS, *flags, "--remote-debugging-pipe", f"--user-data-dir={profile}",
                                       "--window-size=1100,900", "about:blank"],
                                      stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                      pass_fds=(3, 4), preexec_fn=fds_3_and_4)
@@ -224,6 +224,20 @@ class Page:
         self.send("Input.dispatchKeyEvent", type="keyDown", key=key, code=key, windowsVirtualKeyCode=code, text=text)
         self.send("Input.dispatchKeyEvent", type="keyUp", key=key, code=key, windowsVirtualKeyCode=code)
 
+    def set_files(self, selector: str, paths: list[Path]) -> None:
+        """Choose ``paths`` in the file input ``selector``, as a person picking files would (its change event fires)."""
+        root = self.send("DOM.getDocument", depth=0)["root"]["nodeId"]
+        node = self.send("DOM.querySelector", nodeId=root, selector=selector)["nodeId"]
+        if not node:
+            raise BrowserError(f"nothing matches {selector!r}")
+        self.send("DOM.setFileInputFiles", files=[str(p) for p in paths], nodeId=node)
+
+    def pixel(self, x: int, y: int) -> tuple[int, int, int]:
+        """The colour of the viewport's pixel at (x, y), from a screenshot."""
+        png = base64.b64decode(self.send("Page.captureScreenshot", format="png",
+                                         clip={"x": x, "y": y, "width": 1, "height": 1, "scale": 1})["data"])
+        return png_pixel(png)
+
     def screenshot(self, path: Path, *, full_page: bool = True) -> Path:
         """A PNG of the page (all of it with ``full_page``)."""
         params = {"format": "png"}
@@ -255,3 +269,42 @@ class Page:
 
     def close(self) -> None:
         self.browser.send("Target.closeTarget", targetId=self.target)
+
+
+def png_pixel(png: bytes, x: int = 0, y: int = 0) -> tuple[int, int, int]:
+    """The RGB colour at (x, y) of an 8-bit RGB or RGBA PNG, non-interlaced (what Chromium writes)."""
+    import struct
+    import zlib
+
+    pos, chunks, header = 8, [], None
+    while pos < len(png):
+        length, kind = struct.unpack(">I4s", png[pos:pos + 8])
+        data = png[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", data)
+        elif kind == b"IDAT":
+            chunks.append(data)
+        pos += 12 + length
+    width, height, depth, colour = header[:4]
+    if depth != 8 or colour not in (2, 6):
+        raise ValueError(f"an 8-bit RGB(A) PNG was expected, not depth {depth} colour type {colour}")
+    bpp = 3 if colour == 2 else 4
+    raw, stride, prev = zlib.decompress(b"".join(chunks)), width * bpp, bytearray(width * bpp)
+    for row in range(y + 1):
+        start = row * (stride + 1)
+        kind, line = raw[start], bytearray(raw[start + 1:start + 1 + stride])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if kind == 1:
+                line[i] = (line[i] + a) & 255
+            elif kind == 2:
+                line[i] = (line[i] + b) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        prev = line
+    return tuple(prev[x * bpp:x * bpp + 3])

@@ -244,6 +244,36 @@ def test_cache_commands_on_a_path_that_is_a_file_say_so(tmp_store, tmp_path, mon
         assert out.exit_code == 2 and "is not a directory" in out.output and "Traceback" not in out.output
 
 
+
+def _cache_stats_is_exit_4(directory: Path) -> None:
+    for args in (("cache", "stats"), ("cache", "stats", "--json"), ("cache", "clear", "--yes")):
+        out = subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "RAG_CACHE_PATH": str(directory)})
+        assert out.returncode == 4, (args, out.stderr)
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: ") and "full" in lines[0], out.stderr
+        assert "Traceback" not in out.stderr
+
+
+def test_cache_stats_on_a_real_full_disk_with_no_cache_folder_yet_is_exit_4(tmp_store, tmp_path):
+    from full_disk import small_disk
+
+    with small_disk(tmp_path / "disk", size="1m") as disk:
+        disk.fill(free=0)
+        _cache_stats_is_exit_4(disk.path / "cache")
+
+
+def test_cache_stats_when_its_index_cannot_be_made_for_lack_of_space_is_exit_4(tmp_store, tmp_path, monkeypatch):
+    """The twin of the real full disk: SQLite's own words, injected."""
+    def full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(cache_dir, "CacheIndex", full)
+    monkeypatch.setenv("RAG_CACHE_PATH", str(tmp_path / "cache"))
+    for args in (("cache", "stats"), ("cache", "clear", "--yes")):
+        out = run(*args)
+        assert out.exit_code == 4 and "full" in out.output and "Traceback" not in out.output, out.output
+
 # --------------------------------------------------------------------------- answers
 
 

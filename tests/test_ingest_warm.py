@@ -357,6 +357,41 @@ def test_a_shelf_larger_than_the_cache_room_gets_the_most_useful_states_first(mo
     assert st.cache == "composed" and st.composed_sections == len(st.sections) and st.states_saved == 0
 
 
+def test_a_job_into_another_collection_shares_the_one_warming(moe, tmp_path):
+    """A server's collections share one engine, and so one warming: a job into another collection
+    cancels the warming of the server's own (what it saved stays) and warms its own collection after it."""
+    import pipeline.warm.sections as warming
+    from pipeline.serve.writer import IngestWriter
+
+    docs = write_shelf(tmp_path / "shelf")
+    real, blocked = warming.warm_auto, threading.Event()
+
+    def slow(rt, *, progress=None, cancel=None):  # the first warm runs until it is cancelled
+        warming.warm_auto = real
+        blocked.set()
+        deadline = time.monotonic() + 60
+        while not cancel.cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise Cancelled("cancelled")
+
+    with pipeline(moe, tmp_path, **{"ingest.warm": "auto"}) as rag:
+        writer = IngestWriter(rag)
+        warming.warm_auto = slow
+        try:
+            first = writer.submit([docs], prune=False)
+            assert blocked.wait(60)
+            other = rag.for_collection("other")
+            assert other.warming is rag.warming is first.warming
+            second = writer.submit([docs], prune=False, rag=other)
+            writer.wait_idle()
+        finally:
+            warming.warm_auto = real
+        assert first.state == "done" and "cancelled" in first.warm["reason"]
+        assert second.state == "done" and second.collection == "other" and second.warm["warmed"] is True
+        assert rag.warming is other.warming is second.warming
+        assert other.status().documents == len(TOPICS) == rag.status().documents
+
+
 def test_the_library_warms_after_an_ingest_as_the_cli_does_and_a_question_runs_first(moe, tmp_path):
     """Pipeline.ingest applies ingest.warm itself, in the background: its report's warming shows the progress
     and the outcome, a question asked meanwhile is answered, and once it is done the next question is

@@ -143,7 +143,9 @@ def test_the_whole_selection_is_packed_when_it_fits():
     shelf.hits = _hits(shelf, ("/d/b.md", "h1", 0))
     prompt = _plan(shelf)
     assert prompt.mode == "whole" and [p.n for p in prompt.sections] == [1, 2]
-    assert prompt.sources == [{"n": 2, "source": "/d/b.md", "pages": [], "sections": [0]}]
+    # b.md is the prompt's [2]; the one source listed is numbered 1, and the answer's [2] becomes [1].
+    assert prompt.sources == [{"n": 1, "source": "/d/b.md", "pages": [], "sections": [0]}]
+    assert prompt.citations == {2: 1, 1: 2}
 
 
 def test_reasons_for_lost_reuse():

@@ -402,6 +402,9 @@ def test_a_stop_during_a_long_answer_gives_it_a_503_not_a_bare_500(tmp_path, mod
     status, answer, _ = got["answer"]
     assert (status, answer["error"]["code"]) == (503, "server_stopping"), (status, answer)
     assert code == 0 and time.monotonic() - started < 30, server.output()
+    said = server.output()  # the operator is told what happens, as it happens
+    assert "stopping (SIGTERM): 1 answer in flight gets 3 s to finish, then is cancelled" in said, said
+    assert "cancelled 1 answer still running" in said and said.rstrip().endswith("stopped"), said
     for bad in ("Traceback", "Exception in ASGI", "Cancel 1 running task"):
         assert bad not in server.output(), server.output()
 

@@ -55,6 +55,37 @@ def test_non_finite_floats_from_environment_and_flags(value):
         load_config(environ={}, overrides={"cache.max_gb": float(value)})
 
 
+def _float_settings() -> list[str]:
+    import dataclasses
+
+    from pipeline.config import Config
+
+    out = []
+    for section in dataclasses.fields(Config):
+        value = getattr(Config(), section.name)
+        if dataclasses.is_dataclass(value):
+            out += [f"{section.name}.{f.name}" for f in dataclasses.fields(value) if f.type in ("float", float)]
+    return out
+
+
+def test_an_overflowing_float_is_quoted_as_given_for_every_float_setting(tmp_path):
+    keys = _float_settings()
+    assert len(keys) > 10 and "ask.compose_max_kl" in keys
+    for key in keys:
+        section, name = key.split(".")
+        env = {f"RAG_{section}_{name}".upper(): "1e400"}
+        with pytest.raises(ConfigError) as err:
+            load_config(environ=env)
+        assert str(err.value) == f"{key} must be a finite number, got 1e400", key
+        cfg = tmp_path / f"{section}-{name}.toml"
+        cfg.write_text(f"[{section}]\n{name} = -1_5e400\n")
+        with pytest.raises(ConfigError) as err:
+            load_config(cfg, environ={})
+        assert str(err.value) == f"{key} must be a finite number, got -1_5e400", key
+    out = rag("status", env={"RAG_ASK_COMPOSE_MAX_KL": "1e400"})
+    assert out.returncode == 2 and out.stderr.strip() == "Error: ask.compose_max_kl must be a finite number, got 1e400"
+
+
 def test_out_of_range_integers_and_nul_are_refused():
     with pytest.raises(ConfigError, match="engine.n_ctx is out of range"):
         load_config(environ={"RAG_ENGINE_N_CTX": "99999999999999999"})

@@ -153,7 +153,7 @@ def test_an_asked_question_fills_answer_sources_and_stats_and_a_follow_up_contin
     stats = tab.eval("({...document.getElementById('stats').dataset})")
     assert "TTFT" in tab.text("#stats") and float(stats["ttft"]) > 0
     assert int(stats["prompt"]) > 0 and stats["cache"] in ("none", "memory", "disk", "composed", "miss")
-    assert f"/ {int(stats['prompt']):,} prompt tokens" in tab.text("#stats")
+    assert f"of {int(stats['prompt']):,} prompt tokens" in tab.text("#stats")
     assert tab.eval("new URLSearchParams(location.search).get('q')") == question  # a link to share
 
     _ask(tab, "And what colour are they?", enter=True)

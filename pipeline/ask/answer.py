@@ -140,17 +140,22 @@ def _pieces(question: str, prompt: "Prompt", generation: "Generation", stops: tu
             retrieval, finish, result: dict, start: "Start | None" = None) -> Iterator[str]:
     """An :class:`AnswerStream`'s pieces up to the first stop string; the answer lands in ``result``.
     The wait from ``start`` to the first piece goes into the answer's figures."""
+    from .citations import Renumbering
     from .stops import until_stop
 
     parts: list[str] = []
     stats = generation.stats
-    try:
+
+    def model_text() -> Iterator[str]:
         for piece in until_stop(generation, stops):
             if start is not None and not parts and piece:
                 stats.start_to_first_token_seconds, stats.start_point = start.seconds(), start.point
             if piece:
                 parts.append(piece)
             yield piece
+
+    try:  # the citations as the sources number them (the same text complete() makes of the whole)
+        yield from Renumbering(prompt.citations).stream(model_text())
     finally:
         generation.close()  # a stop string ends it early: the engine is given back now
     if start is not None and stats.start_to_first_token_seconds is None:  # no text at all: the wait was to the end
@@ -163,9 +168,12 @@ def _pieces(question: str, prompt: "Prompt", generation: "Generation", stops: tu
 
 def complete(question: str, prompt: "Prompt", text: str, stats: AskStats, notes: list[str],
              retrieval: dict[str, float] | None, finish: Callable[[AskStats], None] | None) -> Answer:
-    """The finished answer to ``question`` (streamed or decoded with others): ``finish`` completes the
-    figures (why reuse was lost), the prompt gives the sources, the engine's notes follow the packer's."""
+    """The finished answer to ``question`` (streamed or decoded with others) from the model's ``text``:
+    ``finish`` completes the figures (why reuse was lost), the prompt gives the sources (and the
+    citations are numbered as they are), the engine's notes follow the packer's."""
+    from .citations import renumber
+
     if finish is not None:
         finish(stats)
-    return Answer(question, text.strip(), prompt.sources, stats, prompt.dropped, prompt.truncated,
-                  notes + stats.notes, retrieval)
+    return Answer(question, renumber(text, prompt.citations).strip(), prompt.sources, stats, prompt.dropped,
+                  prompt.truncated, notes + stats.notes, retrieval)

@@ -38,6 +38,7 @@ from typing import Callable, Iterable, Sequence
 from ..ingest.sections import cut as cut_sections
 from ..retrieval.search import merge_chunks
 from ..records import DocumentRecord, Hit, Key, PackedSection, Prompt, Section
+from .citations import excerpt, numbering, shown_sources
 from .prompt import Layout, SectionTokens, Tokenize, render_section, section_prompt
 
 _PROBES = 4  # cache-preferring candidates probed against the cache besides the best-scoring pack
@@ -352,19 +353,22 @@ def shelf_prompt(shelf: Shelf, packed: list[PackedSection], suffix_text: str, *,
     the best ``top_k`` hits inside it come from (:func:`cited`)."""
     texts = [render_section(p.n, p.section, of=p.of, segments=shelf.segments[p.section.key]) for p in packed]
     prompt = section_prompt(layout, packed, suffix_text, tokenize=tokenize, mode=mode, texts=texts)
-    prompt.sources = cited(shelf.hits, packed, top_k=top_k, neighbours=neighbours, pages=shelf.pages)
+    sources = cited(shelf.hits, packed, top_k=top_k, neighbours=neighbours, pages=shelf.pages)
+    prompt.citations = numbering([p.n for p in packed], [s["n"] for s in sources])
+    prompt.sources = shown_sources(sources, prompt.citations)
     return prompt
 
 
 def cited(hits: Sequence[Hit], packed: Sequence[PackedSection], *, top_k: int, neighbours: int = 0,
           pages: dict[tuple[str, int], int | None] | None = None) -> list[dict]:
     """The packed documents whose chunks rank highest for the question (the best ``top_k`` hits
-    inside the packed text), with the pages of those chunks and of their ``neighbours`` on each
-    side that are packed too (as passage mode widens hits); every packed document if none ranked."""
+    inside the packed text), numbered as in the prompt, with the pages of those chunks and of their
+    ``neighbours`` on each side that are packed too (as passage mode widens hits) and the start of
+    the best of them (``excerpt``); every packed document if none ranked."""
     docs: dict[str, dict] = {}
     for p in packed:
         d = docs.setdefault(p.section.source, {"n": p.n, "source": p.section.source, "pages": set(),
-                                               "sections": [], "hit": False})
+                                               "sections": [], "hit": False, "excerpt": ""})
         d["sections"].append(p.section.index)
     inside = []
     for h in hits:
@@ -381,6 +385,7 @@ def cited(hits: Sequence[Hit], packed: Sequence[PackedSection], *, top_k: int, n
     for h in inside:
         d = docs[h.source]
         d["hit"] = True
+        d["excerpt"] = d["excerpt"] or excerpt(h.text)
         if h.page is not None:
             d["pages"].add(h.page)
         for i in range(h.index - neighbours, h.index + neighbours + 1):
@@ -388,5 +393,5 @@ def cited(hits: Sequence[Hit], packed: Sequence[PackedSection], *, top_k: int, n
             if page is not None and any(a <= i <= b for a, b in spans[(h.source, h.content_hash)]):
                 d["pages"].add(page)
     chosen = [d for d in docs.values() if d["hit"]] or list(docs.values())
-    return [{"n": d["n"], "source": d["source"], "pages": sorted(d["pages"]), "sections": d["sections"]}
-            for d in sorted(chosen, key=lambda d: d["n"])]
+    return [{"n": d["n"], "source": d["source"], "pages": sorted(d["pages"]), "sections": d["sections"],
+             **({"excerpt": d["excerpt"]} if d["excerpt"] else {})} for d in chosen]

@@ -35,6 +35,7 @@ from typing import Callable, Protocol, Sequence
 
 from ..errors import EngineError
 from ..records import PackedSection, Passage, Prompt, Section
+from .citations import excerpt
 
 _SENTINEL = "\x00DOCUMENTS\x00"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -242,8 +243,8 @@ def pack(passages: Sequence[Passage], question: str, *, chat: Callable[[str, str
         chosen.remove(max(chosen, key=lambda p: (p.rank, p.source, p.first)))
     tokens, _ = _join(layout, [sum(parts, [])] if parts else [], suffix)
     prefix_len = len(tokens) - len(suffix)
-    sources = [{"n": i, "source": p.source, "pages": list(p.pages), "chunks": [p.first, p.last]}
-               for i, p in enumerate(ordered, start=1)]
+    sources = [{"n": i, "source": p.source, "pages": list(p.pages), "chunks": [p.first, p.last],
+                "excerpt": excerpt(p.text)} for i, p in enumerate(ordered, start=1)]
     # Passages differ from question to question: only the head (template and system prompt) is shared.
     boundaries = sorted({len(layout.head_tokens), prefix_len} - {0})
     return Prompt(prefix=layout.head + "".join(rendered), suffix=suffix_text + layout.tail, passages=ordered,

@@ -335,8 +335,11 @@ def eval_(ctx, questions, settings, compare, answers, packed, misses, write_temp
 @click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True, help="TCP port.")
 @click.option("--max-body", type=click.IntRange(min=1024), default=1 << 20, show_default=True,
               help="Largest request body in bytes.")
+@click.option("--max-upload", type=click.IntRange(min=1024), default=64 << 20, show_default=True,
+              help="Largest document added from the page (PUT /upload), in bytes.")
 @click.option("--allow", "allow", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="A folder POST /ingest may read (repeatable). [default: serve.allow; none: /ingest is off]")
+              help="A folder POST /ingest may read and the page may add documents to (repeatable). "
+                   "[default: serve.allow; none: both are off]")
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME[:PORT]",
               help="Another Host name to answer for, e.g. a reverse proxy's (repeatable). "
                    "[default: serve.allow_hosts]")
@@ -344,10 +347,12 @@ def eval_(ctx, questions, settings, compare, answers, packed, misses, write_temp
               help="A site whose browser pages may call the server, e.g. https://app.example (repeatable). "
                    "[default: serve.cors_origins]")
 @click.option("--insecure", is_flag=True, help="Listen off loopback without RAG_SERVE_TOKEN.")
+@click.option("--quiet", is_flag=True, help="No access log (one line per request: method, path, status, time).")
 @store_options
 @click.pass_context
 @handles_errors
-def serve(ctx, host, port, max_body, allow, allow_hosts, cors_origins, insecure, collection, store_path):
+def serve(ctx, host, port, max_body, max_upload, allow, allow_hosts, cors_origins, insecure, quiet, collection,
+          store_path):
     """Serve the collection over HTTP: OpenAI-compatible /v1/chat/completions with sources,
     /search, /ingest, /status, /health. Set RAG_SERVE_TOKEN to require a bearer token.
 
@@ -366,8 +371,8 @@ def serve(ctx, host, port, max_body, allow, allow_hosts, cors_origins, insecure,
                       "serve.allow_hosts": tuple(allow_hosts) or None,
                       "serve.cors_origins": tuple(cors_origins) or None})
     with open_pipeline(ctx, **overrides) as rag:
-        run(rag, host=host, port=port, token=token, max_body=max_body, insecure=insecure,
-            log=lambda m: click.echo(m, err=True))
+        run(rag, host=host, port=port, token=token, max_body=max_body, max_upload=max_upload, insecure=insecure,
+            quiet=quiet, log=lambda m: click.echo(m, err=True))
 
 
 def iterate_interruptibly(stream) -> Iterator[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import tomllib
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -54,13 +55,19 @@ def coerce(key: str, value: Any, typ: Any, *, from_text: bool) -> Any:
             except ValueError:
                 pass
     elif typ in ("float", float):
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if from_text:
+            number = float(value)
+        elif from_text:
             try:
-                return float(str(value))
+                number = float(str(value))
             except ValueError:
                 pass
+        if number is not None:
+            if not math.isfinite(number):  # quoted as given: "1e400" overflows to inf, which it does not say
+                given = str(value).strip() if from_text or isinstance(value, TomlFloat) else repr(value)
+                raise ConfigError(f"{key} must be a finite number, got {given}")
+            return number
     elif typ in ("str", str):
         if isinstance(value, str):
             return value
@@ -112,6 +119,23 @@ def apply(settings: Any, values: Mapping[str, Any], *, origin: str, from_text: b
     return dataclasses.replace(settings, **changes)
 
 
+class TomlFloat(float):
+    """A TOML float that remembers how the file wrote it (``1e400``, not the ``inf`` it parses to), for messages."""
+
+    text: str
+
+    def __new__(cls, text: str) -> "TomlFloat":
+        number = super().__new__(cls, text.replace("_", ""))
+        number.text = text
+        return number
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
 def flatten(data: Mapping[str, Any], origin: str, *, settings: type) -> dict[str, Any]:
     """A TOML document's tables as dotted keys; a table that is not a section is an error."""
     known = sections(settings)
@@ -140,7 +164,7 @@ def read_toml(path: Path, *, settings: type) -> dict[str, Any]:
             raw = fh.read(MAX_TOML_BYTES + 1)
         if len(raw) > MAX_TOML_BYTES:
             raise ConfigError(f"config file {path} is larger than {MAX_TOML_BYTES // 1024} KiB: not a settings file")
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(raw.decode("utf-8"), parse_float=TomlFloat)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except UnicodeDecodeError as exc:

@@ -170,7 +170,7 @@ class EmbedderBase:
 class TextGenerator(Protocol):
     """Prompts → streamed answers, with the prefill figures (:class:`EngineStats`) of each.
 
-    ``generate`` decodes a prompt: a :class:`~.reuse.shape.PromptShape` (its tokens, the cuts
+    ``generate`` decodes a prompt: a :class:`~pipeline.records.PromptShape` (its tokens, the cuts
     where a part shared with other prompts may end, and a sections-mode prompt's sections) or
     plain tokens that share nothing. The generator may reuse state up to a cut (in memory or
     from a saved state), or compose a sections-mode prompt from section states (the local

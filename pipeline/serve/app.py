@@ -8,15 +8,16 @@ bodies one parser checks (:mod:`.requests`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from ..errors import RagError
-from . import handlers, page
+from . import collections, handlers, page, uploads
+from .access import AccessLog
 from .documents import document
 from .folders import ReadableFolders
 from .guards import Guard, Policy
 from .http_errors import HTTPError, error_response, headers_for, status_for
-from .limits import DEFAULT_MAX_BODY, DEFAULT_PORT
+from .limits import DEFAULT_MAX_BODY, DEFAULT_MAX_UPLOAD, DEFAULT_PORT
 from .writer import IngestWriter
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ ROUTES = [
     ("/v1/models", handlers.models, ["GET"]),
     ("/v1/chat/completions", handlers.chat_completions, ["POST"]),
     ("/documents", document, ["GET"]),
+    ("/collections", collections.listing, ["GET"]),
+    ("/upload", uploads.upload, ["PUT"]),
     *((path, page.endpoint(path), ["GET"]) for path in page.ASSETS),
 ]
 #: What is answered without the token: liveness, and the page's files (they hold no data).
@@ -38,11 +41,13 @@ OPEN_PATHS = ("/health", *page.ASSETS)
 
 
 def create_app(rag: "Pipeline", *, token: str | None = None, max_body: int = DEFAULT_MAX_BODY,
+               max_upload: int = DEFAULT_MAX_UPLOAD,
                host: str = "127.0.0.1", port: int = DEFAULT_PORT, allow: Sequence[str] | None = None,
-               allow_hosts: Sequence[str] | None = None, cors_origins: Sequence[str] | None = None):
+               allow_hosts: Sequence[str] | None = None, cors_origins: Sequence[str] | None = None,
+               access_log: Callable[[str], None] | None = None):
     """The ASGI application serving ``rag`` (shared between requests), for a server listening on
     ``host:port``. ``allow``, ``allow_hosts`` and ``cors_origins`` default to ``rag.config.serve``'s
-    (see :mod:`.folders` and :mod:`.guards`)."""
+    (see :mod:`.folders` and :mod:`.guards`); ``access_log`` gets one line per request (:mod:`.access`)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException as StarletteHTTPException
     from starlette.middleware import Middleware
@@ -53,11 +58,12 @@ def create_app(rag: "Pipeline", *, token: str | None = None, max_body: int = DEF
     policy = Policy.make(host=host, port=port, token=token, open_paths=OPEN_PATHS,
                          allow_hosts=settings.allow_hosts if allow_hosts is None else allow_hosts,
                          cors_origins=settings.cors_origins if cors_origins is None else cors_origins)
+    logged = [Middleware(AccessLog, log=access_log)] if access_log is not None else []
     app = Starlette(routes=[Route(path, fn, methods=methods) for path, fn, methods in ROUTES],
-                    middleware=[Middleware(Guard, policy=policy)],
+                    middleware=[*logged, Middleware(Guard, policy=policy)],
                     exception_handlers={HTTPError: _refused, RagError: _library_error,
                                         StarletteHTTPException: _starlette_error, Exception: _internal})
-    app.state.served = handlers.Served(rag, IngestWriter(rag), folders, max_body)
+    app.state.served = handlers.Served(rag, IngestWriter(rag), folders, max_body, max_upload)
     app.state.writer = app.state.served.writer
     return app
 

@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 from ..errors import RagError
 from ..ingest.scan import open_regular
-from .handlers import served
+from .collections import from_query, pipeline_for
 from .http_errors import HTTPError
 from .limits import MAX_SOURCE_CHARS
 
@@ -142,7 +142,7 @@ async def document(request: "Request"):
     from starlette.responses import Response, StreamingResponse
 
     source = requested_source(request)
-    rag = served(request).rag
+    rag = await pipeline_for(request, from_query(request))
     opened = await asyncio.to_thread(lambda: OpenDocument(lookup(rag, source)))
     if request.method == "HEAD":
         opened.close()

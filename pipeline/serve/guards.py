@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from .http_errors import error_response
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
-_PREFLIGHT_HEADERS = {"access-control-allow-methods": "GET, POST, OPTIONS",
+_PREFLIGHT_HEADERS = {"access-control-allow-methods": "GET, POST, PUT, OPTIONS",
                       "access-control-allow-headers": "Authorization, Content-Type",
                       "access-control-max-age": "600"}
 

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 from ..ask.started import Start
 from ..errors import Cancelled, RagError, redact
 from . import completions as oa
+from .collections import Collections, from_query, pipeline_for, requested
 from .folders import ReadableFolders
 from .http_errors import HTTPError, status_for
-from .limits import FINISHED_JOBS_KEPT, MAX_TOP_K
+from .limits import DEFAULT_MAX_UPLOAD, FINISHED_JOBS_KEPT, MAX_TOP_K
 from .requests import Body, ChatRequest, chat_request
 from .writer import SCHEMA, IngestWriter
 
@@ -28,26 +29,32 @@ if TYPE_CHECKING:
 
 @dataclass
 class Served:
-    """What the handlers share: the pipeline, its writer, the folders /ingest may read, the limits."""
+    """What the handlers share: the pipeline (and those of the store's other collections), its writer,
+    the folders /ingest and /upload may use, the limits."""
 
     rag: "Pipeline"
     writer: IngestWriter
     folders: ReadableFolders
     max_body: int
+    max_upload: int = DEFAULT_MAX_UPLOAD
     model_name: str = ""
     ids: Any = field(default_factory=lambda: itertools.count(1))
     answers: set = field(default_factory=set)  # the answers in flight (AsyncAnswerStream)
     stopping: bool = False
+    collections: Collections = field(init=False)
 
     def __post_init__(self) -> None:
         self.model_name = self.model_name or redact(str(self.rag.config.models.generator))
+        self.collections = Collections(self.rag)
 
-    def stop_answers(self) -> None:
+    def stop_answers(self) -> int:
         """The server is stopping: every answer in flight is cancelled, and ends with a 503 (or, once
-        streaming, an error event) instead of being cut off with the connection."""
+        streaming, an error event) instead of being cut off with the connection. Returns how many."""
         self.stopping = True
-        for stream in list(self.answers):
+        running = list(self.answers)
+        for stream in running:
             stream.cancel()
+        return len(running)
 
 
 STOPPING = "the server is stopping: ask again when it is back"
@@ -70,7 +77,8 @@ async def health(request: "Request"):
 async def status(request: "Request"):
     from starlette.responses import JSONResponse
 
-    st = await asyncio.to_thread(served(request).rag.status)
+    rag = await pipeline_for(request, from_query(request))
+    st = await asyncio.to_thread(rag.status)
     return JSONResponse({"schema": SCHEMA, **st.to_dict()})
 
 
@@ -81,7 +89,8 @@ async def search(request: "Request"):
     body = await Body.read(request, limit=s.max_body)
     query = body.text("query", required=True)
     top_k = body.integer("top_k", low=1, high=MAX_TOP_K)
-    hits = await s.rag.asearch(query, top_k=top_k)
+    rag = await pipeline_for(request, requested(body.value("collection", str)))
+    hits = await rag.asearch(query, top_k=top_k)
     return JSONResponse({"schema": SCHEMA, "query": query, "hits": [h.to_dict() for h in hits]})
 
 
@@ -91,10 +100,11 @@ async def ingest(request: "Request"):
     s = served(request)
     s.folders.require()  # before the body is read: the answer says how to turn /ingest on
     body = await Body.read(request, limit=s.max_body)
-    requested = body.paths("paths")
+    named = body.paths("paths")
     prune = body.flag("prune")
-    paths = await asyncio.to_thread(lambda: [s.folders.resolve(p) for p in requested])
-    job = s.writer.submit(list(dict.fromkeys(paths)), prune)
+    rag = await pipeline_for(request, requested(body.value("collection", str)))
+    paths = await asyncio.to_thread(lambda: [s.folders.resolve(p) for p in named])
+    job = s.writer.submit(list(dict.fromkeys(paths)), prune, rag=rag)
     return JSONResponse(job.to_dict(), 202)
 
 
@@ -123,8 +133,9 @@ async def chat_completions(request: "Request"):
     chat = chat_request(await Body.read(request, limit=s.max_body))
     if s.stopping:
         raise HTTPError(503, STOPPING, "server_error", "server_stopping")
+    rag = await pipeline_for(request, requested(chat.collection))
     reply = _Reply(s, chat)
-    stream = s.rag.aask_stream(chat.ask.replace(start=arrived))
+    stream = rag.aask_stream(chat.ask.replace(start=arrived))
     s.answers.add(stream)
     streaming = False
     try:

@@ -11,6 +11,8 @@ from ..inputs import MAX_TOP_K
 DEFAULT_PORT = 8765
 DEFAULT_MAX_BODY = 1 << 20
 """Largest request body in bytes (``--max-body``)."""
+DEFAULT_MAX_UPLOAD = 64 << 20
+"""Largest document ``PUT /upload`` takes, in bytes (``--max-upload``)."""
 MAX_HEADER_BYTES = 64 << 10
 """Largest request line and headers together, in bytes (a 400 past it: the body limit bounds the rest)."""
 BODY_STALL_SECONDS = 30.0
@@ -27,9 +29,10 @@ FINISHED_JOBS_KEPT = 100
 """Finished ingest jobs ``GET /ingest/{id}`` still knows; older ones are forgotten."""
 GRACEFUL_SHUTDOWN_SECONDS = 10
 """How long a stop (Ctrl-C, SIGTERM) waits for requests in flight before closing them."""
-ANSWERS_GRACE_SECONDS = GRACEFUL_SHUTDOWN_SECONDS - 2
-"""How long after a stop answers still running are cancelled (a 503), before the server closes them."""
+ANSWERS_GRACE_SECONDS = 3
+"""How long after a stop answers still running are cancelled (a 503), well before the server closes them."""
 
-__all__ = ["DEFAULT_PORT", "DEFAULT_MAX_BODY", "MAX_HEADER_BYTES", "BODY_STALL_SECONDS", "MAX_PATHS", "MAX_TOKENS",
+__all__ = ["DEFAULT_PORT", "DEFAULT_MAX_BODY", "DEFAULT_MAX_UPLOAD",
+           "MAX_HEADER_BYTES", "BODY_STALL_SECONDS", "MAX_PATHS", "MAX_TOKENS",
            "MAX_TEMPERATURE", "MAX_SOURCE_CHARS", "MAX_TOP_K", "FINISHED_JOBS_KEPT", "GRACEFUL_SHUTDOWN_SECONDS",
            "ANSWERS_GRACE_SECONDS"]

@@ -1,8 +1,10 @@
-"""The web page at ``/``: one HTML file, its script and its style, shipped in ``web/`` beside this module.
+"""The web page at ``/``: one HTML file, its scripts and its style, shipped in ``web/`` beside this module.
 
 No build step and nothing from elsewhere (the page works offline). It asks through the
-same endpoints as any client (``GET /status``, ``POST /v1/chat/completions`` streaming),
-sending the token as a header. The three files hold no data, so they are the only routes
+same endpoints as any client (``GET /collections``, ``GET /status``, ``POST /v1/chat/completions``
+streaming, ``PUT /upload``), sending the token as a header. Answers are rendered as Markdown by
+``web/markdown.js``, which builds DOM nodes and never parses text as HTML; conversations are kept
+in the browser by ``web/history.js``. The files hold no data, so they are the only routes
 besides ``/health`` open without the token (the page must load to ask for it); the Host
 and Origin checks still apply to them. Each is sent with a Content-Security-Policy that
 allows scripts and styles from the server itself only: no inline script, no ``eval``, no
@@ -18,6 +20,8 @@ from importlib import resources
 ASSETS = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/web/page.js": ("page.js", "text/javascript; charset=utf-8"),
+    "/web/markdown.js": ("markdown.js", "text/javascript; charset=utf-8"),
+    "/web/history.js": ("history.js", "text/javascript; charset=utf-8"),
     "/web/page.css": ("page.css", "text/css; charset=utf-8"),
 }
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "

@@ -145,6 +145,7 @@ class ChatRequest:
     ask: AskRequest
     stream: bool
     include_usage: bool
+    collection: str | None = None  # None: the server's own
 
 
 def chat_request(body: Body) -> ChatRequest:
@@ -157,7 +158,8 @@ def chat_request(body: Body) -> ChatRequest:
                           top_k=body.integer("top_k", low=1, high=MAX_TOP_K), stop=body.strings("stop"))
     stream_options = body.value("stream_options", dict) or {}
     return ChatRequest(ask=ask, stream=body.flag("stream"),
-                       include_usage=stream_options.get("include_usage") is True)
+                       include_usage=stream_options.get("include_usage") is True,
+                       collection=body.text("collection"))
 
 
 def _unsupported(message: str) -> HTTPError:

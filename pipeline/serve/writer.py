@@ -34,12 +34,14 @@ class IngestJob:
     id: str
     paths: list[str]
     prune: bool
+    collection: str = ""
     state: str = "queued"  # queued | running | done | failed
     created: float = field(default_factory=time.time)
     report: dict | None = None
     error: dict | None = None
     files_done: int = 0
     warming: Any = None  # the warming its ingest started (a pipeline.warm.job.WarmJob), or None
+    rag: "Pipeline | None" = field(default=None, repr=False)  # the collection's pipeline (None: the server's)
 
     @property
     def warm(self) -> dict | None:
@@ -48,7 +50,8 @@ class IngestJob:
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "id": self.id, "state": self.state, "paths": self.paths, "prune": self.prune,
-                "files_done": self.files_done, "report": self.report, "error": self.error, "warm": self.warm}
+                "collection": self.collection, "files_done": self.files_done, "report": self.report,
+                "error": self.error, "warm": self.warm}
 
 
 class IngestWriter:
@@ -66,8 +69,10 @@ class IngestWriter:
         self._thread = threading.Thread(target=self._run, name="rag-ingest-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, paths: list[Path], prune: bool) -> IngestJob:
-        job = IngestJob(uuid.uuid4().hex[:12], [str(p) for p in paths], prune)
+    def submit(self, paths: list[Path], prune: bool, *, rag: "Pipeline | None" = None) -> IngestJob:
+        """Queue an ingest of ``paths`` into ``rag``'s collection (default: the server's own)."""
+        rag = rag or self.rag
+        job = IngestJob(uuid.uuid4().hex[:12], [str(p) for p in paths], prune, rag.config.store.collection, rag=rag)
         with self._cv:
             self.jobs[job.id] = job
             self._queue.append(job)
@@ -129,7 +134,7 @@ class IngestWriter:
         try:  # the scanner's own rule keeps links that leave a folder out, whatever ingest.follow_symlinks says
             with self._cv:
                 warm = False if self._stopped else None  # None: as ingest.warm says
-            report = self.rag.ingest(job.paths, prune=job.prune, follow_symlinks=False, progress=progress, warm=warm)
+            report = job.rag.ingest(job.paths, prune=job.prune, follow_symlinks=False, progress=progress, warm=warm)
             job.report = report.to_dict() if hasattr(report, "to_dict") else {"files": len(report.files)}
             job.warming = getattr(report, "warming", None)
             return "done"

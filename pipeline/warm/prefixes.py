@@ -72,7 +72,12 @@ def warm(rt: "Runtime", *, progress: Callable[[str, str], None] | None = None, p
          states_progress: Callable[[WarmProgress], None] | None = None, cancel: "CancelToken | None" = None) -> dict:
     """:meth:`Pipeline.warm <pipeline.api.Pipeline.warm>`: each planned prefix prefilled and saved, with
     its outcome (``progress(prefix, outcome)``); where the collection does not fit the context and prompts
-    may be composed, the section states instead (:func:`.sections.warm_sections`, ``states_progress``)."""
+    may be composed, the section states instead (:func:`.sections.warm_sections`, ``states_progress``).
+
+    Returns ``{"mode": "whole" | "sections", "purpose", "prefixes": [...], "prefilled_tokens",
+    "bytes_written"}``, one item per prefix with its documents, sections, tokens, the tokens prefilled
+    for it, the bytes of the states written and its outcome: "saved", "cached" (already there), "too
+    short" (under ``cache.min_tokens``) or "too long" (not even one section fits)."""
     if purpose not in WARM_PURPOSES:
         raise ConfigError(f"warm is for one of {', '.join(WARM_PURPOSES)}, got {purpose!r}")
     writable_cache(rt)

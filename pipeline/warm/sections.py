@@ -162,7 +162,13 @@ def writable_cache(rt: "Runtime"):
 def warm_sections(rt: "Runtime", *, progress: Callable[[WarmProgress], None] | None = None,
                   cancel: "CancelToken | None" = None) -> dict:
     """:meth:`Pipeline.warm_sections <pipeline.api.Pipeline.warm_sections>`: composition calibrated where
-    it is not yet, then each section's state saved, the most useful first, within the cache's room."""
+    it is not yet, then each section's state saved, the most useful first, within the cache's room.
+
+    Returns ``{"mode": "sections", "documents", "sections", "chosen" (saved now or before), "saved",
+    "cached" (had a whole state already, or another process saved it meanwhile), "not_saved", "repaired"
+    (states found missing or damaged, saved again), "left" / "left_tokens" / "left_reason" (sections
+    without a state for want of room, and why), "room_bytes", "tokens", "prefilled_tokens",
+    "bytes_written", "seconds", "notes", "calibration"}``: ``saved + cached + not_saved`` is ``chosen``."""
     if not rt.compose_policy.enabled:
         raise ConfigError("section states serve composed prompts, and ask.compose is \"off\": set it to "
                           "\"auto\" (RAG_ASK_COMPOSE=auto) to save and use them")

@@ -23,7 +23,9 @@ expected outcome. The areas:
 - servers, disk: a Chroma server or PostgreSQL that is stopped, refused or misnamed, and a
           store on a full disk (:mod:`servers_area`);
 - sections: `rag warm --sections` (:mod:`sections_area`): its cache disk filling, its state
-          files deleted, cut short or flipped, two at once, its cache index deleted.
+          files deleted, cut short or flipped, two at once, its cache index deleted;
+- upstream: a generator or embedder server that answers garbage (:mod:`upstream_area`): an HTML
+          page, JSON of another shape, a broken event stream, for the CLI and `rag serve`.
 
 It prints `area | tried | handled | defects`, then each defect with what was expected and
 what happened; --json writes the same. The exit status is 1 when a defect was found.
@@ -683,6 +685,20 @@ def _range_probe(variable: str, value: str, parsed: object) -> Callable[[Drill],
     return check
 
 
+def probe_float_overflow(d: Drill) -> None:
+    """A float setting written past the largest double (``1e400``, from the environment and from TOML): exit 2,
+    the message quotes the value as written, not the infinity it parses to."""
+    base = d.fresh("overflow")
+    (base / "c.toml").write_text("[ask]\ntemperature = 1e400\n")
+    for env, key, given in (({"RAG_ASK_COMPOSE_MAX_KL": "1e400"}, "ask.compose_max_kl", "1e400"),
+                            ({"RAG_CACHE_MAX_GB": "-2E999"}, "cache.max_gb", "-2E999"),
+                            ({"RAG_CONFIG": str(base / "c.toml")}, "ask.temperature", "1e400")):
+        ran = clean(d.rag("status", env={**store_env(base), **env}), codes={2})
+        line = ran.err.strip().splitlines()[-1]
+        if line != f"Error: {key} must be a finite number, got {given}":
+            raise Defect(f"the message does not quote {given}: {line!r}")
+
+
 def _ingest_probe(make: Callable[[Path], None], env: dict, *, code: int, new: int, failed: int,
                   max_memory: int | None = None) -> Callable[[Drill], None]:
     """``rag ingest --json`` of a folder ``make`` fills: exit ``code``, ``new`` files ingested, ``failed`` failed."""
@@ -743,6 +759,8 @@ def probes(*, kills: int) -> list[Probe]:
     for name, variable, value, parsed in _range_cases():
         out.append(Probe("config", name, f"{variable}={value}: exit 2, the message names the setting and the value",
                          _range_probe(variable, value, parsed)))
+    out.append(Probe("config", "config.message.float-overflow", "1e400 from the environment or TOML: exit 2, the "
+                     "message quotes 1e400, not inf", probe_float_overflow))
     out += [
         Probe("files", "files.max-file-mb-past-memory", "ingest.max_file_mb = 30000 under a 4 GiB address space: "
               "every file ingested", _ingest_probe(_two_texts, {"RAG_INGEST_MAX_FILE_MB": "30000"}, code=0, new=2,
@@ -754,8 +772,9 @@ def probes(*, kills: int) -> list[Probe]:
     import sections_area
     import servers_area
     import summarize_area
+    import upstream_area
 
-    for area in (http_area, summarize_area, servers_area, sections_area):
+    for area in (http_area, summarize_area, servers_area, sections_area, upstream_area):
         out += [Probe(a, name, expect, check) for a, name, expect, check in area.PROBES]
     return out
 
@@ -806,7 +825,7 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--areas", default="kill,files,cache,config,http,summarize,servers,disk,sections",
+    ap.add_argument("--areas", default="kill,files,cache,config,http,summarize,servers,disk,sections,upstream",
                     help="comma-separated areas to run")
     ap.add_argument("--only", help="comma-separated probe names (overrides --areas)")
     ap.add_argument("--kills", type=int, default=5, help="kill -9 trials of each kind")

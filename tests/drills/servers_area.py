@@ -185,6 +185,18 @@ def probe_cache_on_a_full_disk(d: Drill) -> None:
     clean(d.rag("ask", "What do tomato plants need?", env=env, timeout=300), codes={0})
 
 
+def probe_cache_stats_on_a_full_disk(d: Drill) -> None:
+    """`rag cache stats` and `clear` where the cache folder does not exist yet and cannot be made: exit 4, as
+    every full disk is."""
+    where = _mount(d, "disk-cache-stats", "1m")
+    _fill(where, free=0)
+    env = {**store_env(d.fresh("disk-cache-stats-store")), "RAG_CACHE_PATH": str(where / "cache")}
+    for args in (["cache", "stats"], ["cache", "clear", "--yes"]):
+        ran = clean(d.rag(*args, env=env), codes={4})
+        if "full" not in ran.err:
+            raise Defect(f"the message does not say the disk is full: {ran.brief()}")
+
+
 PROBES = [
     ("servers", "servers.chroma-stopped", "a SIGSTOPped Chroma server: exit 4 within store.timeout, naming it",
      probe_chroma_stopped),
@@ -204,4 +216,6 @@ PROBES = [
     ("disk", "disk.ingest-full", "an ingest that fills the disk: exit 4 saying the disk is full",
      probe_ingest_on_a_full_disk),
     ("disk", "disk.cache-full", "a prefix cache on a full disk costs time, not the answer", probe_cache_on_a_full_disk),
+    ("disk", "disk.cache-stats-full", "`rag cache stats`/`clear` with no cache folder yet on a full disk: exit 4, "
+     "saying the disk is full", probe_cache_stats_on_a_full_disk),
 ]

@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from ...errors import Cancelled, ConfigError, EngineError
+from ...disk import is_disk_full
+from ...errors import Cancelled, ConfigError, DiskFullError, EngineError
 from .files import is_state_file, sweep_files
 from .index import INDEX_NAME, CacheIndex, Entry, is_damaged
 
@@ -61,6 +62,7 @@ class CacheDirectory:
         self.last_error = ""
         #: Why the cache cannot be used at all ("" when it can); prompts then run uncached.
         self.unavailable = ""
+        self._full = False  # it cannot be used because its disk is full
         self._notes: list[str] = []
         self.swept_bytes = 0  # what the last sweep freed
         self._lock = threading.RLock()
@@ -82,6 +84,7 @@ class CacheDirectory:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             self.unavailable = f"cannot create {self.directory}: {exc.strerror or exc}"
+            self._full = is_disk_full(exc, self.directory)
             return
         index_path = self.directory / INDEX_NAME
         try:
@@ -92,6 +95,7 @@ class CacheDirectory:
                 return
             if os.access(self.directory, os.W_OK) or not index_path.exists():
                 self.unavailable = f"cannot open {index_path}: {exc}"
+                self._full = is_disk_full(exc, self.directory)
                 return
             try:  # a read-only directory: use what is there, save nothing
                 self._index = CacheIndex(index_path, timeout=self.timeout, read_only=True)
@@ -236,6 +240,9 @@ class CacheDirectory:
     def _require(self) -> CacheIndex:
         """The index, for the maintenance calls a person makes (``rag cache``): errors are raised."""
         if self._index is None:
+            if self._full:
+                raise DiskFullError(f"the prefix cache cannot be used: {self.unavailable}: the disk holding "
+                                    f"{self.directory} is full. Free some space, or point cache.path elsewhere")
             raise ConfigError(f"the prefix cache cannot be used: {self.unavailable}")
         return self._index
 

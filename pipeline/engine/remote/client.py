@@ -21,8 +21,11 @@ Two dialects are told apart on first contact:
 
 Failures: a connection error, a timeout, HTTP 429 or 5xx is retried with exponential
 backoff (tenacity), moving to the next server when there are several, until
-``remote.max_wait`` seconds have passed; then an :class:`~pipeline.errors.EngineError`
-(exit 6) names the servers and the last failure. Other HTTP errors are not retried.
+``remote.max_wait`` seconds have passed; then an :class:`~pipeline.errors.UpstreamError`
+(exit 6; ``rag serve`` answers 502) names the servers and the last failure. Other HTTP errors
+are not retried, nor is an answer that is not the API (an HTML page, JSON of another shape, an
+event that is not JSON): each is one :class:`~pipeline.errors.UpstreamError` at once that says
+what the server sent (:func:`not_the_api`), never a parsing error from deep inside.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from ...errors import ConfigError, EngineError, UpstreamError, redact
+from ...errors import ConfigError, UpstreamError, redact
 
 PREFIX = "openai:"
 
@@ -76,6 +79,47 @@ class Transient(Exception):
         super().__init__(f"{redact(url)}: {reason}")
         self.url = url
         self.status = status  # the HTTP status that made it, where there was one
+
+
+class Refused(UpstreamError):
+    """The server refused the request with an HTTP 4xx (not retried: asking again gets the same)."""
+
+    def __init__(self, message: str, *, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def not_the_api(url: str, path: str, detail: str) -> UpstreamError:
+    """The error for a server whose answer to ``path`` is not what the OpenAI API (or llama.cpp's server)
+    sends: a proxy's HTML page, JSON of another shape, a stream of something else."""
+    return UpstreamError(f"the server {redact(url)} answered {path} with something that is not the OpenAI API "
+                         f"({detail}): is it an OpenAI-compatible server?")
+
+
+def expect(data: object, key: str, kinds: type | tuple[type, ...], *, url: str, path: str):
+    """``data[key]``, which must be of ``kinds`` (never a bool for a number); else :func:`not_the_api`."""
+    value = data.get(key) if isinstance(data, dict) else None
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise not_the_api(url, path, f"{key!r} is {_clip(json.dumps(value), 80) if _jsonable(value) else '?'}, "
+                                     f"not {' or '.join(k.__name__ for k in kinds)}")
+    return value
+
+
+def expect_tokens(data: object, *, url: str, path: str) -> list[int]:
+    """The ``tokens`` of a tokenize answer: a list of token ids."""
+    tokens = expect(data, "tokens", list, url=url, path=path)
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in tokens):
+        raise not_the_api(url, path, "'tokens' holds something other than token ids")
+    return list(tokens)
+
+
+def _jsonable(value: object) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 def _api_root(url: str) -> str:
@@ -119,14 +163,25 @@ class Server:
         if resp.status_code == 429 or resp.status_code >= 500:
             raise Transient(self.url, f"HTTP {resp.status_code} {_detail(resp)}".rstrip(), status=resp.status_code)
         if resp.status_code >= 400:
-            raise EngineError(f"the server {redact(self.url)} refused the request: HTTP {resp.status_code} "
-                              f"{_detail(resp)}")
+            raise Refused(f"the server {redact(self.url)} refused the request: HTTP {resp.status_code} "
+                          f"{_detail(resp)}", status=resp.status_code)
+
+    def _object(self, resp, path: str) -> dict:
+        """The JSON object ``resp`` holds, or :func:`not_the_api`."""
+        try:
+            data = resp.json()
+        except ValueError:
+            kind = resp.headers.get("content-type", "no content type").split(";")[0]
+            raise not_the_api(self.url, path, f"{kind}: {_clip(resp.text, 80)!r}") from None
+        if not isinstance(data, dict):
+            raise not_the_api(self.url, path, f"JSON {type(data).__name__}, not an object")
+        return data
 
     def get_json(self, path: str, *, root: bool = False) -> dict:
-        return self._request("GET", (self.root if root else self.url) + path).json()
+        return self._object(self._request("GET", (self.root if root else self.url) + path), path)
 
     def post_json(self, path: str, body: dict, *, root: bool = False) -> dict:
-        return self._request("POST", (self.root if root else self.url) + path, body).json()
+        return self._object(self._request("POST", (self.root if root else self.url) + path, body), path)
 
     def stream(self, path: str, body: dict) -> Iterator[dict]:
         """The JSON events of a server-sent-event stream, up to ``[DONE]``; a stream cut short
@@ -138,6 +193,11 @@ class Server:
                 if resp.status_code >= 400:
                     resp.read()
                     self._check(resp)
+                kind = resp.headers.get("content-type", "").split(";")[0].strip().lower()
+                if kind and kind != "text/event-stream":
+                    resp.read()
+                    raise not_the_api(self.url, path, f"{kind} where an event stream was asked for: "
+                                                      f"{_clip(resp.text, 80)!r}")
                 for line in resp.iter_lines():
                     if not line.startswith("data:"):
                         continue
@@ -145,9 +205,13 @@ class Server:
                     if data == "[DONE]":
                         return
                     try:
-                        yield json.loads(data)
-                    except json.JSONDecodeError:
-                        raise Transient(self.url, f"a malformed event in the stream: {data[:80]!r}") from None
+                        event = json.loads(data)
+                    except ValueError:
+                        raise not_the_api(self.url, path, f"an event that is not JSON: {_clip(data, 80)!r}") from None
+                    if not isinstance(event, dict):
+                        raise not_the_api(self.url, path, f"an event that is JSON {type(event).__name__}, "
+                                                          "not an object")
+                    yield event
         except httpx.TransportError as exc:
             raise Transient(self.url, f"the stream broke off ({type(exc).__name__}: {exc or 'closed'})") from None
         raise Transient(self.url, "the stream ended without [DONE]")
@@ -161,9 +225,9 @@ class Server:
             if self._props is None:
                 try:
                     resp = self._request("GET", self.root + "/props")
-                    self._props = resp.json() if resp.headers.get("content-type", "").startswith(
+                    self._props = self._object(resp, "/props") if resp.headers.get("content-type", "").startswith(
                         "application/json") else {}
-                except EngineError:  # 404: not llama-server
+                except Refused:  # 404: not llama-server
                     self._props = {}
             return self._props
 
@@ -172,7 +236,10 @@ class Server:
         return "llama-server" if self.props else "openai"
 
     def models(self) -> list[str]:
-        return [m.get("id", "") for m in self.get_json("/models").get("data", [])]
+        listed = expect(self.get_json("/models"), "data", list, url=self.url, path="/models")
+        if not all(isinstance(m, dict) and isinstance(m.get("id", ""), str) for m in listed):
+            raise not_the_api(self.url, "/models", "'data' holds something other than models")
+        return [m.get("id", "") for m in listed]
 
 
 def _detail(resp) -> str:
@@ -331,4 +398,5 @@ def api_key(env_name: str) -> str:
     return os.environ.get(env_name, "") if env_name else ""
 
 
-__all__ = ["PREFIX", "RemoteRef", "Retry", "Server", "TokenText", "Transient", "api_key", "digest"]
+__all__ = ["PREFIX", "Refused", "RemoteRef", "Retry", "Server", "TokenText", "Transient", "api_key", "digest", "expect",
+           "expect_tokens", "not_the_api"]

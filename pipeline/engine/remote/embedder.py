@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from ..contract import EmbedderBase
-from .client import RemoteRef, Retry, Server, TokenText, api_key, digest
+from .client import RemoteRef, Retry, Server, TokenText, api_key, digest, expect, expect_tokens, not_the_api
 from ...errors import EngineError, redact
 
 _BATCH = 32  # inputs per request
@@ -43,9 +43,11 @@ class RemoteEmbedder(EmbedderBase):
     def _tokenize_raw(self, text: str) -> list[int]:
         def call(server: Server) -> list[int]:
             if self._dialect == "llama-server":
-                return list(server.post_json("/tokenize", {"content": text, "add_special": True}, root=True)["tokens"])
+                return expect_tokens(server.post_json("/tokenize", {"content": text, "add_special": True}, root=True),
+                                     url=server.url, path="/tokenize")
             body = {"input": text, **({"model": self.ref.model} if self.ref.model else {})}
-            return list(server.post_json("/extras/tokenize", body, root=True)["tokens"])
+            return expect_tokens(server.post_json("/extras/tokenize", body, root=True), url=server.url,
+                                 path="/extras/tokenize")
 
         return self.retry.run(call, self.servers, what="tokenizing on the embedder server")
 
@@ -86,8 +88,9 @@ class RemoteEmbedder(EmbedderBase):
             content = list(seq[len(head):len(seq) - len(tail)] if tail else seq[len(head):])
             text = self.texts.text(content)
             if text is None:  # a cut input: its text from the server (no control tokens in the content)
-                text = self.retry.run(lambda s: s.post_json("/extras/detokenize", {"tokens": content},
-                                                            root=True)["text"],
+                text = self.retry.run(lambda s: expect(s.post_json("/extras/detokenize", {"tokens": content},
+                                                                   root=True), "text", str, url=s.url,
+                                                       path="/extras/detokenize"),
                                       self.servers, what="detokenizing on the embedder server")
             out.append(text)
         return out
@@ -97,13 +100,12 @@ class RemoteEmbedder(EmbedderBase):
         for lo in range(0, len(seqs), _BATCH):
             inputs = self._inputs(seqs[lo:lo + _BATCH])
             body = {"input": inputs, **({"model": self.ref.model} if self.ref.model else {})}
-            data = self.retry.run(lambda s: s.post_json("/embeddings", body), self.servers,
+            data = self.retry.run(lambda s: (s.url, s.post_json("/embeddings", body)), self.servers,
                                   what="embedding on the server")
-            items = sorted(data.get("data", []), key=lambda d: d.get("index", 0))
+            items = _vectors(*data)
             if len(items) != len(inputs):
                 raise EngineError(f"the embedder server returned {len(items)} vectors for {len(inputs)} inputs")
-            for item in items:
-                vec = np.asarray(item["embedding"], dtype=np.float32)
+            for vec in items:
                 if vec.ndim != 1:
                     raise EngineError("the embedder server returned per-token vectors, not one per input: "
                                       "start it with mean pooling (an embedding model, --embedding true)")
@@ -134,6 +136,25 @@ class RemoteEmbedder(EmbedderBase):
 
     def __repr__(self) -> str:
         return f"RemoteEmbedder({', '.join(redact(u) for u in self.ref.urls)})"
+
+
+def _vectors(url: str, data: dict) -> list[np.ndarray]:
+    """The vectors of an ``/embeddings`` answer, in input order; an answer of another shape (vectors that
+    are not lists of finite numbers) is :func:`~.client.not_the_api`."""
+    items = expect(data, "data", list, url=url, path="/embeddings")
+    if not all(isinstance(d, dict) and isinstance(d.get("embedding"), list)
+               and isinstance(d.get("index", 0), int) for d in items):
+        raise not_the_api(url, "/embeddings", "'data' holds something other than embeddings")
+    out = []
+    for item in sorted(items, key=lambda d: d.get("index", 0)):
+        try:
+            vec = np.asarray(item["embedding"], dtype=np.float32)
+        except (TypeError, ValueError):
+            vec = None
+        if vec is None or vec.size == 0 or vec.dtype != np.float32 or not np.isfinite(vec).all():
+            raise not_the_api(url, "/embeddings", "an embedding that is not a list of finite numbers")
+        out.append(vec)
+    return out
 
 
 def remote_embedder(ref: str, remote) -> RemoteEmbedder:

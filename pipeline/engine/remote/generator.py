@@ -21,7 +21,8 @@ import time
 from functools import cached_property
 from typing import Callable, Iterator, Sequence
 
-from .client import RemoteRef, Retry, Server, TokenText, Transient, api_key, digest
+from .client import (RemoteRef, Retry, Server, TokenText, Transient, api_key, digest, expect, expect_tokens,
+                     not_the_api)
 from .routing import HashRing, route_key
 from ..contract import CacheKind, EngineStats, Generation, GeneratorBase
 from ..context_lock import CancelToken
@@ -75,10 +76,13 @@ class RemoteGenerator(GeneratorBase):
                                   f"(it serves {', '.join(names)})")
             props = server.props
             settings = props.get("default_generation_settings") or {}
-            n_ctx = int(settings.get("n_ctx") or props.get("n_ctx") or 0)
-            return {"dialect": server.dialect, "model": model, "n_ctx": n_ctx,
-                    "template": props.get("chat_template") or "", "bos_text": props.get("bos_token") or "",
-                    "eos_text": props.get("eos_token") or ""}
+            n_ctx = (settings.get("n_ctx") if isinstance(settings, dict) else None) or props.get("n_ctx") or 0
+            texts = {k: props.get(k) or "" for k in ("chat_template", "bos_token", "eos_token")}
+            if not isinstance(n_ctx, int) or isinstance(n_ctx, bool) or n_ctx < 0 or not all(
+                    isinstance(v, str) for v in texts.values()):
+                raise not_the_api(server.url, "/props", "its context length or chat template is not one")
+            return {"dialect": server.dialect, "model": model, "n_ctx": n_ctx, "template": texts["chat_template"],
+                    "bos_text": texts["bos_token"], "eos_text": texts["eos_token"]}
 
         facts = self.retry.run(probe, self.servers, what="connecting to the generator server")
         if not facts["template"]:
@@ -130,11 +134,12 @@ class RemoteGenerator(GeneratorBase):
         def call(server: Server) -> list[int]:
             if dialect == "llama-server":
                 body = {"content": text, "add_special": add_special, "parse_special": special}
-                return list(server.post_json("/tokenize", body, root=True)["tokens"])
+                return expect_tokens(server.post_json("/tokenize", body, root=True), url=server.url, path="/tokenize")
             body = {"input": text}
             if self.ref.model:
                 body["model"] = self.ref.model
-            return list(server.post_json("/extras/tokenize", body, root=True)["tokens"])
+            return expect_tokens(server.post_json("/extras/tokenize", body, root=True), url=server.url,
+                                 path="/extras/tokenize")
 
         # A worker tokenizes on its own server: llama_cpp.server cuts a running stream short when
         # another request arrives (its interrupt_requests, on by default).
@@ -144,7 +149,8 @@ class RemoteGenerator(GeneratorBase):
     def _detokenize(self, tokens: list[int]) -> str:
         """Text for tokens this client did not tokenize (the server's detokenize drops control tokens)."""
         body = {"tokens": tokens, **({"model": self.ref.model} if self.ref.model else {})}
-        return self.retry.run(lambda srv: srv.post_json("/extras/detokenize", body, root=True)["text"],
+        return self.retry.run(lambda srv: expect(srv.post_json("/extras/detokenize", body, root=True), "text", str,
+                                                 url=srv.url, path="/extras/detokenize"),
                               self.servers, what="detokenizing on the generator server")
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]:
@@ -254,13 +260,7 @@ class RemoteGenerator(GeneratorBase):
                 try:
                     start = time.perf_counter()
                     for event in server.stream("/completions", body):
-                        report.update({k: event[k] for k in ("timings", "usage") if event.get(k)})
-                        choices = event.get("choices") or []
-                        if not choices:
-                            continue
-                        piece = choices[0].get("text") or ""
-                        if choices[0].get("finish_reason"):
-                            report["finish_reason"] = choices[0]["finish_reason"]
+                        piece = _event_text(event, report, server.url)
                         if not piece:
                             continue
                         if cancel is not None:
@@ -314,9 +314,8 @@ class RemoteGenerator(GeneratorBase):
     def _fill(self, stats: EngineStats, server: Server, report: dict, *, start: float, first: float | None,
               end: float, pieces: int) -> None:
         """The server's own figures where it reports them (llama-server: ``timings``; OpenAI: ``usage``)."""
-        timings = report.get("timings") or {}
-        usage = report.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
+        timings, usage = _numbers(report.get("timings")), _numbers(report.get("usage"))
+        details = _numbers((report.get("usage") or {}).get("prompt_tokens_details"))
         cached = timings.get("cache_n", details.get("cached_tokens"))
         stats.notes.append(f"answered by {redact(server.url)} ({server.dialect})")
         if cached is None:
@@ -359,6 +358,33 @@ class RemoteGenerator(GeneratorBase):
     def close(self) -> None:
         for server in self.servers:
             server.close()
+
+
+def _event_text(event: dict, report: dict, url: str) -> str:
+    """The text of one streamed completion event ("" for one without), its finish reason and figures noted
+    in ``report``; an event of another shape is :func:`~.client.not_the_api`."""
+    for key in ("timings", "usage"):
+        if event.get(key):
+            report[key] = expect(event, key, dict, url=url, path="/completions")
+    choices = event.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise not_the_api(url, "/completions", f"'choices' is {str(choices)[:40]}, not a list of choices")
+    if not choices:
+        return ""
+    piece, finish = choices[0].get("text") or "", choices[0].get("finish_reason")
+    if not isinstance(piece, str) or not isinstance(finish, (str, type(None))):
+        raise not_the_api(url, "/completions", "a choice whose text or finish reason is not text")
+    if finish:
+        report["finish_reason"] = finish
+    return piece
+
+
+def _numbers(figures: object) -> dict:
+    """The numeric fields of a server's ``timings`` or ``usage`` (others left out: they are only figures)."""
+    if not isinstance(figures, dict):
+        return {}
+    return {k: v for k, v in figures.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v >= 0}
 
 
 class _Attempt:
