@@ -76,7 +76,7 @@ def test_bench_names_the_benchmarks_it_knows(tmp_path, monkeypatch):
     assert out.exit_code == 2
     assert ("unknown benchmark(s): no-such-benchmark; there are: cache, calibration, citations, compose_memory, compose_quality, "
             "concurrency, expansion, first_token, fusion_choice, generators, heldout, hybrid_order, ingest, prefill, remote, retrieval, section_size, "
-            "session, shared_ingest, summarize") in out.output
+            "section_state_types, session, shared_ingest, state_footprint, summarize, warm") in out.output
     assert not (tmp_path / "bench-results").exists()  # nothing ran, nothing written
 
 

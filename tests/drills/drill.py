@@ -669,8 +669,7 @@ def _range_cases() -> list[tuple[str, str, str, object]]:
         value = int(r.high) + 1 if isinstance(default, int) else r.high * 10
         cases.append((f"config.range.{key}", f"RAG_{section}_{name}".upper(), str(value), value))
     cases += [("config.message.compose-recompute-negative", "RAG_ASK_COMPOSE_RECOMPUTE", "-1", -1),
-              ("config.message.ram-gb-negative", "RAG_CACHE_RAM_GB", "-0.5", -0.5),
-              ("config.message.max-gb-zero", "RAG_CACHE_MAX_GB", "0", 0.0)]
+              ("config.message.ram-gb-negative", "RAG_CACHE_RAM_GB", "-0.5", -0.5)]
     return cases
 
 
