@@ -60,8 +60,12 @@ def answer_page(pdf: Path, q: dict) -> int:
         return re.sub(r"\W+", " ", text).lower().strip()
 
     want = norm(q["evidence"])
-    for page, text in pdf_pages(pdf):
+    pages = list(pdf_pages(pdf))
+    for page, text in pages:
         if want in norm(text):
+            return page
+    for (page, text), (_, after) in zip(pages, pages[1:]):  # evidence running over a page break
+        if want in norm(text + " " + after):
             return page
     raise SystemExit(f"the evidence of {q['question']!r} is on no page of {pdf.name}")
 

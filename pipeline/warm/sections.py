@@ -79,7 +79,8 @@ def choose(rt: "Runtime", shelf: Shelf, packed: Sequence[PackedSection]) -> Choi
             break
         chosen.append(i)
         used += need[i]
-    left = [i for i in ranked if i not in set(chosen)]
+    taken = set(chosen)
+    left = [i for i in ranked if i not in taken]
     reason = ""
     if left:
         of = f"cache.max_gb = 0: {budget / 1e9:,.1f} GB, a share of its disk" if cache.auto else "cache.max_gb"
