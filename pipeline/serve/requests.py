@@ -33,6 +33,27 @@ def _invalid(message: str, code: str = "invalid_type") -> HTTPError:
     return HTTPError(400, message, code=code)
 
 
+async def body_parts(request: "Request", *, what: str = "body"):
+    """The parts of ``request``'s body as they arrive: a client that leaves is a 400, one that holds the
+    connection open without sending for :data:`~.limits.BODY_STALL_SECONDS` a 408 (``what`` names the
+    body in those messages)."""
+    from starlette.requests import ClientDisconnect
+
+    parts = request.stream().__aiter__()
+    try:
+        while True:
+            try:
+                yield await asyncio.wait_for(parts.__anext__(), limits.BODY_STALL_SECONDS)
+            except StopAsyncIteration:
+                return
+    except ClientDisconnect:  # nobody is left to answer; end the request without a traceback
+        raise HTTPError(400, f"the client closed the connection before sending the whole {what}",
+                        code="client_disconnected") from None
+    except asyncio.TimeoutError:
+        raise HTTPError(408, f"the {what} stalled for {limits.BODY_STALL_SECONDS:g} seconds",
+                        code="request_timeout") from None
+
+
 class Body:
     """A request's JSON object and typed access to its fields (None: absent or null)."""
 
@@ -46,25 +67,11 @@ class Body:
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             raise too_large
-        from starlette.requests import ClientDisconnect
-
         raw = bytearray()
-        parts = request.stream().__aiter__()
-        try:
-            while True:
-                try:
-                    part = await asyncio.wait_for(parts.__anext__(), limits.BODY_STALL_SECONDS)
-                except StopAsyncIteration:
-                    break
-                raw += part
-                if len(raw) > limit:
-                    raise too_large
-        except ClientDisconnect:  # nobody is left to answer; end the request without a traceback
-            raise HTTPError(400, "the client closed the connection before sending the whole body",
-                            code="client_disconnected") from None
-        except asyncio.TimeoutError:  # a client that holds the connection open without sending
-            raise HTTPError(408, f"the request body stalled for {limits.BODY_STALL_SECONDS:g} seconds",
-                            code="request_timeout") from None
+        async for part in body_parts(request, what="request body"):
+            raw += part
+            if len(raw) > limit:
+                raise too_large
         try:
             data = json.loads(bytes(raw) or b"null", parse_constant=_no_constant)
         except RecursionError:

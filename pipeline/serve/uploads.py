@@ -34,6 +34,7 @@ from ..ingest.loaders import detect_format
 from . import limits
 from .collections import from_query, pipeline_for
 from .http_errors import HTTPError
+from .requests import body_parts
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -144,28 +145,14 @@ def _exists(path: Path) -> HTTPError:
 
 async def _receive(request: "Request", partial: _Partial, size: int) -> None:
     """The body into ``partial``: exactly ``size`` bytes, within the stall bound."""
-    from starlette.requests import ClientDisconnect
-
     buffered = bytearray()
-    parts = request.stream().__aiter__()
-    try:
-        while True:
-            try:
-                part = await asyncio.wait_for(parts.__anext__(), limits.BODY_STALL_SECONDS)
-            except StopAsyncIteration:
-                break
-            buffered += part
-            if partial.written + len(buffered) > size:
-                raise HTTPError(400, "the body is longer than its Content-Length", code="invalid_length")
-            if len(buffered) >= _FLUSH:
-                await asyncio.to_thread(partial.write, bytes(buffered))
-                buffered.clear()
-    except ClientDisconnect:
-        raise HTTPError(400, "the client closed the connection before sending the whole file",
-                        code="client_disconnected") from None
-    except asyncio.TimeoutError:
-        raise HTTPError(408, f"the upload stalled for {limits.BODY_STALL_SECONDS:g} seconds",
-                        code="request_timeout") from None
+    async for part in body_parts(request, what="file"):
+        buffered += part
+        if partial.written + len(buffered) > size:
+            raise HTTPError(400, "the body is longer than its Content-Length", code="invalid_length")
+        if len(buffered) >= _FLUSH:
+            await asyncio.to_thread(partial.write, bytes(buffered))
+            buffered.clear()
     if buffered:
         await asyncio.to_thread(partial.write, bytes(buffered))
     if partial.written != size:
