@@ -188,3 +188,17 @@ def ingested(make_pipeline, corpus):
     """``corpus`` ingested with the default (real) embedder; a test module may override it with a fake one."""
     make_pipeline().ingest([corpus])
     return corpus
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """A headless Chromium for the web page's tests, one per test module."""
+    from browser import Browser, find_chromium
+
+    binary = find_chromium()
+    if binary is None:
+        pytest.skip("no Chromium to test the web page in: install Debian's chromium package (./setup.sh does "
+                    "where apt-get can), or name a browser with RAG_TEST_CHROMIUM")
+    b = Browser(binary, tmp_path_factory.mktemp("chromium") / "profile")
+    yield b
+    b.close()

@@ -18,7 +18,6 @@ from urllib.parse import quote
 
 import pytest
 
-from browser import Browser, find_chromium
 from pdfs import make_pdf
 from serving import RagServer, serve_env
 
@@ -57,17 +56,6 @@ def site(tmp_path_factory, model_home):
     server = RagServer(env, log=root / "serve.log").start()
     yield {"server": server, "base": server.base, "docs": docs.resolve(), "outside": outside.resolve()}
     server.stop()
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    binary = find_chromium()
-    if binary is None:
-        pytest.skip("no Chromium to test the web page in: install Debian's chromium package (./setup.sh does "
-                    "where apt-get can), or name a browser with RAG_TEST_CHROMIUM")
-    b = Browser(binary, tmp_path_factory.mktemp("chromium") / "profile")
-    yield b
-    b.close()
 
 
 def _state(page) -> str:

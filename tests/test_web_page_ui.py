@@ -58,17 +58,6 @@ def site(tmp_path_factory, model_home):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory):
-    binary = find_chromium()
-    if binary is None:
-        pytest.skip("no Chromium to test the web page in: install Debian's chromium package (./setup.sh does "
-                    "where apt-get can), or name a browser with RAG_TEST_CHROMIUM")
-    b = Browser(binary, tmp_path_factory.mktemp("chromium-ui") / "profile")
-    yield b
-    b.close()
-
-
 def _open(browser, site):
     page = browser.page()
     page.goto(site["base"] + "/")
