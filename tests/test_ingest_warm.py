@@ -279,15 +279,8 @@ def test_the_servers_writer_saves_section_states_after_a_job_and_the_next_job_co
 
         import pipeline.warm.sections as warming
 
-        real, blocked = warming.warm_auto, threading.Event()
-
-        def slow(rt, *, progress=None, cancel=None):  # the next warm runs until it is cancelled
-            warming.warm_auto = real
-            blocked.set()
-            deadline = time.monotonic() + 60
-            while not cancel.cancelled and time.monotonic() < deadline:
-                time.sleep(0.01)
-            raise Cancelled("cancelled")
+        blocked = threading.Event()
+        slow = _warm_until_cancelled(warming, blocked)  # the next warm runs until it is cancelled
 
         warming.warm_auto = slow
         (docs / "e-pipes.md").write_text("\n\n".join(f"Pipe {i} holds {i * 3} litres." for i in range(40)) + "\n")
@@ -357,6 +350,21 @@ def test_a_shelf_larger_than_the_cache_room_gets_the_most_useful_states_first(mo
     assert st.cache == "composed" and st.composed_sections == len(st.sections) and st.states_saved == 0
 
 
+def _warm_until_cancelled(warming, blocked):
+    """A stand-in for ``warming.warm_auto`` that puts the real one back, sets ``blocked``, then runs until
+    its warming is cancelled (at most a minute)."""
+    real = warming.warm_auto
+
+    def slow(rt, *, progress=None, cancel=None):
+        warming.warm_auto = real
+        blocked.set()
+        deadline = time.monotonic() + 60
+        while not cancel.cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise Cancelled("cancelled")
+    return slow
+
+
 def test_a_job_into_another_collection_shares_the_one_warming(moe, tmp_path):
     """A server's collections share one engine, and so one warming: a job into another collection
     cancels the warming of the server's own (what it saved stays) and warms its own collection after it."""
@@ -365,14 +373,7 @@ def test_a_job_into_another_collection_shares_the_one_warming(moe, tmp_path):
 
     docs = write_shelf(tmp_path / "shelf")
     real, blocked = warming.warm_auto, threading.Event()
-
-    def slow(rt, *, progress=None, cancel=None):  # the first warm runs until it is cancelled
-        warming.warm_auto = real
-        blocked.set()
-        deadline = time.monotonic() + 60
-        while not cancel.cancelled and time.monotonic() < deadline:
-            time.sleep(0.01)
-        raise Cancelled("cancelled")
+    slow = _warm_until_cancelled(warming, blocked)  # the first warm runs until it is cancelled
 
     with pipeline(moe, tmp_path, **{"ingest.warm": "auto"}) as rag:
         writer = IngestWriter(rag)
