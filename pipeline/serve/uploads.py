@@ -143,6 +143,17 @@ def _exists(path: Path) -> HTTPError:
                           "server first", code="file_exists")
 
 
+async def _finish(fn, *args) -> None:
+    """``fn(*args)`` in a worker thread, awaited to its end even if this request is cancelled meanwhile
+    (the file's descriptor must not be closed under a write still running)."""
+    running = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        await asyncio.shield(running)
+    except asyncio.CancelledError:
+        await asyncio.wait([running])
+        raise
+
+
 async def _receive(request: "Request", partial: _Partial, size: int) -> None:
     """The body into ``partial``: exactly ``size`` bytes, within the stall bound."""
     buffered = bytearray()
@@ -151,10 +162,10 @@ async def _receive(request: "Request", partial: _Partial, size: int) -> None:
         if partial.written + len(buffered) > size:
             raise HTTPError(400, "the body is longer than its Content-Length", code="invalid_length")
         if len(buffered) >= _FLUSH:
-            await asyncio.to_thread(partial.write, bytes(buffered))
+            await _finish(partial.write, bytes(buffered))
             buffered.clear()
     if buffered:
-        await asyncio.to_thread(partial.write, bytes(buffered))
+        await _finish(partial.write, bytes(buffered))
     if partial.written != size:
         raise HTTPError(400, f"the body ended after {partial.written:,} of {size:,} bytes", code="incomplete_body")
 
@@ -171,19 +182,21 @@ async def upload(request: "Request"):
     rag = await pipeline_for(request, from_query(request))
     if os.path.lexists(folder / name):
         raise _exists(folder / name)
+    # Creating and discarding the partial file stay on the event loop (two system calls each): a task
+    # cancelled between a worker thread's return and its await could otherwise leave the file behind.
     try:
-        partial = await asyncio.to_thread(_Partial, folder, name)
+        partial = _Partial(folder, name)
     except OSError as exc:
         raise _failed(exc, folder) from None
     try:
         await _receive(request, partial, size)
-        await asyncio.to_thread(partial.keep)
+        await _finish(partial.keep)
     except FileExistsError:
         raise _exists(folder / name) from None
     except OSError as exc:
         raise _failed(exc, folder) from None
     finally:
-        await asyncio.to_thread(partial.discard)
+        partial.discard()
     job = s.writer.submit([partial.target], False, rag=rag)
     return JSONResponse({"schema": 1, "path": str(partial.target), "bytes": size, "job": job.to_dict()}, 202)
 
