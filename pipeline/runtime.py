@@ -126,23 +126,33 @@ class Runtime:
         with self._background_mu:
             if self._loading is not None or self.given("engine") or models.is_server(self.config.models.generator):
                 return
-        if build:
-            self.engine  # noqa: B018 - found (fetched if it must be) and its header read, in this thread
-        elif not self.has("engine"):
-            try:
-                models.resolve(self.config.models.generator, home=self.config.home_path, fetch=False)
-            except Exception:  # not provisioned yet (or not a model at all): the ask path says so
-                return
-        with self._background_mu:
-            if self._loading is not None:
-                return
-            self._loading = threading.Thread(target=self._load_generator, name="rag-load-generator", daemon=True)
+            # The thread starts at once: it imports llama.cpp's bindings while this one finds the model.
+            found, usable = threading.Event(), []
+            self._loading = threading.Thread(target=self._load_generator, args=(found, usable),
+                                             name="rag-load-generator", daemon=True)
             self._loading.start()
-
-    def _load_generator(self) -> None:
-        from .engine.local import Engine
-
         try:
+            if build:
+                self.engine  # noqa: B018 - found (fetched if it must be) and its header read, in this thread
+            elif not self.has("engine"):
+                try:
+                    models.resolve(self.config.models.generator, home=self.config.home_path, fetch=False)
+                except Exception:  # not provisioned yet (or not a model at all): the ask path says so
+                    return
+            usable.append(True)
+        finally:
+            found.set()
+
+    def _load_generator(self, found: threading.Event, usable: list) -> None:
+        try:
+            from .engine.loading import import_bindings
+            from .engine.local import Engine
+
+            import_bindings()  # while the calling thread finds the model
+
+            found.wait()
+            if not usable:
+                return
             engine = self.engine
             if isinstance(engine, Engine) and "llm" not in engine.__dict__:
                 engine.llm  # noqa: B018 - loads it (once, whoever asks first)
@@ -314,8 +324,14 @@ class Runtime:
     def section_memo(self) -> "SectionTokens":
         """The generator tokens of rendered sections, remembered across questions and summaries."""
         from .ask.prompt import SectionTokens
+        from .ask.saved_tokens import SavedTokens
+        from .engine.local import Engine
 
-        return SectionTokens(self.engine.tokenize)
+        engine = self.engine
+        saved = None
+        if isinstance(engine, Engine) and self.config.cache.enabled:  # a server's tokens come with its own bookkeeping
+            saved = SavedTokens(self.config.cache_path / "tokens.sqlite", engine.namespace)
+        return SectionTokens(engine.tokenize, saved=saved)
 
     @property
     def section_tokens(self) -> int:
@@ -440,7 +456,10 @@ class Runtime:
         self._given.clear()
         with self._layouts_mu:
             self._layouts.clear()
-        for name in ("stops", "section_memo", "compose_policy"):
+        memo = self.__dict__.pop("section_memo", None)
+        if memo is not None:
+            memo.close()
+        for name in ("stops", "compose_policy"):
             self.__dict__.pop(name, None)
         self._stores.close()  # the PostgreSQL connections, when this was the last pipeline using them
 

@@ -205,9 +205,10 @@ def test_no_import_cycles_among_the_package_modules():
 TOP = ("pipeline.api", "pipeline.cli", "pipeline.serve")
 #: The operations over a runtime (the product's parts); the runtime and the layers below never import them.
 OPERATIONS = ("pipeline.ask", "pipeline.retrieval", "pipeline.summarize", "pipeline.collection", "pipeline.warm")
-#: The leaf modules of the ask path that the runtime builds its caches from (layouts, section tokens,
-#: the pack history, the stops, the numbering of citations): they import nothing above the store and the engine.
-ASK_LEAVES = ("pipeline.ask.prompt", "pipeline.ask.history", "pipeline.ask.stops", "pipeline.ask.citations")
+#: The leaf modules of the ask path that the runtime builds its caches from (layouts, section tokens and
+#: those saved on disk, the pack history, the stops, the numbering of citations): they import nothing above the store and the engine.
+ASK_LEAVES = ("pipeline.ask.prompt", "pipeline.ask.history", "pipeline.ask.stops", "pipeline.ask.citations",
+              "pipeline.ask.saved_tokens")
 
 
 def _layer_rules():

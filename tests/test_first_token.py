@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 import threading
 import time
@@ -87,9 +88,9 @@ def test_two_threads_asking_a_new_pipeline_at_once_load_the_generator_once(make_
         loads.append(threading.current_thread().name)
         return real(*args, **kwargs)
 
-    def started(runtime) -> None:
+    def started(runtime, *args) -> None:
         background.append(threading.current_thread().name)
-        real_background(runtime)
+        real_background(runtime, *args)
 
     monkeypatch.setattr(local, "load_generator", counted)
     monkeypatch.setattr(Runtime, "_load_generator", started)
@@ -190,3 +191,68 @@ def test_importing_the_api_leaves_the_ask_path_and_ingest_for_later():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_new_pipeline_reads_the_section_tokens_an_earlier_one_saved(make_pipeline, ingested, monkeypatch):
+    """A new process tokenises only the question: the sections' tokens come from ``tokens.sqlite``."""
+    import pipeline.engine.local as local
+
+    first = make_pipeline(**FAST)
+    answer = first.ask(QUESTIONS[0])
+    saved = first.config.cache_path / "tokens.sqlite"
+    first.close()
+    with sqlite3.connect(saved) as db:
+        assert db.execute("SELECT COUNT(*) FROM tokens").fetchone()[0] > 0  # the sections' tokens
+    tokenized: list[str] = []
+    real = local.Engine.tokenize
+
+    def spy(self, text, **kwargs):
+        tokenized.append(text)
+        return real(self, text, **kwargs)
+
+    monkeypatch.setattr(local.Engine, "tokenize", spy)
+    again = make_pipeline(**FAST).ask(QUESTIONS[0])
+    assert again.text == answer.text and again.stats.prompt_tokens == answer.stats.prompt_tokens
+    assert tokenized and not [t for t in tokenized if t.startswith("[1] ")]  # no section was tokenised again
+    assert any(QUESTIONS[0] in t for t in tokenized)
+
+
+def test_a_damaged_section_tokens_file_costs_the_saving_not_the_answer(make_pipeline, ingested):
+    first = make_pipeline(**FAST)
+    expected = first.ask(QUESTIONS[0]).text
+    path = first.config.cache_path / "tokens.sqlite"
+    first.close()
+    for suffix in ("-wal", "-shm"):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+    path.write_bytes(b"not a database" * 100)
+    assert make_pipeline(**FAST).ask(QUESTIONS[0]).text == expected
+
+
+def test_the_gil_changes_hands_quickly_while_a_model_loads_and_the_interval_comes_back(model_home, monkeypatch):
+    """llama.cpp's loader calls back into Python for every log line: a busy thread beside a load must
+    hand the GIL over often, and the process's own switch interval is back once the loads end."""
+    import llama_cpp
+
+    from pipeline.engine._llama import LOADING_SWITCH_SECONDS, load
+    from pipeline.models import resolve
+
+    seen: list[float] = []
+    real = llama_cpp.Llama.__init__
+
+    def spy(self, *args, **kwargs):
+        seen.append(sys.getswitchinterval())
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(llama_cpp.Llama, "__init__", spy)
+    before = sys.getswitchinterval()
+    path = resolve("builtin:gemma-3-270m", home=model_home)
+    models = []
+    threads = [threading.Thread(target=lambda: models.append(load(path, n_ctx=256))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for m in models:
+        m.close()
+    assert len(models) == 2 and seen == [LOADING_SWITCH_SECONDS] * 2
+    assert sys.getswitchinterval() == before

@@ -31,11 +31,14 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from ..errors import EngineError
 from ..records import PackedSection, Passage, Prompt, Section
 from .citations import excerpt
+
+if TYPE_CHECKING:
+    from .saved_tokens import SavedTokens
 
 _SENTINEL = "\x00DOCUMENTS\x00"
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -132,11 +135,13 @@ def render_section(n: int, section: Section, *, of: int, segments: Sequence[tupl
 
 class SectionTokens:
     """The generator tokens of rendered sections, remembered (they never change for a document
-    version), so a question over a packed 60K-token collection tokenises only itself."""
+    version), so a question over a packed 60K-token collection tokenises only itself. With
+    ``saved`` (:class:`~.saved_tokens.SavedTokens`) they are also kept on disk for the next process."""
 
-    def __init__(self, tokenize: Tokenize, *, max_tokens: int = 4_000_000):
+    def __init__(self, tokenize: Tokenize, *, max_tokens: int = 4_000_000, saved: "SavedTokens | None" = None):
         self._tokenize = tokenize
         self._max = max_tokens
+        self._saved = saved
         self._held = 0
         self._memo: OrderedDict[tuple, tuple[int, ...]] = OrderedDict()
         self._lock = threading.Lock()
@@ -149,7 +154,16 @@ class SectionTokens:
             if hit is not None:
                 self._memo.move_to_end(key)
                 return hit
-        tokens = tuple(self._tokenize(render_section(n, section, of=of, segments=segments)))
+        text = render_section(n, section, of=of, segments=segments)
+        tokens = None
+        if self._saved is not None:
+            from .saved_tokens import digest
+
+            tokens = self._saved.get(saved_key := digest(text))
+        if tokens is None:
+            tokens = tuple(self._tokenize(text))
+            if self._saved is not None:
+                self._saved.put(saved_key, tokens)
         with self._lock:
             self._memo[key] = tokens
             self._held += len(tokens)
@@ -157,6 +171,10 @@ class SectionTokens:
                 _, old = self._memo.popitem(last=False)
                 self._held -= len(old)
         return tokens
+
+    def close(self) -> None:
+        if self._saved is not None:
+            self._saved.close()
 
 
 def _join(layout: Layout, parts: Sequence[Sequence[int]], suffix: Sequence[int]) -> tuple[list[int], list[int]]:

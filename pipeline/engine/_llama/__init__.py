@@ -31,11 +31,12 @@ No other module touches llama-cpp-python's private attributes (``_ctx``, ``_mode
 from .build import devices, system_info
 from .decode import Aborted, AbortFlag, Sampler
 from .loading import ModelLoadError, binding_version, load, supports_gpu_offload
-from .log import LOG_CONT, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_NONE, LOG_WARN, LlamaLog, LogRecord
+from .log import (LOADING_SWITCH_SECONDS, LOG_CONT, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_NONE, LOG_WARN, LlamaLog,
+                  LogRecord)
 from .model import Model, Timings, open_models
 from .overrides import TensorOverrides, buffer_type, buffer_types
 
-__all__ = ["Aborted", "AbortFlag", "LOG_CONT", "LOG_DEBUG", "LOG_ERROR", "LOG_INFO", "LOG_NONE", "LOG_WARN",
+__all__ = ["Aborted", "AbortFlag", "LOADING_SWITCH_SECONDS", "LOG_CONT", "LOG_DEBUG", "LOG_ERROR", "LOG_INFO", "LOG_NONE", "LOG_WARN",
            "LlamaLog", "LogRecord", "Model", "ModelLoadError", "Sampler", "TensorOverrides", "Timings",
            "binding_version", "buffer_type", "buffer_types", "devices", "load", "open_models", "supports_gpu_offload",
            "system_info"]

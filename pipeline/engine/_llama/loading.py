@@ -22,6 +22,7 @@ import llama_cpp.llama_cpp as _llama_cpp_c
 
 from ...errors import EngineError
 from ..offload import Override
+from .log import quick_handover
 from .model import Model
 from .overrides import TensorOverrides
 
@@ -162,7 +163,8 @@ def load(
     _local.applied = False
     _local.context = {"n_seq_max": n_seq_max, "kv_unified": True} if n_seq_max > 1 and not embedding else None
     try:
-        llm = llama_cpp.Llama(model_path=str(model_path), **kwargs)
+        with quick_handover():
+            llm = llama_cpp.Llama(model_path=str(model_path), **kwargs)
     except (ValueError, RuntimeError) as exc:  # llama-cpp-python reports load failures as ValueError
         raise ModelLoadError(model_path, str(exc)) from exc
     finally:
