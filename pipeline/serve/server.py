@@ -84,6 +84,7 @@ def run(rag: "Pipeline", *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, t
         app = create_app(rag, token=token, max_body=max_body, max_upload=max_upload, host=host, port=port,
                          allow=folders.roots, allow_hosts=allow_hosts, cors_origins=cors_origins,
                          access_log=None if quiet else log)
+        rag.preload()  # the generator loads while the server starts: a first question waits retrieval plus TTFT
     except BaseException:
         sock.close()
         raise
