@@ -212,20 +212,20 @@ ASK_LEAVES = ("pipeline.ask.prompt", "pipeline.ask.history", "pipeline.ask.stops
 
 
 def _layer_rules():
-    below_runtime = (*TOP, *OPERATIONS, "pipeline.runtime", "pipeline.planner")
+    below_runtime = (*TOP, *OPERATIONS, "pipeline.runtime", "pipeline.tuning")
     return [
         ("pipeline.records", ("pipeline.",)),  # the shared records import nothing of the package
         ("pipeline.engine.", (*below_runtime, "pipeline.ingest", "pipeline.store", "pipeline.config.tuned")),
         ("pipeline.store.", (*below_runtime, "pipeline.engine", "pipeline.ingest")),
         ("pipeline.ingest.", below_runtime),
-        ("pipeline.runtime", (*TOP, *OPERATIONS, "pipeline.planner")),  # but the ask path's leaves
+        ("pipeline.runtime", (*TOP, *OPERATIONS, "pipeline.tuning")),  # but the ask path's leaves
         *((leaf, (*TOP, *OPERATIONS, "pipeline.runtime")) for leaf in ASK_LEAVES),
         ("pipeline.retrieval.", (*TOP, "pipeline.ask", "pipeline.summarize", "pipeline.collection",
-                                 "pipeline.planner", "pipeline.warm")),
-        ("pipeline.ask.", (*TOP, "pipeline.summarize", "pipeline.collection", "pipeline.planner", "pipeline.warm")),
-        ("pipeline.warm.", (*TOP, "pipeline.summarize", "pipeline.collection", "pipeline.planner")),
-        ("pipeline.summarize.", (*TOP, "pipeline.planner", "pipeline.warm")),
-        ("pipeline.collection", (*TOP, "pipeline.ask", "pipeline.retrieval", "pipeline.summarize", "pipeline.planner",
+                                 "pipeline.tuning", "pipeline.warm")),
+        ("pipeline.ask.", (*TOP, "pipeline.summarize", "pipeline.collection", "pipeline.tuning", "pipeline.warm")),
+        ("pipeline.warm.", (*TOP, "pipeline.summarize", "pipeline.collection", "pipeline.tuning")),
+        ("pipeline.summarize.", (*TOP, "pipeline.tuning", "pipeline.warm")),
+        ("pipeline.collection", (*TOP, "pipeline.ask", "pipeline.retrieval", "pipeline.summarize", "pipeline.tuning",
                                  "pipeline.warm")),
     ]
 
@@ -325,11 +325,11 @@ def test_the_private_name_check_sees_each_form():
         "pipeline.runtime: pipeline.models._identity"]
 
 
-def test_only_api_cli_and_profiles_use_the_planner():
+def test_only_api_cli_and_profiles_use_tuning():
     users = {"pipeline.api", "pipeline.cli", "pipeline.config.tuned"}
     bad = sorted(f"{m} -> {o}" for m in MODULES
-                 if m not in users and not m.startswith(("pipeline.planner.", "pipeline.dev.", "pipeline.cli."))
-                 for n in _imports(m) if (o := _owner(n)) and o.startswith("pipeline.planner"))
+                 if m not in users and not m.startswith(("pipeline.tuning.", "pipeline.dev.", "pipeline.cli."))
+                 for n in _imports(m) if (o := _owner(n)) and o.startswith("pipeline.tuning"))
     assert bad == []
 
 
@@ -341,10 +341,10 @@ def test_answering_does_not_import_the_tuner():
         if m not in seen:
             seen.add(m)
             todo += [o for n in _imports(m) if (o := _owner(n))]
-    assert not any(m.startswith("pipeline.planner") for m in seen), seen
+    assert not any(m.startswith("pipeline.tuning") for m in seen), seen
     runtime = MODULES["pipeline.runtime"].read_text(encoding="utf-8")
     engine_settings = runtime[runtime.index("def engine_settings"):runtime.index("def pool(")]
-    assert "planner" not in engine_settings and "config.tuned" in engine_settings
+    assert "tuning" not in engine_settings and "config.tuned" in engine_settings
 
 
 #: Modules whose split by concept is still under way, exempt from the size rules until it lands.
