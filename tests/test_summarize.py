@@ -180,7 +180,7 @@ def test_ask_and_summarize_decide_the_layout_with_one_reserve(tmp_path):
             shelf = packing.gather(store, sources=None, target=60, fetch_tokens=2**62)
 
         def ask_mode(r: int) -> str:
-            prompt = packing.plan(shelf, "What now?", layout=job.layout, tokenize=engine.tokenize, memo=job.memo,
+            prompt = packing.pack(shelf, "What now?", layout=job.layout, tokenize=engine.tokenize, memo=job.memo,
                                   n_ctx=n_ctx, reserve=r)
             return prompt.mode
 

@@ -158,7 +158,7 @@ def packing_depth(rt: "Runtime") -> int:
 
 def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, timings: dict[str, float],
                      *, remember: bool = True) -> Built | None:
-    """Whole documents or the best fixed sections (:func:`.packing.plan`); None where not even the
+    """Whole documents or the best fixed sections (:func:`.packing.pack`); None where not even the
     question's best section fits."""
     a, engine = rt.config.ask, rt.engine
     namespace = engine.namespace
@@ -170,7 +170,7 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
                                fetch_tokens=3 * engine.n_ctx, also={key for p in history[:16] for key in p})
     shelf.fixed_numbers = rt.compose_policy.enabled  # a section's tokens, so its state, the same in every pack
     # The store is released: tokenising (once the generator has loaded) happens from here on.
-    prompt = packing.plan(
+    prompt = packing.pack(
         shelf, request.text, layout=rt.layout(options.system_prompt), tokenize=engine.tokenize,
         memo=rt.section_memo, n_ctx=engine.n_ctx, reserve=rt.reserve(options.max_tokens),
         tolerance=a.reuse_tolerance, history=history,

@@ -147,7 +147,7 @@ class Job:
         self.memo = memo or SectionTokens(engine.tokenize)
         self.progress = progress or (lambda ev: None)
         # Each prefix a summary prompt prefilled (its sections' keys), told to ask's pack history, so
-        # that a later question prefers a pack whose state a summary saved (see packing.plan).
+        # that a later question prefers a pack whose state a summary saved (see packing.pack).
         self.record = record or (lambda keys: None)
         self.report = JobReport(collection=collection, documents=len(self.documents), prompts=len(self.prompts))
 
