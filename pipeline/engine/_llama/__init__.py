@@ -11,7 +11,7 @@ tuner's measurements use only what it exposes here:
   buffer-type overrides and model params the ``Llama`` constructor has no argument
   for (``use_extra_bufts``, ``no_alloc``, ``no_host``...);
 * :class:`Model` (:mod:`.model`): facts and timing counters, composed of tokens and
-  text (:mod:`.text`), decoding and sampling (:mod:`.decode`: a prompt slice, one
+  text (:mod:`.tokens`), decoding and sampling (:mod:`.decode`: a prompt slice, one
   token, one token for each of several sequences, whole sequences for embeddings; the
   sampler chain; the abort flag), sequence memory and state files (:mod:`.memory`);
 * :class:`TensorOverrides` (:mod:`.overrides`): the C array of
