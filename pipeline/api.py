@@ -420,9 +420,9 @@ class Pipeline:
         """The composition calibration of the configured generator, as ``rag status --json`` shows it
         (``"composition"``): ``mode``, ``model``, ``kl``, ``top1``, ``tokens``, ``budget``, ``allowed``
         (null figures where it is not measured yet)."""
-        from .collection import composition
+        from .warm import calibration
 
-        return composition(self.runtime)
+        return calibration.status(self.runtime)
 
     # -- conversations (see .ask.chat) --------------------------------------------------------
 

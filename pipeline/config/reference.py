@@ -53,7 +53,8 @@ def _field_docs(cls: type) -> tuple[tuple[str, str], ...]:
 
 
 def tables(config: type = Config) -> list[tuple[str, type]]:
-    """The ``[table]`` names of the settings (the TOML tables of a settings file) and their dataclasses, in declaration order."""
+    """The ``[table]`` names of the settings (the TOML tables of a settings file) and their dataclasses, in
+    declaration order."""
     defaults = config()
     return [(f.name, type(getattr(defaults, f.name))) for f in dataclasses.fields(config)
             if dataclasses.is_dataclass(getattr(defaults, f.name))]

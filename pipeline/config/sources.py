@@ -30,7 +30,8 @@ RESERVED_ENV_PREFIXES = ("RAG_TEST_",)  # the test suite's own knobs
 
 
 def tables(settings: type) -> dict[str, type]:
-    """The ``[table]`` names of a settings class (the TOML tables of a settings file) and their dataclasses, in declaration order."""
+    """The ``[table]`` names of a settings class (the TOML tables of a settings file) and their dataclasses,
+    in declaration order."""
     defaults = settings()
     return {f.name: type(getattr(defaults, f.name)) for f in dataclasses.fields(settings)
             if dataclasses.is_dataclass(getattr(defaults, f.name))}

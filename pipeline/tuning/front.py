@@ -34,10 +34,11 @@ def hardware(config: Config, profile: str | Path | None = None) -> hw_mod.Hardwa
     return hw_mod.get_profile(str(profile))
 
 
-def choose_settings(config: Config, model: str | Path | None = None, *, builtin_spec: str | None = None, quant: str = "Q6_K",
-         hardware_profile: str | Path | None = None, vram_gb: float | None = None, ram_gb: float | None = None,
-         n_ctx: int | None = None, kv: str | None = None, n_batch: int | None = None, n_ubatch: int | None = None,
-         compare: bool = False, log: Log | None = None) -> dict:
+def choose_settings(config: Config, model: str | Path | None = None, *, builtin_spec: str | None = None,
+                    quant: str = "Q6_K", hardware_profile: str | Path | None = None, vram_gb: float | None = None,
+                    ram_gb: float | None = None, n_ctx: int | None = None, kv: str | None = None,
+                    n_batch: int | None = None, n_ubatch: int | None = None, compare: bool = False,
+                    log: Log | None = None) -> dict:
     """:meth:`Pipeline.plan <pipeline.api.Pipeline.plan>`: the fastest estimated plan that fits, llama.cpp's
     fit beside it, and with ``compare`` the recipe and its baseline side by side."""
     from . import choice
