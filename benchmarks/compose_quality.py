@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import _corpora  # noqa: E402
 from pipeline.ask.prompt import Layout, render_section  # noqa: E402
-from pipeline.config.sections import AskConfig  # noqa: E402
+from pipeline.config.settings import AskConfig  # noqa: E402
 from pipeline.engine import _llama  # noqa: E402
 from pipeline.engine._llama import composing as mem  # noqa: E402
 from pipeline.engine._llama import state_format as kv_state  # noqa: E402

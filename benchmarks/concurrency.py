@@ -133,7 +133,7 @@ def gpu_model(*, gpu: str = "h100", context: int = 16384, streams=(1, 2, 4)) -> 
     """A model, not a measurement: decode throughput of k concurrent answers on one GPU.
 
     Qwen3.6-35B-A3B (published shapes), all on the GPU, ``context`` tokens in each
-    sequence's cache. A decode step is bound by the bytes it reads (the planner's decode
+    sequence's cache. A decode step is bound by the bytes it reads (the tuner's decode
     model): the dense weights once, the experts the step's tokens route to, and each
     sequence's KV cache. ``multi-seq``: k sequences in one step, so dense weights are
     read once for all and the experts of k tokens are the expected number of distinct
@@ -143,9 +143,9 @@ def gpu_model(*, gpu: str = "h100", context: int = 16384, streams=(1, 2, 4)) -> 
     """
     from pipeline.config import EngineConfig
     from pipeline.engine.gguf.ggml import type_bytes
-    from pipeline.planner.hardware import get_profile
-    from pipeline.planner.memory import kv_cells
-    from pipeline.planner.spec import ModelSpec
+    from pipeline.tuning.hardware import get_profile
+    from pipeline.tuning.footprint import kv_cells
+    from pipeline.tuning.spec import ModelSpec
 
     spec, hw = ModelSpec.qwen36_35b_a3b(quant="Q6_K"), get_profile(gpu)
     settings = EngineConfig(n_ctx=context, gpu_layers=-1, flash_attn=True)

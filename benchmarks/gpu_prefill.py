@@ -1,4 +1,4 @@
-"""GPU prefill benchmark: measured prefill tokens/s next to the planner's estimates.
+"""GPU prefill benchmark: measured prefill tokens/s next to the tuner's estimates.
 
 Meant for one call of at most 10 minutes on one H200 (the device tool)::
 
@@ -24,7 +24,7 @@ What it does, in order:
 3. **Measure** prefill (``Llama.eval`` of a random prompt, from an empty cache) at
    each context length for three configurations: the recipe's settings (8 layers'
    experts on the CPU, ``-b 1024 -ub 512``, f16 KV, flash attention, no mmap), the
-   planner's plan for a simulated 24 GB budget, and everything on the GPU. Each
+   tuner's plan for a simulated 24 GB budget, and everything on the GPU. Each
    configuration is loaded once at the largest context.
 4. **Print** measured vs estimated (the ``h200`` profile) and the effective GPU
    FLOP/s and host-to-device bandwidth implied by the measurements, and write JSON.
@@ -84,8 +84,8 @@ def build(args: argparse.Namespace, log) -> None:
 
 
 def model_spec_from_shapes(qtype: str, shapes: dict | None = None):
-    """The planner's spec of the timing model, from the shapes alone (nothing written)."""
-    from pipeline.planner.spec import ModelSpec
+    """The tuner's spec of the timing model, from the shapes alone (nothing written)."""
+    from pipeline.tuning.spec import ModelSpec
     from pipeline.dev.synthetic import byte_vocab, moe_tensor_shapes
 
     s = shapes or QWEN3_30B_A3B
@@ -112,17 +112,17 @@ def model_spec_from_shapes(qtype: str, shapes: dict | None = None):
 def configurations(spec, n_ctx: int, budget_gib: float):
     from dataclasses import replace
 
-    from pipeline.planner.hardware import get_profile
-    from pipeline.planner.plan import plan, planner_base, recipe_plan
-    from pipeline.planner.result import Budget, evaluate
+    from pipeline.tuning.hardware import get_profile
+    from pipeline.tuning.choice import fastest, recipe_plan, search_base
+    from pipeline.tuning.result import Budget, evaluate
 
     hw = get_profile("h200")
     budget24 = Budget(vram=int(budget_gib * GiB), ram=hw.ram)
-    planned = plan(spec, hw, n_ctx=n_ctx, budget=budget24)
+    planned = fastest(spec, hw, n_ctx=n_ctx, budget=budget24)
     return hw, [
         ("recipe", recipe_plan(n_ctx)),
         (f"plan for {budget_gib:g} GiB", planned.settings),
-        ("all on GPU", replace(planner_base(), n_ctx=n_ctx, n_batch=2048, n_ubatch=2048)),
+        ("all on GPU", replace(search_base(), n_ctx=n_ctx, n_batch=2048, n_ubatch=2048)),
     ], evaluate
 
 
@@ -137,7 +137,7 @@ def measure(args: argparse.Namespace, log) -> dict:
     spec = model_spec_from_shapes(args.qtype, shapes)
     hw, configs, evaluate = configurations(spec, max(contexts), args.budget_gib)
     log(f"model: {spec.name}, {spec.total_bytes / GiB:.1f} GiB, experts {spec.expert_bytes / GiB:.1f} GiB")
-    from pipeline.planner.result import llama_flags
+    from pipeline.tuning.result import llama_flags
 
     for label, p in configs:
         log(f"config {label}: " + " ".join(llama_flags(p, spec.n_layers)))

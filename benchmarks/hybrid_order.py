@@ -3,7 +3,7 @@
 A recurrent or hybrid model (here a generated Qwen3.5/3.6-style ``qwen35moe``: Gated DeltaNet
 layers beside gated attention, routed and shared experts) reuses only exact prefixes of saved
 states. Packing therefore orders a question's chosen sections so that the longest lead of an
-earlier pack among them comes first (:func:`pipeline.ask.packing.plan`); this benchmark asks the
+earlier pack among them comes first (:func:`pipeline.ask.packing.pack_shelf`); this benchmark asks the
 same questions over ``samples/kv-cache-reuse.txt`` at an 8K context (a collection larger than it
 in that model's byte-level tokens) with that ordering and with plain document order, each in a
 fresh pipeline and cache, and prints the tokens each question reused and its time to the first

@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import compose_quality as cq  # noqa: E402
-from pipeline.config.sections import AskConfig  # noqa: E402
+from pipeline.config.settings import AskConfig  # noqa: E402
 from pipeline.engine.cache.sections import SectionStates  # noqa: E402
 from pipeline.engine.cache.store import PrefixCache  # noqa: E402
 from pipeline.engine.reuse.calibrate import compare  # noqa: E402

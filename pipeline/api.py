@@ -5,7 +5,7 @@ engines, caches); it opens the store (and so takes the store's process lock) onl
 the duration of each call, so a long-lived application does not block ``rag`` commands
 between calls. Each method is one operation, carried out where it belongs:
 :mod:`.ask` (answers), :mod:`.warm` (states saved ahead of questions), :mod:`.retrieval` (search, evaluation),
-:mod:`.summarize`, :mod:`.collection` (ingest, status, drop), :mod:`.planner.front`.
+:mod:`.summarize`, :mod:`.collection` (ingest, status, drop), :mod:`.tuning.front`.
 
 A pipeline is safe to share between threads: see :mod:`.engine.pool` for what runs
 at the same time (retrieval beside generation, generation one prompt at a time per
@@ -142,7 +142,7 @@ class Pipeline:
             return  # nothing to answer from: the question fails fast, without loading a model first
         self.runtime.load_generator_soon(build=True)
 
-    # -- models and the planner ---------------------------------------------------------------
+    # -- models and tuning --------------------------------------------------------------------
 
     def pull_models(self) -> dict[str, str]:
         """Provision the configured models (download, convert) and return their local paths."""
@@ -163,9 +163,9 @@ class Pipeline:
         profile TOML (default: the one ``rag tune`` saved, else "cpu"); ``kv`` "auto" searches
         the KV cache type. ``compare`` adds the recipe, its baseline and llama.cpp's fit side by side.
         """
-        from .planner import front
+        from .tuning import front
 
-        return front.plan(self.config, model, builtin_spec=builtin_spec, quant=quant, hardware_profile=hardware,
+        return front.choose_settings(self.config, model, builtin_spec=builtin_spec, quant=quant, hardware_profile=hardware,
                           vram_gb=vram_gb, ram_gb=ram_gb, n_ctx=n_ctx, kv=kv, n_batch=n_batch, n_ubatch=n_ubatch,
                           compare=compare, log=self.runtime.log)
 
@@ -175,7 +175,7 @@ class Pipeline:
 
         Returns ``(TuneResult, profile path)``; later ``ask`` calls pick the profile up.
         """
-        from .planner import front
+        from .tuning import front
 
         return front.tune(self.config, max_seconds=max_seconds, n_tokens=n_tokens,
                           measure_hardware=measure_hardware, progress=progress, log=self.runtime.log)
@@ -183,7 +183,7 @@ class Pipeline:
     def hardware(self, profile: str | Path | None = None):
         """A hardware profile: a built-in name or a TOML file; by default the one ``rag tune
         --measure-hardware`` saved in the home, else the CPU profile with this machine's RAM."""
-        from .planner import front
+        from .tuning import front
 
         return front.hardware(self.config, profile)
 
@@ -420,9 +420,9 @@ class Pipeline:
         """The composition calibration of the configured generator, as ``rag status --json`` shows it
         (``"composition"``): ``mode``, ``model``, ``kl``, ``top1``, ``tokens``, ``budget``, ``allowed``
         (null figures where it is not measured yet)."""
-        from .collection import composition
+        from .warm import calibration
 
-        return composition(self.runtime)
+        return calibration.status(self.runtime)
 
     # -- conversations (see .ask.chat) --------------------------------------------------------
 

@@ -75,30 +75,6 @@ def ingest(rt: "Runtime", paths: Iterable[str | Path], *, prune: bool = False, i
                               expand_chunker=expand, progress=progress)
 
 
-def composition(rt: "Runtime") -> dict:
-    """:meth:`Pipeline.calibration <pipeline.api.Pipeline.calibration>`: the configured generator's
-    composition calibration and what the reuse planner decides by it (``allowed``, and ``reason`` where
-    not), read without loading or fetching a model and without creating anything."""
-    from .engine.reuse.budget import Refusal
-
-    policy = rt.compose_policy
-    out = {"mode": policy.mode.value, "model": redact(rt.config.models.generator), "seams": policy.seams.key,
-           "kl": None, "top1": None, "tokens": 0, "prompts": 0, "budget": policy.max_kl, "allowed": False}
-    engine, refusal = rt.composition()
-    if engine is None:
-        return {**out, "reason": "the generator is not provisioned yet (`rag models pull`, or the first `rag ask`)"}
-    if refusal is not Refusal.SERVER:
-        out["model"] = engine.model_path.name
-    record = engine.calibration if refusal is not Refusal.SERVER else None
-    if record is not None:
-        out.update(record.to_dict(budget=policy.max_kl))
-        out["model"] = record.model
-    out["allowed"] = refusal is None
-    if refusal is not None:
-        out["reason"] = refusal.value
-    return out
-
-
 def _exists(rt: "Runtime") -> bool:
     """Whether a store may exist where the settings point (an embedded store is a directory with a catalog)."""
     return bool(rt.config.store.catalog_url) or (rt.config.store_path / "catalog.sqlite").exists()

@@ -212,20 +212,20 @@ ASK_LEAVES = ("pipeline.ask.prompt", "pipeline.ask.history", "pipeline.ask.stops
 
 
 def _layer_rules():
-    below_runtime = (*TOP, *OPERATIONS, "pipeline.runtime", "pipeline.planner")
+    below_runtime = (*TOP, *OPERATIONS, "pipeline.runtime", "pipeline.tuning")
     return [
         ("pipeline.records", ("pipeline.",)),  # the shared records import nothing of the package
         ("pipeline.engine.", (*below_runtime, "pipeline.ingest", "pipeline.store", "pipeline.config.tuned")),
         ("pipeline.store.", (*below_runtime, "pipeline.engine", "pipeline.ingest")),
         ("pipeline.ingest.", below_runtime),
-        ("pipeline.runtime", (*TOP, *OPERATIONS, "pipeline.planner")),  # but the ask path's leaves
+        ("pipeline.runtime", (*TOP, *OPERATIONS, "pipeline.tuning")),  # but the ask path's leaves
         *((leaf, (*TOP, *OPERATIONS, "pipeline.runtime")) for leaf in ASK_LEAVES),
         ("pipeline.retrieval.", (*TOP, "pipeline.ask", "pipeline.summarize", "pipeline.collection",
-                                 "pipeline.planner", "pipeline.warm")),
-        ("pipeline.ask.", (*TOP, "pipeline.summarize", "pipeline.collection", "pipeline.planner", "pipeline.warm")),
-        ("pipeline.warm.", (*TOP, "pipeline.summarize", "pipeline.collection", "pipeline.planner")),
-        ("pipeline.summarize.", (*TOP, "pipeline.planner", "pipeline.warm")),
-        ("pipeline.collection", (*TOP, "pipeline.ask", "pipeline.retrieval", "pipeline.summarize", "pipeline.planner",
+                                 "pipeline.tuning", "pipeline.warm")),
+        ("pipeline.ask.", (*TOP, "pipeline.summarize", "pipeline.collection", "pipeline.tuning", "pipeline.warm")),
+        ("pipeline.warm.", (*TOP, "pipeline.summarize", "pipeline.collection", "pipeline.tuning")),
+        ("pipeline.summarize.", (*TOP, "pipeline.tuning", "pipeline.warm")),
+        ("pipeline.collection", (*TOP, "pipeline.ask", "pipeline.retrieval", "pipeline.summarize", "pipeline.tuning",
                                  "pipeline.warm")),
     ]
 
@@ -325,11 +325,11 @@ def test_the_private_name_check_sees_each_form():
         "pipeline.runtime: pipeline.models._identity"]
 
 
-def test_only_api_cli_and_profiles_use_the_planner():
+def test_only_api_cli_and_profiles_use_tuning():
     users = {"pipeline.api", "pipeline.cli", "pipeline.config.tuned"}
     bad = sorted(f"{m} -> {o}" for m in MODULES
-                 if m not in users and not m.startswith(("pipeline.planner.", "pipeline.dev.", "pipeline.cli."))
-                 for n in _imports(m) if (o := _owner(n)) and o.startswith("pipeline.planner"))
+                 if m not in users and not m.startswith(("pipeline.tuning.", "pipeline.dev.", "pipeline.cli."))
+                 for n in _imports(m) if (o := _owner(n)) and o.startswith("pipeline.tuning"))
     assert bad == []
 
 
@@ -341,10 +341,10 @@ def test_answering_does_not_import_the_tuner():
         if m not in seen:
             seen.add(m)
             todo += [o for n in _imports(m) if (o := _owner(n))]
-    assert not any(m.startswith("pipeline.planner") for m in seen), seen
+    assert not any(m.startswith("pipeline.tuning") for m in seen), seen
     runtime = MODULES["pipeline.runtime"].read_text(encoding="utf-8")
     engine_settings = runtime[runtime.index("def engine_settings"):runtime.index("def pool(")]
-    assert "planner" not in engine_settings and "config.tuned" in engine_settings
+    assert "tuning" not in engine_settings and "config.tuned" in engine_settings
 
 
 #: Modules whose split by concept is still under way, exempt from the size rules until it lands.
@@ -422,3 +422,153 @@ def test_the_package_top_level_stays_small():
     """A new concept goes into the folder of the part it belongs to (``ask/``, ``engine/``, ...), not beside them."""
     top = sorted(p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("__"))
     assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules: {', '.join(top)}"
+
+
+#: File names that several modules share, and what the name means in each: one concept, at the layer or
+#: in the part of the product each sits in. Any other repeated file name under ``pipeline/`` is refused:
+#: name the new module for what it holds.
+SHARED_MODULE_NAMES: dict[str, str] = {
+    "sections.py": "document sections: cut (ingest), the catalog's table (store), their states on disk "
+                   "(engine/cache), composed from those states (engine/reuse), warmed ahead (warm)",
+    "memory.py": "an engine's KV memory: its sequence operations in llama.cpp (engine/_llama) and what it "
+                 "holds for reuse (engine/reuse)",
+    "loading.py": "loading a generator: llama.cpp's load (engine/_llama) and the one from the settings above "
+                  "it (engine)",
+    "collection.py": "a collection: its operations (pipeline/) and their commands (cli/)",
+    "settings.py": "the settings: one dataclass per table of the settings file (config/) and the commands that "
+                   "show them and provision the models they name (cli/: `rag config`, `rag models`)",
+    "job.py": "a part's work in the background, resumable or cancellable: a summarisation job (summarize), the "
+              "warming after an ingest (warm)",
+    "run.py": "one run of a part over a set of documents: an ingest (ingest), a summarisation (summarize)",
+    "progress.py": "how far a part's work is, in tokens, for callbacks and the CLI: an answer's prefill (ask), "
+                   "warming (warm)",
+}
+#: Shared file names that still mean different things, and why each is not renamed yet (remove an entry
+#: once it is).
+SHARED_MODULE_NAMES_PENDING: dict[str, str] = {
+    "budget.py": "composition's quality budget and policy (engine/reuse) vs the cache's size cap and eviction "
+                 "order (engine/cache): the cache's is to be named for its cap",
+    "store.py": "the collection's store (store/) vs the prefix cache's state store (engine/cache): the cache's "
+                "is to be named for the prefix cache",
+    "writer.py": "the server's ingest jobs (serve/) vs the generated models' GGUF writer (dev/synthetic), a "
+                 "development tool outside the product",
+}
+
+
+def _shared_names(paths) -> dict[str, list[str]]:
+    """File names held by more than one module among ``paths`` (package ``__init__``/``__main__`` aside)."""
+    by_name: dict[str, list[str]] = {}
+    for path in paths:
+        if path.name not in ("__init__.py", "__main__.py"):
+            by_name.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
+    return {name: sorted(where) for name, where in sorted(by_name.items()) if len(where) > 1}
+
+
+def _unexplained_shared_names(paths) -> dict[str, list[str]]:
+    return {name: where for name, where in _shared_names(paths).items()
+            if name not in SHARED_MODULE_NAMES and name not in SHARED_MODULE_NAMES_PENDING}
+
+
+def test_modules_that_share_a_name_mean_the_same_thing():
+    """A reader who has met ``sections.py`` once knows what every ``sections.py`` holds."""
+    assert _unexplained_shared_names(MODULES.values()) == {}
+    listed = {**SHARED_MODULE_NAMES, **SHARED_MODULE_NAMES_PENDING}
+    assert sorted(set(listed) - set(_shared_names(MODULES.values()))) == []  # no stale entries
+    assert not set(SHARED_MODULE_NAMES) & set(SHARED_MODULE_NAMES_PENDING)
+
+
+def test_the_name_check_sees_a_second_module_of_a_name():
+    planted = [*MODULES.values(), PACKAGE / "config" / "sections.py", PACKAGE / "tuning" / "plan.py"]
+    assert _unexplained_shared_names(planted) == {
+        "plan.py": ["pipeline/engine/reuse/plan.py", "pipeline/tuning/plan.py"]}  # sections.py: listed
+    assert "pipeline/config/sections.py" in _shared_names(planted)["sections.py"]
+
+
+#: The packages in their order, lowest first: each may import those before it (and a package and its
+#: own subpackages may use each other). An import of a package later in the order runs back up and is
+#: refused, unless it is in ALLOWED_UPWARD with its reason. Packages on one line have no order between them.
+PACKAGE_ORDER: tuple[tuple[str, ...], ...] = (
+    ("pipeline.records", "pipeline.errors", "pipeline.inputs", "pipeline.disk", "pipeline.schemas",
+     "pipeline._sqlite", "pipeline._testhooks", "pipeline._build"),
+    ("pipeline.config",),
+    ("pipeline.models",),
+    ("pipeline.engine.gguf",),
+    ("pipeline.engine._llama",),
+    ("pipeline.engine.cache",),
+    ("pipeline.engine.reuse",),
+    ("pipeline.engine.remote",),
+    ("pipeline.engine",),
+    ("pipeline.store",),
+    ("pipeline.ingest",),
+    ("pipeline.tuning",),
+    ("pipeline.runtime",),
+    ("pipeline.retrieval",),
+    ("pipeline.ask",),
+    ("pipeline.collection",),
+    ("pipeline.warm",),
+    ("pipeline.summarize",),
+    ("pipeline.api",),
+    ("pipeline.serve", "pipeline.dev"),
+    ("pipeline.cli",),
+    ("pipeline",),
+)
+#: Imports from a package to one above it that stay, and why (package -> package).
+ALLOWED_UPWARD: dict[tuple[str, str], str] = {
+    ("pipeline.runtime", "pipeline.ask"): "the runtime builds the ask path's caches from its leaf modules "
+                                          "(ASK_LEAVES), which import nothing above the store and the engine",
+    ("pipeline.models", "pipeline.engine.remote"): "is_server, the one local-or-remote switch, reads the "
+                                                   "`openai:` prefix the remote client owns",
+    ("pipeline.models", "pipeline.engine.gguf"): "provisioning a BERT embedder converts it to GGUF once, "
+                                                 "with the engine's converter",
+    ("pipeline.config", "pipeline.engine.gguf"): "EngineConfig checks KV cache types against the one table of "
+                                                 "the ggml types llama.cpp takes",
+    ("pipeline.config", "pipeline.models"): "a tuned profile is found by its model file's identity",
+    ("pipeline.config", "pipeline.store"): "the [store] settings check collection names and store URLs by the "
+                                           "store's own rules, so a bad one fails when the settings load",
+}
+
+
+def _package_of(module: str) -> str | None:
+    """The most specific package of PACKAGE_ORDER that ``module`` is or lies in."""
+    placed = [p for tier in PACKAGE_ORDER for p in tier if module == p or module.startswith(p + ".")]
+    return max(placed, key=len) if placed else None
+
+
+def _rank(package: str) -> int:
+    return next(i for i, tier in enumerate(PACKAGE_ORDER) if package in tier)
+
+
+def _upward_imports(allowed: dict[tuple[str, str], str] = ALLOWED_UPWARD) -> list[str]:
+    """``module -> imported`` for every import that runs back up between packages and is not allowed."""
+    bad = set()
+    for module in MODULES:
+        for name in _imports(module):
+            if not (target := _owner(name)):
+                continue
+            a, b = _package_of(module), _package_of(target)
+            related = a == b or a.startswith(b + ".") or b.startswith(a + ".")
+            if not related and _rank(b) > _rank(a) and (a, b) not in allowed:
+                bad.add(f"{module} -> {target}")
+    return sorted(bad)
+
+
+def test_every_module_has_a_place_in_the_package_order():
+    assert [m for m in MODULES if _package_of(m) is None] == []
+
+
+def test_no_import_runs_back_up_between_packages_unless_allowed():
+    """The order of PACKAGE_ORDER is the tree's: a package reads only what sits below it."""
+    assert _upward_imports() == []
+    used = {(_package_of(m), _package_of(t)) for m in MODULES for n in _imports(m) if (t := _owner(n))}
+    assert sorted(set(ALLOWED_UPWARD) - used) == []  # every allowance still needed
+
+
+def test_the_upward_check_sees_a_back_up_import():
+    module = "pipeline.engine.cache.calibrations"
+    saved = TREES[module]
+    TREES[module] = ast.parse("from ..reuse.budget import ComposePolicy\nfrom ..._sqlite import connect\n")
+    try:
+        assert _upward_imports() == ["pipeline.engine.cache.calibrations -> pipeline.engine.reuse.budget"]
+    finally:
+        TREES[module] = saved
+    assert "pipeline.runtime -> pipeline.ask.prompt" in _upward_imports(allowed={})  # an allowance at work

@@ -18,7 +18,7 @@ from pipeline.engine._llama import LlamaLog
 from pipeline.engine.loading import resolve_overrides
 from pipeline.engine.local import Engine
 from pipeline.engine.offload import planned_tensors
-from pipeline.planner.spec import ModelSpec
+from pipeline.tuning.spec import ModelSpec
 from pipeline.records import PromptShape
 
 MOE_ARCHS = ["qwen35moe", "gpt-oss"]
@@ -117,7 +117,7 @@ def test_expert_offload_moves_exactly_the_planned_tensors(models, arch):
             assert _greedy(engine, "hello there", 3, temperature=0.0)[1].decode_tokens >= 1
         finally:
             llm.close()
-    # the planner's expert bytes are exactly what cpu_moe moves (gpt-oss: the expert biases too); the shared
+    # the tuner's expert bytes are exactly what cpu_moe moves (gpt-oss: the expert biases too); the shared
     # expert is counted with the rest of its layer, where the plan puts the layer
     import gguf
 

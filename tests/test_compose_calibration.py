@@ -16,7 +16,8 @@ from click.testing import CliRunner
 from pipeline.cli import cli
 from pipeline.engine.cache.calibrations import Calibrations
 from pipeline.engine.context_lock import CancelToken, ContextLock
-from pipeline.engine.reuse.budget import Calibration, ComposeMode, ComposePolicy, Refusal
+from pipeline.engine.cache.calibrations import Calibration
+from pipeline.engine.reuse.budget import ComposeMode, ComposePolicy, Refusal
 from pipeline.engine.reuse.calibrate import compare
 from pipeline.errors import Cancelled
 
@@ -241,7 +242,7 @@ def test_calibrations_are_kept_per_namespace_and_seams_and_survive_a_damaged_fil
 def test_a_record_measured_the_old_way_counts_as_none_and_is_replaced(tmp_path):
     """Calibrations measured before answers were decoded with the repeat penalty judged composition on
     repeated lines: they are measured again, not merged with."""
-    from pipeline.engine.reuse.budget import METHOD
+    from pipeline.engine.cache.calibrations import METHOD
 
     old = Calibration("m.gguf", "ns", "first 32", kl=0.01, top1=1.0, tokens=64, method=METHOD - 1)
     Calibrations(tmp_path).add(old)

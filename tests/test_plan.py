@@ -1,4 +1,4 @@
-"""The planner (pipeline.planner.spec, .memory, .speed, .plan): memory model against llama.cpp's own dry run, the recipe's case, budgets, profiles.
+"""The tuner (pipeline.tuning.spec, .footprint, .speed, .choice): memory model against llama.cpp's own dry run, the recipe's case, budgets, profiles.
 
 The dry-run tests generate small qwen3moe models (under 2 MB each) and load them
 with ``no_alloc`` (nothing allocated, a few tens of milliseconds per load); every
@@ -15,22 +15,22 @@ import pytest
 from pipeline.engine.gguf.header import ArrayInfo
 from pipeline.errors import ConfigError
 from pipeline.engine.host import detect_ram
-from pipeline.planner.hardware import PROFILES, GiB, HardwareProfile, get_profile, load_profile, save_profile
-from pipeline.planner.memory import compute_buffer_bytes, dry_run, kv_bytes, memory, parse_dry_run
+from pipeline.tuning.hardware import PROFILES, GiB, HardwareProfile, get_profile, load_profile, save_profile
+from pipeline.tuning.footprint import compute_buffer_bytes, dry_run, kv_bytes, footprint, parse_dry_run
 from pipeline.engine.offload import planned_tensors
-from pipeline.planner.plan import baseline_plan, comparison_table, fit_like, plan, planner_base, recipe_plan
-from pipeline.planner.result import Budget, evaluate, fits, llama_flags
-from pipeline.planner.spec import LayerSpec, ModelSpec, read_gguf
-from pipeline.planner.speed import decode_speed, prefill_speed
+from pipeline.tuning.choice import baseline_plan, comparison_table, fastest, fit_like, recipe_plan, search_base
+from pipeline.tuning.result import Budget, evaluate, fits, llama_flags
+from pipeline.tuning.spec import LayerSpec, ModelSpec, read_gguf
+from pipeline.tuning.speed import decode_speed, prefill_speed
 
 MiB = 1024**2
 
 
 def Plan(**kw):
-    """Engine settings as the planner writes them (flash attention on, mmap off, first-N experts)."""
+    """Engine settings as the tuner writes them (flash attention on, mmap off, first-N experts)."""
     from dataclasses import replace
 
-    return replace(planner_base(), **kw).validate()
+    return replace(search_base(), **kw).validate()
 
 MODELS = {
     "tiny": {},
@@ -195,7 +195,7 @@ def test_recipe_case_plan_fits_and_beats_recipe(qwen) -> None:
     budget = Budget.from_hardware(hw)
     recipe = evaluate(qwen, recipe_plan(65536), hw, budget, label="recipe")
     assert recipe.fits  # the recipe runs on a 24 GB card: the model must agree
-    best = plan(qwen, hw, n_ctx=65536, budget=budget)
+    best = fastest(qwen, hw, n_ctx=65536, budget=budget)
     assert best.fits
     assert best.memory.gpu.total + budget.gpu_margin <= 24 * GiB
     assert best.prefill.tokens_per_s > recipe.prefill.tokens_per_s * 1.2
@@ -237,11 +237,11 @@ def test_plan_never_over_budget_and_at_least_fit(qwen, vram_gib: int) -> None:
         for ram_gib in (32, 64):
             budget = Budget(vram=vram_gib * GiB, ram=ram_gib * GiB)
             try:
-                best = plan(qwen, hw, n_ctx=ctx, budget=budget)
+                best = fastest(qwen, hw, n_ctx=ctx, budget=budget)
             except ConfigError:
                 assert fit_like(qwen, hw, n_ctx=ctx, budget=budget) is None
                 continue
-            m = memory(qwen, best.settings, hw)
+            m = footprint(qwen, best.settings, hw)
             assert m.gpu.total + budget.gpu_margin <= budget.vram
             assert m.cpu.total + budget.ram_margin <= budget.ram
             assert fits(m, budget)
@@ -252,10 +252,10 @@ def test_plan_never_over_budget_and_at_least_fit(qwen, vram_gib: int) -> None:
 
 def test_plan_options_and_outputs(qwen) -> None:
     hw = get_profile("rtx3090")
-    searched = plan(qwen, hw, n_ctx=65536, kv_types=("f16", "q8_0"))
-    fixed = plan(qwen, hw, n_ctx=65536)
+    searched = fastest(qwen, hw, n_ctx=65536, kv_types=("f16", "q8_0"))
+    fixed = fastest(qwen, hw, n_ctx=65536)
     assert searched.prefill.tokens_per_s >= fixed.prefill.tokens_per_s
-    pinned = plan(qwen, hw, n_ctx=65536, n_ubatch=512)
+    pinned = fastest(qwen, hw, n_ctx=65536, n_ubatch=512)
     assert pinned.settings.n_ubatch == 512
     d = json.loads(json.dumps(fixed.to_dict()))
     assert d["fits"] and d["prefill"]["bound"] in ("gpu", "copy", "cpu")
@@ -278,9 +278,9 @@ def test_plan_options_and_outputs(qwen) -> None:
     assert "-ot" in last and re.search(r"blk\\\.\(38\|39\)", last[last.index("-ot") + 1])
     assert "fits" in fixed.describe()
     # everything fits on an 80 GB card: no experts on the CPU
-    assert plan(qwen, get_profile("a100-80gb"), n_ctx=65536).experts_on_cpu == 0
+    assert fastest(qwen, get_profile("a100-80gb"), n_ctx=65536).experts_on_cpu == 0
     # CPU only: no GPU memory used
-    cpu = plan(qwen, get_profile("cpu").with_ram(64 * GiB), n_ctx=16384)
+    cpu = fastest(qwen, get_profile("cpu").with_ram(64 * GiB), n_ctx=16384)
     assert cpu.memory.gpu.total == 0 and cpu.prefill.bound == "cpu"
 
 

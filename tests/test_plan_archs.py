@@ -1,4 +1,4 @@
-"""The planner on the hybrid (qwen35moe), gpt-oss and Gemma 3: layer kinds, the memory model against
+"""The tuner on the hybrid (qwen35moe), gpt-oss and Gemma 3: layer kinds, the memory model against
 llama.cpp's own dry run at 8K-64K (recurrent state per sequence, KV only on attention layers,
 sliding-window KV at full size or at window size), and `rag plan` giving a plan llama.cpp loads within
 its budget.
@@ -17,9 +17,9 @@ from click.testing import CliRunner
 
 from pipeline.cli import cli
 from pipeline.config import EngineConfig
-from pipeline.planner.memory import compute_buffer_bytes, dry_run, kv_bytes, memory
-from pipeline.planner.plan import planner_base
-from pipeline.planner.spec import ModelSpec
+from pipeline.tuning.footprint import compute_buffer_bytes, dry_run, kv_bytes, footprint
+from pipeline.tuning.choice import search_base
+from pipeline.tuning.spec import ModelSpec
 
 GiB = 1024**3
 
@@ -54,7 +54,7 @@ def models(tmp_path_factory):
 def _plan(spec: ModelSpec, cfg: dict) -> EngineConfig | None:
     kw = dict(cfg)
     kw.setdefault("flash_attn", True)
-    p = replace(planner_base(), n_batch=max(kw["n_ubatch"], 512), **kw).validate()
+    p = replace(search_base(), n_batch=max(kw["n_ubatch"], 512), **kw).validate()
     heads = {lay.head_dim_k for lay in spec.layers if lay.kind != "recurrent"}
     if any(t != "f16" and any(h % 32 for h in heads) for t in (p.type_k, p.type_v)):
         return None  # llama.cpp refuses a quantized KV type that does not divide the head size
@@ -141,7 +141,7 @@ def test_rag_plan_gives_settings_llama_cpp_loads_within_the_budget(models, name,
     try:
         allocated = sum(float(m.group(3)) for m in _BUFFER.finditer(log.text)) * 2**20
         assert allocated <= data["budget"]["ram"] - data["budget"]["ram_margin"]
-        planned = memory(ModelSpec.from_gguf(models[name]), settings).cpu.total
+        planned = footprint(ModelSpec.from_gguf(models[name]), settings).cpu.total
         assert planned == pytest.approx(allocated, rel=0.05)
         if name == "gpt-oss":
             assert "--swa-full" in data["llama_flags"]  # llama-server runs the window cache the plan counted

@@ -133,10 +133,10 @@ def test_plan_fuzz_no_traceback_and_fitting_plans_fit(store_dir, tmp_path):
     import random
 
     from pipeline.config import EngineConfig
-    from pipeline.planner.hardware import HardwareProfile
-    from pipeline.planner.memory import memory
-    from pipeline.planner.result import Budget, fits
-    from pipeline.planner.spec import ModelSpec
+    from pipeline.tuning.hardware import HardwareProfile
+    from pipeline.tuning.footprint import footprint
+    from pipeline.tuning.result import Budget, fits
+    from pipeline.tuning.spec import ModelSpec
     from pipeline.dev.synthetic import write_moe_model
 
     models = {str(write_moe_model(tmp_path / "tiny.gguf")): None,
@@ -179,7 +179,7 @@ def test_plan_fuzz_no_traceback_and_fitting_plans_fit(store_dir, tmp_path):
         for result in filter(None, [data["plan"], data["llama_cpp_fit"], *data.get("compare", [])]):
             if not result["fits"]:
                 continue
-            mem = memory(spec, EngineConfig(**result["plan"]), hw)
+            mem = footprint(spec, EngineConfig(**result["plan"]), hw)
             assert fits(mem, Budget(**result["budget"])), (args, result["label"])
             assert mem.gpu.total == result["memory"]["gpu"]["total"]
             assert math.isfinite(result["prefill"]["tokens_per_s"]) and result["prefill"]["tokens_per_s"] > 0

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from pipeline.ask.prompt import Layout
 from pipeline.ingest.sections import cut, target_tokens
 from pipeline.ask.history import PackHistory, reuse_note
-from pipeline.ask.packing import Shelf, plan
+from pipeline.ask.packing import Shelf, pack_shelf
 from pipeline.ask.prompt import SectionTokens
 from pipeline.records import DocumentRecord, Hit
 
@@ -73,8 +73,8 @@ def _hits(shelf, *order):
 
 def _plan(shelf, history=(), reusable=None, tolerance=0.2):
     layout = Layout("<head>", "<tail>", (1, 2, 3), (4, 5))
-    return plan(shelf, "q?", layout=layout, tokenize=words, memo=SectionTokens(words), n_ctx=300, reserve=10,
-                tolerance=tolerance, history=history, reusable=reusable, top_k=4)
+    return pack_shelf(shelf, "q?", layout=layout, tokenize=words, memo=SectionTokens(words), n_ctx=300, reserve=10,
+                      tolerance=tolerance, history=history, reusable=reusable, top_k=4)
 
 
 def test_sections_are_chosen_by_score_and_laid_out_in_canonical_order():

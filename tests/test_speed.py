@@ -1,7 +1,7 @@
 """The speed model's micro-batch efficiency against the published figures it was calibrated on, and one it was not.
 
 Pure arithmetic on model specs built from published shapes: no model file, no llama.cpp.
-Sources (pipeline/planner/calibration.py): llama.cpp PR #11583 (Gemma 2B F16 -ub sweep on an
+Sources (pipeline/tuning/gpu_fit.py): llama.cpp PR #11583 (Gemma 2B F16 -ub sweep on an
 RTX 3090, fitted: its shape), the recipe's two RTX 3090 measurements (fitted: absolute speed),
 llama.cpp PR #7716 (Llama 3 8B Q5_0 -ub sweep on an RTX 3090, held back).
 """
@@ -12,11 +12,11 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline.planner import calibration as cal
-from pipeline.planner.hardware import PROFILES, get_profile
-from pipeline.planner.plan import baseline_plan, plan, planner_base, recipe_plan
-from pipeline.planner.spec import ModelSpec
-from pipeline.planner.speed import prefill_speed, ubatch_efficiency
+from pipeline.tuning import gpu_fit as cal
+from pipeline.tuning.hardware import PROFILES, get_profile
+from pipeline.tuning.choice import baseline_plan, fastest, recipe_plan, search_base
+from pipeline.tuning.spec import ModelSpec
+from pipeline.tuning.speed import prefill_speed, ubatch_efficiency
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def _relative(values: list[float], ref: int) -> list[float]:
 
 
 def test_the_built_in_profile_is_the_fit(rtx3090) -> None:
-    """hardware.py holds what `python -m pipeline.planner.calibration` computes (to the digits written there)."""
+    """hardware.py holds what `python -m pipeline.tuning.gpu_fit` computes (to the digits written there)."""
     fitted, err = cal.fit_rtx3090(rtx3090)
     assert fitted.gpu_ubatch_half == pytest.approx(rtx3090.gpu_ubatch_half, abs=1)
     assert fitted.gpu_flops == pytest.approx(rtx3090.gpu_flops, rel=0.01)
@@ -74,10 +74,10 @@ def test_efficiency_curve_saturates_and_ties_prefer_the_larger_micro_batch() -> 
     assert ubatch_efficiency(512, 0, 1.5) == 1.0  # no curve
     cpu = [ubatch_efficiency(u, 64, 1.5, cache=2048) for u in (128, 512, 2048, 8192)]
     assert max(cpu) in cpu[1:3] and cpu[-1] < cpu[1]  # on a CPU large micro-batches spill the caches
-    # a device with no micro-batch costs at all: every -ub estimates the same, the planner takes the largest
+    # a device with no micro-batch costs at all: every -ub estimates the same, the tuner takes the largest
     flat = replace(get_profile("rtx3090"), gpu_ubatch_half=0.0, gpu_layer_overhead=0.0)
     spec = cal.llama3_8b("q4_0")
-    best = plan(spec, flat, n_ctx=8192, budget=None)
+    best = fastest(spec, flat, n_ctx=8192, budget=None)
     assert best.settings.n_ubatch == 4096
 
 
@@ -85,9 +85,9 @@ def test_small_dense_model_on_a_gpu_plans_large_micro_batches(rtx3090) -> None:
     """A 135M-class dense model: 128-token micro-batches are far from the kernels' speed (the issue's case)."""
     spec = cal.dense_spec("smol", n_layers=30, n_embd=576, n_head=9, n_head_kv=3, head_dim=64, n_ff=1536,
                           n_vocab=49152, qtype="q4_1", n_ctx_train=8192)
-    best = plan(spec, rtx3090, n_ctx=8192)
+    best = fastest(spec, rtx3090, n_ctx=8192)
     assert best.settings.n_ubatch >= 512
-    small = prefill_speed(spec, replace(planner_base(), n_ctx=8192, n_batch=128, n_ubatch=128), rtx3090)
+    small = prefill_speed(spec, replace(search_base(), n_ctx=8192, n_batch=128, n_ubatch=128), rtx3090)
     assert best.prefill.tokens_per_s > 1.5 * small.tokens_per_s
 
 

@@ -148,6 +148,11 @@ def test_map_steps_run_over_the_catalogs_fixed_sections_in_order(tmp_path):
     # each map prompt holds a run of consecutive whole sections, page-marked as ``ask`` renders them.
     job, jobs, engine = fake_job(tmp_path, {"/docs/long.txt": doc_chunks(23)}, n_ctx=200, max_tokens=20,
                                  section_target=40)
+    with job.open_store() as store:  # a read cuts the sections and writes nothing: recording them is the caller's step
+        shelf = packing.gather(store, sources=None, target=40, fetch_tokens=2**62)
+        assert list(shelf.cut_now) == ["/docs/long.txt"]
+        docs = [(s, d.content_hash) for s, d in store.documents().items()]
+        assert section_rows.read(store.catalog.db, "c", docs) == {}
     with jobs:
         (long,) = list(job.run())
     recorded = section_rows.read(_db(job), "c",
@@ -180,8 +185,8 @@ def test_ask_and_summarize_decide_the_layout_with_one_reserve(tmp_path):
             shelf = packing.gather(store, sources=None, target=60, fetch_tokens=2**62)
 
         def ask_mode(r: int) -> str:
-            prompt = packing.plan(shelf, "What now?", layout=job.layout, tokenize=engine.tokenize, memo=job.memo,
-                                  n_ctx=n_ctx, reserve=r)
+            prompt = packing.pack_shelf(shelf, "What now?", layout=job.layout, tokenize=engine.tokenize, memo=job.memo,
+                                        n_ctx=n_ctx, reserve=r)
             return prompt.mode
 
         new.append((ask_mode(reserve), summary.method))

@@ -14,13 +14,13 @@ import pytest
 
 from pipeline.config import EngineConfig, load_config
 from pipeline.errors import ConfigError
-from pipeline.planner.hardware import GiB, get_profile, load_profile, save_profile
-from pipeline.planner.memory import memory
+from pipeline.tuning.hardware import GiB, get_profile, load_profile, save_profile
+from pipeline.tuning.footprint import footprint
 from pipeline.models import file_identity
-from pipeline.planner.result import Budget
-from pipeline.planner.spec import ModelSpec
-from pipeline.planner.measure import fit_cpu_curve
-from pipeline.planner.tune import TuneEvent, tune
+from pipeline.tuning.result import Budget
+from pipeline.tuning.spec import ModelSpec
+from pipeline.tuning.measure import fit_cpu_curve
+from pipeline.tuning.tune import TuneEvent, tune
 from pipeline.config.tuned import PROFILE_KEYS, profile_path, read_profile, tuned_engine, tuned_settings, write_profile
 
 N_CTX, N_TOKENS = 2048, 512
@@ -59,10 +59,10 @@ def test_tune_measures_the_baseline_first_and_picks_a_winner_that_fits(tuned, mo
     assert w.measured_tokens_per_s == max(c.measured_tokens_per_s for c in measured if c.fits)
     assert result.speedup == pytest.approx(w.measured_tokens_per_s / base.measured_tokens_per_s)
 
-    # never over budget: the winner's memory (recomputed) fits the budget the planner used
+    # never over budget: the winner's memory (recomputed) fits the budget the tuner used
     spec = ModelSpec.from_gguf(model)
     hw = replace(get_profile("cpu"), vram=0)
-    mem = memory(spec, w.settings.as_run(spec.n_layers, gpu=False), hw)
+    mem = footprint(spec, w.settings.as_run(spec.n_layers, gpu=False), hw)
     assert mem.gpu.total == 0  # a CPU-only build: nothing planned on a GPU
     assert mem.cpu.total + w.estimate.budget.ram_margin <= w.estimate.budget.ram
 
@@ -116,7 +116,7 @@ def test_profile_written_and_read_back(tuned, tmp_path) -> None:
 
 
 def test_max_seconds_stops_new_candidates_but_not_the_baseline(model, monkeypatch) -> None:
-    from pipeline.planner import hardware
+    from pipeline.tuning import hardware
 
     monkeypatch.setattr(hardware, "measure_cpu_flops", lambda **kw: 123e9)
     events: list[TuneEvent] = []
@@ -141,7 +141,7 @@ def test_over_budget_candidates_are_never_measured(model) -> None:
     spec = ModelSpec.from_gguf(model)
     # a budget only the smallest micro-batches fit: the baseline (ubatch 512, FA on) is over it
     hw = get_profile("cpu")
-    small = memory(spec, replace(SETTINGS, n_ctx=N_CTX, n_batch=128, n_ubatch=128).as_run(spec.n_layers, gpu=False),
+    small = footprint(spec, replace(SETTINGS, n_ctx=N_CTX, n_batch=128, n_ubatch=128).as_run(spec.n_layers, gpu=False),
                    hw)
     budget = Budget(vram=0, ram=small.cpu.total + 1024, ram_margin=0)
     result = tune(model, engine_settings=SETTINGS, hardware=hw, n_ctx=N_CTX, n_tokens=N_TOKENS, max_seconds=20,
@@ -173,7 +173,7 @@ def test_settings_as_run_and_with_planned(model) -> None:
     assert (back.n_batch, back.n_ubatch, back.n_cpu_moe, back.cpu_moe_from) == (1024, 256, 2, "last")
     clamped = EngineConfig(n_ctx=300, n_batch=2048, n_ubatch=512).as_run(spec.n_layers, gpu=False)
     assert (clamped.n_batch, clamped.n_ubatch) == (300, 300)
-    # one validation: the config refuses what the planner refuses, naming the real cause
+    # one validation: the config refuses what the tuner refuses, naming the real cause
     with pytest.raises(ConfigError, match="flash attention"):
         EngineConfig(n_ctx=4096, flash_attn=False, type_v="q4_1").as_run(spec.n_layers, gpu=False)
     with pytest.raises(ConfigError, match="flash attention"):
@@ -182,7 +182,7 @@ def test_settings_as_run_and_with_planned(model) -> None:
 
 def test_fit_cpu_curve_recovers_a_known_curve(model) -> None:
     """Measurements made by the speed model itself with known constants are fitted back to those constants."""
-    from pipeline.planner.speed import prefill_speed
+    from pipeline.tuning.speed import prefill_speed
 
     spec = ModelSpec.from_gguf(model)
     truth = replace(get_profile("cpu"), cpu_flops=40e9, cpu_ubatch_half=45.3, cpu_ubatch_cache=4096.0)
@@ -198,7 +198,7 @@ def test_fit_cpu_curve_recovers_a_known_curve(model) -> None:
 
 def test_measured_hardware_profile(tmp_path, monkeypatch) -> None:
     from pipeline.engine.host import detect_ram
-    from pipeline.planner import hardware
+    from pipeline.tuning import hardware
 
     monkeypatch.setattr(hardware, "measure_cpu_flops", lambda **kw: 123e9)
     hw = hardware.measure_hardware(get_profile("cpu"))

@@ -22,6 +22,7 @@ from ..engine.context_lock import CancelToken
 from ..engine.contract import CacheKind
 from ..errors import InputError, StoreError
 from ..ingest.scan import source_names
+from ..ingest.sections import record_cut
 from ..retrieval.search import expand, retrieve, whole_document
 from ..store.store import Store
 from . import packing
@@ -158,7 +159,7 @@ def packing_depth(rt: "Runtime") -> int:
 
 def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, timings: dict[str, float],
                      *, remember: bool = True) -> Built | None:
-    """Whole documents or the best fixed sections (:func:`.packing.plan`); None where not even the
+    """Whole documents or the best fixed sections (:func:`.packing.pack_shelf`); None where not even the
     question's best section fits."""
     a, engine = rt.config.ask, rt.engine
     namespace = engine.namespace
@@ -168,9 +169,10 @@ def _sections_prompt(rt: "Runtime", request: AskRequest, options: AskOptions, ti
         hits = retrieve(rt, store, request.query, top_k=packing_depth(rt), source=selection, timings=timings)
         shelf = packing.gather(store, sources=selection, target=rt.section_tokens, hits=hits,
                                fetch_tokens=3 * engine.n_ctx, also={key for p in history[:16] for key in p})
+        record_cut(store, shelf.cut_now)
     shelf.fixed_numbers = rt.compose_policy.enabled  # a section's tokens, so its state, the same in every pack
     # The store is released: tokenising (once the generator has loaded) happens from here on.
-    prompt = packing.plan(
+    prompt = packing.pack_shelf(
         shelf, request.text, layout=rt.layout(options.system_prompt), tokenize=engine.tokenize,
         memo=rt.section_memo, n_ctx=engine.n_ctx, reserve=rt.reserve(options.max_tokens),
         tolerance=a.reuse_tolerance, history=history,

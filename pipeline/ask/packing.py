@@ -67,6 +67,7 @@ class Shelf:
     pages: dict[tuple[str, int], int | None] = field(default_factory=dict)  # (source, chunk) -> page, fetched
     fixed_numbers: bool = False
     places: dict[str, int] = field(default_factory=dict)  # source -> its place in the collection, from 1
+    cut_now: dict[str, list[Section]] = field(default_factory=dict)  # cut by gather, not recorded in the catalog
 
     @property
     def complete(self) -> bool:
@@ -84,11 +85,13 @@ class Shelf:
 
 def gather(store, *, sources: Iterable[str] | None, target: int, hits: Sequence[Hit] = (),
            fetch_tokens: int, also: Iterable[Key] = ()) -> Shelf:
-    """Read the selection (``sources``, or the whole collection) from the open ``store``.
+    """Read the selection (``sources``, or the whole collection) from the open ``store``; nothing is written.
 
-    Documents committed before sections existed get theirs now, cut at ``target`` and
-    recorded. Texts are fetched for every section when the selection holds at most
-    ``fetch_tokens`` embedder tokens, else only for sections with a hit and those in ``also``.
+    Documents committed before sections existed get theirs now, cut at ``target`` in memory
+    and listed in the shelf's ``cut_now``: the caller records them after reading
+    (:func:`pipeline.ingest.sections.record_cut`), so a read stays a read. Texts are fetched for every
+    section when the selection holds at most ``fetch_tokens`` embedder tokens, else only for sections
+    with a hit and those in ``also``.
     """
     docs = store.documents()
     places = {source: i for i, source in enumerate(sorted(docs), 1)}
@@ -96,11 +99,10 @@ def gather(store, *, sources: Iterable[str] | None, target: int, hits: Sequence[
         wanted = set(sources)
         docs = {s: d for s, d in docs.items() if s in wanted}
     by_doc = store.catalog.sections(store.name, [(s, d.content_hash) for s, d in docs.items()])
-    for source in sorted(set(docs) - set(by_doc)):
-        chunks = store.catalog.chunks(store.name, source)
-        cut = cut_sections(source, docs[source].content_hash, chunks, target=target)
-        store.catalog.backfill_sections(store.name, cut)
-        by_doc[source] = cut
+    cut_now = {source: cut_sections(source, docs[source].content_hash, store.catalog.chunks(store.name, source),
+                                    target=target)
+               for source in sorted(set(docs) - set(by_doc))}
+    by_doc.update(cut_now)
     ordered = [s for source in sorted(by_doc) for s in by_doc[source]]
     total = sum(s.tokens for s in ordered)
     if total <= fetch_tokens:
@@ -122,7 +124,7 @@ def gather(store, *, sources: Iterable[str] | None, target: int, hits: Sequence[
             segments[s.key] = page_segments([c for c in chunks if s.first <= c.index <= s.last])
     within = set(docs)
     return Shelf(store.name, docs, ordered, segments, [h for h in hits if h.source in within], pages,
-                 places=places)
+                 places=places, cut_now=cut_now)
 
 
 def page_segments(chunks) -> list[tuple[int | None, str]]:
@@ -158,10 +160,10 @@ def number(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens, *, lead
 # --------------------------------------------------------------------------- choosing
 
 
-def plan(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens, n_ctx: int,
-         reserve: int, tolerance: float = 0.2, history: Sequence[Sequence[Key]] = (),
-         reusable: Callable[[Prompt], int] | None = None, composes: Callable[[], bool] | None = None,
-         top_k: int = 8, neighbours: int = 1) -> Prompt | None:
+def pack_shelf(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens, n_ctx: int,
+              reserve: int, tolerance: float = 0.2, history: Sequence[Sequence[Key]] = (),
+              reusable: Callable[[Prompt], int] | None = None, composes: Callable[[], bool] | None = None,
+              top_k: int = 8, neighbours: int = 1) -> Prompt | None:
     """The prompt for ``question`` over the shelf: whole documents when they fit, else sections.
 
     Returns None when not even the question's best section fits (the caller falls back

@@ -54,7 +54,7 @@ def plan(ctx, model, builtin_spec, quant, hardware, vram_gb, ram_gb, n_ctx, kv, 
         click.echo("\nllama.cpp --fit (modelled) finds no configuration that fits")
     click.echo("\nconfig snippet (rag --config FILE):\n" + best.engine_toml.rstrip())
     if compare:
-        from ..planner.plan import comparison_table
+        from ..tuning.choice import comparison_table
 
         click.echo("\n" + comparison_table(out["compare"]).rstrip())
 

@@ -2,7 +2,7 @@
 
 The dataclass defaults *are* the embedded default configuration
 (``configs/default.toml`` repeats them for reading, and a test keeps the two equal).
-Each ``[section]`` is a frozen dataclass that checks its own values (:mod:`.sections`,
+Each ``[table]`` is a frozen dataclass that checks its own values (:mod:`.settings`,
 :mod:`.engine`); :meth:`Config.validate` runs the checks every setting of a type has,
 then each section's, once per settings object. How the layers are read (an unknown
 section or key is an error that names it and where it came from) is :mod:`.sources`;
@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 from ..errors import ConfigError
 from . import sources
 from .engine import KV_TYPES, MAX_THREADS, PLANNED_KEYS, UNQUANTISED_KV, EngineConfig
-from .sections import (ASK_MODES, AskConfig, CacheConfig, ChunkingConfig, EmbedConfig, IngestConfig, ModelsConfig,
+from .settings import (ASK_MODES, AskConfig, CacheConfig, ChunkingConfig, EmbedConfig, IngestConfig, ModelsConfig,
                        RemoteConfig, RetrievalConfig, ServeConfig, StoreConfig, SummarizeConfig)
 from .sources import ENV_PREFIX, toml_value
 
@@ -91,7 +91,7 @@ class Config:
         settings object (a changed copy is checked again)."""
         if not self.__dict__.get("_valid"):
             _check_values(self)
-            for name in sources.sections(Config):
+            for name in sources.tables(Config):
                 getattr(self, name).validate()
             object.__setattr__(self, "_valid", True)
         return self

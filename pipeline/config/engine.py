@@ -1,7 +1,7 @@
 """The ``[engine]`` settings: the generator in llama.cpp, configured for fast prefill.
 
 :class:`EngineConfig` is the one settings type of the engine: the engine runs it, the
-planner estimates it and ``rag tune`` measures and saves it (a tuned profile sets the
+tuner estimates it and ``rag tune`` measures and saves it (a tuned profile sets the
 :data:`PLANNED_KEYS`). :meth:`EngineConfig.validate` is the one check all of them use;
 the placement rules (which layers and experts go where) read it the way llama.cpp does.
 """
@@ -20,7 +20,7 @@ KV_TYPES = tuple(KV_TYPE_IDS)
 """The KV cache types llama.cpp knows."""
 
 #: The ``[engine]`` keys that say what llama.cpp runs with and where the weights live: what the
-#: planner chooses and a tuned profile sets (threads, seed, RoPE and ``-ot`` patterns are left alone).
+#: tuner chooses and a tuned profile sets (threads, seed, RoPE and ``-ot`` patterns are left alone).
 PLANNED_KEYS = ("n_ctx", "n_batch", "n_ubatch", "flash_attn", "type_k", "type_v", "gpu_layers", "n_cpu_moe",
                 "cpu_moe", "cpu_moe_from", "mmap")
 #: KV cache types that are not quantised: llama.cpp needs flash attention for any other V cache type.
@@ -31,7 +31,7 @@ UNQUANTISED_KV = ("f32", "f16", "bf16")
 class EngineConfig:
     """The generator in llama.cpp, configured for fast prefill: the one settings type of the engine.
 
-    The engine runs it, the planner estimates it (a plan is an ``EngineConfig`` plus its
+    The engine runs it, the tuner estimates it (a plan is an ``EngineConfig`` plus its
     memory and speed estimates) and ``rag tune`` measures and saves it; :meth:`validate`
     is the one check all of them use.
 

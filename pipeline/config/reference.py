@@ -52,8 +52,9 @@ def _field_docs(cls: type) -> tuple[tuple[str, str], ...]:
     return tuple(docs.items())
 
 
-def sections(config: type = Config) -> list[tuple[str, type]]:
-    """The ``[section]`` names of the settings and their dataclasses, in declaration order."""
+def tables(config: type = Config) -> list[tuple[str, type]]:
+    """The ``[table]`` names of the settings (the TOML tables of a settings file) and their dataclasses, in
+    declaration order."""
     defaults = config()
     return [(f.name, type(getattr(defaults, f.name))) for f in dataclasses.fields(config)
             if dataclasses.is_dataclass(getattr(defaults, f.name))]
@@ -64,11 +65,11 @@ def settings(config: type = Config) -> list[Setting]:
     defaults = config()
     out = []
     top_docs = field_docs(config)
-    section_names = {name for name, _ in sections(config)}
+    section_names = {name for name, _ in tables(config)}
     for f in dataclasses.fields(config):
         if f.name not in section_names:
             out.append(Setting(f.name, _type_name(f), getattr(defaults, f.name), "", top_docs.get(f.name, "")))
-    for name, cls in sections(config):
+    for name, cls in tables(config):
         docs = field_docs(cls)
         values = getattr(defaults, name)
         for f in dataclasses.fields(cls):
@@ -80,7 +81,7 @@ def settings(config: type = Config) -> list[Setting]:
 def undocumented(config: type = Config) -> list[str]:
     """The fields of the settings dataclasses (sections included) that have no docstring."""
     missing = [f"{f.name}" for f in dataclasses.fields(config) if not field_docs(config).get(f.name)]
-    for name, cls in sections(config):
+    for name, cls in tables(config):
         docs = field_docs(cls)
         missing += [f"{name}.{f.name}" for f in dataclasses.fields(cls) if not docs.get(f.name)]
     return missing
@@ -104,7 +105,7 @@ def reference_markdown(config: type = Config) -> str:
     top = [s for s in every if "." not in s.key]
     if top:
         lines += ["## Top level", "", *_table(top, variables={"home": "`RAG_HOME` when empty"}), ""]
-    for name, cls in sections(config):
+    for name, cls in tables(config):
         lines += [f"## [{name}]", ""]
         for paragraph in _paragraphs(cls.__doc__ or "") or [field_docs(config).get(name, "")]:
             lines += [_markdown(paragraph), ""]
@@ -144,4 +145,4 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-__all__ = ["Setting", "field_docs", "reference_markdown", "sections", "settings", "undocumented"]
+__all__ = ["Setting", "field_docs", "reference_markdown", "settings", "tables", "undocumented"]

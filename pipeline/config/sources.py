@@ -29,8 +29,9 @@ RESERVED_ENV = frozenset({
 RESERVED_ENV_PREFIXES = ("RAG_TEST_",)  # the test suite's own knobs
 
 
-def sections(settings: type) -> dict[str, type]:
-    """The ``[section]`` names of a settings class and their dataclasses, in declaration order."""
+def tables(settings: type) -> dict[str, type]:
+    """The ``[table]`` names of a settings class (the TOML tables of a settings file) and their dataclasses,
+    in declaration order."""
     defaults = settings()
     return {f.name: type(getattr(defaults, f.name)) for f in dataclasses.fields(settings)
             if dataclasses.is_dataclass(getattr(defaults, f.name))}
@@ -98,7 +99,7 @@ def apply(settings: Any, values: Mapping[str, Any], *, origin: str, from_text: b
             top[section] = value
         else:
             by_section.setdefault(section, {})[key] = value
-    known = sections(type(settings))
+    known = tables(type(settings))
     changes: dict[str, Any] = {}
     top_fields = {f.name: f for f in dataclasses.fields(settings)}
     for key, value in top.items():
@@ -138,7 +139,7 @@ class TomlFloat(float):
 
 def flatten(data: Mapping[str, Any], origin: str, *, settings: type) -> dict[str, Any]:
     """A TOML document's tables as dotted keys; a table that is not a section is an error."""
-    known = sections(settings)
+    known = tables(settings)
     flat: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, dict):
@@ -179,7 +180,7 @@ def read_toml(path: Path, *, settings: type) -> dict[str, Any]:
 def env_names(settings: type) -> dict[str, str]:
     """Every ``RAG_SECTION_KEY`` variable that sets something, mapped to its dotted setting."""
     return {f"{ENV_PREFIX}{section}_{f.name}".upper(): f"{section}.{f.name}"
-            for section, typ in sections(settings).items() for f in dataclasses.fields(typ)}
+            for section, typ in tables(settings).items() for f in dataclasses.fields(typ)}
 
 
 def env_settings(environ: Mapping[str, str], *, settings: type, warn: Callable[[str], None] | None = None
@@ -191,7 +192,7 @@ def env_settings(environ: Mapping[str, str], *, settings: type, warn: Callable[[
     setting when one is close.
     """
     out: dict[str, str] = {}
-    known = sections(settings)
+    known = tables(settings)
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
             continue
@@ -244,4 +245,4 @@ def toml_value(value: Any) -> str:
 
 
 __all__ = ["ENV_PREFIX", "RESERVED_ENV", "RESERVED_ENV_PREFIXES", "apply", "coerce", "env_names", "env_settings",
-           "flatten", "read_toml", "sections", "to_toml", "toml_value"]
+           "flatten", "read_toml", "tables", "to_toml", "toml_value"]

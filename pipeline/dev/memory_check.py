@@ -1,8 +1,8 @@
-"""The planner's memory model against llama.cpp's own numbers, as a table: ``python -m pipeline.dev.memory_check``.
+"""The tuner's memory model against llama.cpp's own numbers, as a table: ``python -m pipeline.dev.memory_check``.
 
 For a generated model of each architecture (``qwen3moe``, the hybrid ``qwen35moe``, ``gpt-oss``;
 ``--model FILE`` adds any GGUF) and each context, the KV cache (with the recurrent state) and the
-compute buffer the planner predicts (:mod:`pipeline.planner.memory`) beside what llama.cpp logs for
+compute buffer the tuner predicts (:mod:`pipeline.tuning.footprint`) beside what llama.cpp logs for
 the same settings in its dry run (model param ``no_alloc``: sizes logged, nothing allocated).
 Sliding-window models get two rows per context: the engine's full-size window cache and the
 window-size cache (llama-server's default). Flash attention on, ``-ub 512``, f16 KV.
@@ -16,9 +16,9 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from ..planner.memory import compute_buffer_bytes, dry_run, kv_bytes
-from ..planner.plan import planner_base
-from ..planner.spec import ModelSpec
+from ..tuning.footprint import compute_buffer_bytes, dry_run, kv_bytes
+from ..tuning.choice import search_base
+from ..tuning.spec import ModelSpec
 
 CONTEXTS = (8192, 16384, 32768, 65536)
 ARCHS = ("qwen3moe", "qwen35moe", "gpt-oss")
@@ -33,7 +33,7 @@ def rows_for(path: Path, label: str, contexts=CONTEXTS, n_ubatch: int = 512) -> 
     for n_ctx in contexts:
         if spec.n_ctx_train and n_ctx > spec.n_ctx_train:
             continue
-        settings = replace(planner_base(), n_ctx=n_ctx, n_batch=max(n_ubatch, 512), n_ubatch=n_ubatch).validate()
+        settings = replace(search_base(), n_ctx=n_ctx, n_batch=max(n_ubatch, 512), n_ubatch=n_ubatch).validate()
         for swa_full in modes:
             real = dry_run(path, settings, swa_full=swa_full)
             kv, state = kv_bytes(spec, settings, swa_full=swa_full)
@@ -45,8 +45,8 @@ def rows_for(path: Path, label: str, contexts=CONTEXTS, n_ubatch: int = 512) -> 
 
 
 def table(rows: list[dict]) -> str:
-    """The rows as a Markdown table, sizes in MiB, ratios planner / llama.cpp."""
-    lines = ["| model | context | SWA cache | KV + state: planner | llama.cpp | ratio | compute: planner | llama.cpp "
+    """The rows as a Markdown table, sizes in MiB, ratios tuner / llama.cpp."""
+    lines = ["| model | context | SWA cache | KV + state: tuner | llama.cpp | ratio | compute: tuner | llama.cpp "
              "| ratio |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['n_ctx'] // 1024}K | {r['window'] or '-'} | "
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     worst = max(max(abs(r["kv_planned"] / r["kv_llama"] - 1), abs(r["compute_planned"] / r["compute_llama"] - 1))
                 for r in rows)
-    print(f"\nlargest difference: {worst:.1%} (the planner's target: within 5%)")
+    print(f"\nlargest difference: {worst:.1%} (the tuner's target: within 5%)")
     return 0
 
 

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     import numpy as np
 
     from .context_lock import CancelToken
-    from .reuse.budget import Calibration, Refusal
+    from .cache.calibrations import Calibration
+    from .reuse.budget import Refusal
     from ..records import PromptShape
 
 

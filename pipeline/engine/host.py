@@ -1,7 +1,7 @@
 """This machine as the engine sees it: the cores it may use and the memory it has.
 
 Standard library only. The engine sizes its threads and checks its KV cache
-against these; the planner's hardware profiles take their RAM from here.
+against these; the tuner's hardware profiles take their RAM from here.
 """
 
 from __future__ import annotations

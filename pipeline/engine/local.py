@@ -24,7 +24,8 @@ from .contract import CacheKind, Completion, EngineStats, Generation, GeneratorB
 from .gguf.info import ModelInfo
 from .loading import check_memory, load_generator, load_params, resolve_overrides
 from .reuse import calibrate
-from .reuse.budget import Calibration, ComposeMode, ComposePolicy, Refusal
+from .cache.calibrations import Calibration
+from .reuse.budget import ComposeMode, ComposePolicy, Refusal
 from .reuse.kinds import MemoryKind, kind_of_info
 from .reuse.memory import Memory
 from .reuse.execute import carry_out

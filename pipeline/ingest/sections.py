@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from ..records import Section
 
@@ -106,3 +106,12 @@ def cut(source: str, content_hash: str, chunks: Sequence[_ChunkLike], *, target:
                            min(pages) if pages else None, max(pages) if pages else None,
                            sum(sizes[first:last + 1]), target))
     return out
+
+
+def record_cut(store, cut_now: Mapping[str, Sequence[Section]]) -> None:
+    """Record in ``store``'s catalog sections cut after their documents were committed (a catalog older
+    than sections: packing cuts them when it reads, see :func:`pipeline.ask.packing.gather`), so the next
+    read finds them there. Each document's are written only while it is still that version; a store that
+    cannot be written keeps none, and the sections already cut serve all the same."""
+    for sections in cut_now.values():
+        store.catalog.backfill_sections(store.name, list(sections))

@@ -34,7 +34,7 @@ __all__ = ["FUSIONS", "AdaptiveFusion", "TermStats", "dense_doubt", "idf", "lexi
            "words"]
 
 if TYPE_CHECKING:
-    from ..config.sections import RetrievalConfig
+    from ..config.settings import RetrievalConfig
     from ..records import StoredChunk
     from ..store.store import Store
 

@@ -8,7 +8,8 @@ content hash in the same transaction that replaces its chunks.
 
 Schema (catalog schema version 3, see :mod:`.schema`; a catalog migrated from an
 older version has no sections yet, and they are cut from its chunks the first time
-they are needed, see :func:`pipeline.ask.packing.gather`)::
+they are needed, see :func:`pipeline.ask.packing.gather`, and recorded by
+:func:`pipeline.ingest.sections.record_cut`)::
 
     CREATE TABLE IF NOT EXISTS sections (
         collection TEXT NOT NULL, source TEXT NOT NULL, content_hash TEXT NOT NULL,

@@ -36,6 +36,7 @@ from ..ask import packing
 from ..ask.prompt import Layout, SectionTokens, pack, section_prompt
 from .digest import digest
 from ..errors import EngineError, InputError, RagError
+from ..ingest.sections import record_cut
 from ..records import DocumentRecord, Passage, Prompt, Section
 from .jobstore import JobStore, StoredResult, Unit
 from .outputs import JobReport, Outputs, Summary, SummaryEvent
@@ -63,7 +64,9 @@ def sections_of(store: "Store", source: str, *, target: int) -> "packing.Shelf":
     Documents committed before sections existed get theirs now, cut at ``target``
     embedder tokens and recorded, exactly as ``ask`` would cut them.
     """
-    return packing.gather(store, sources=[source], target=target, fetch_tokens=2**62)
+    shelf = packing.gather(store, sources=[source], target=target, fetch_tokens=2**62)
+    record_cut(store, shelf.cut_now)
+    return shelf
 
 
 def map_groups(shelf: "packing.Shelf", budget: int, memo: SectionTokens) -> list[list["Section"]]:
@@ -147,7 +150,7 @@ class Job:
         self.memo = memo or SectionTokens(engine.tokenize)
         self.progress = progress or (lambda ev: None)
         # Each prefix a summary prompt prefilled (its sections' keys), told to ask's pack history, so
-        # that a later question prefers a pack whose state a summary saved (see packing.plan).
+        # that a later question prefers a pack whose state a summary saved (see packing.pack_shelf).
         self.record = record or (lambda keys: None)
         self.report = JobReport(collection=collection, documents=len(self.documents), prompts=len(self.prompts))
 

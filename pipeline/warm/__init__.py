@@ -2,7 +2,8 @@
 
 * :mod:`.prefixes`: ``rag warm`` for a collection that fits the context, its prompt prefixes saved.
 * :mod:`.calibration`: composition measured against exact prefill on prompts of the collection's
-  own sections, before any question (what decides whether prompts are composed).
+  own sections, before any question (what decides whether prompts are composed), and its status
+  (:func:`.calibration.status`, what `rag status` shows).
 * :mod:`.sections`: each section's own state, for prompts composed from them: the most useful
   first, within the room the cache has for them (``rag warm --sections``, and what ``ingest.warm``
   runs after an ingest).

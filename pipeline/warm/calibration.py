@@ -1,4 +1,4 @@
-"""Calibrating composition before any question, on prompts of the collection's own sections.
+"""Composition's calibration: measured before any question on prompts of the collection's own sections, and its status.
 
 Whether prompts are composed is decided by how far composition moves a model's answers from
 exact prefill's (:mod:`pipeline.engine.reuse.budget`). One prompt's figure depends on that
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..engine.reuse.budget import MIN_PROMPTS
+from ..engine.cache.calibrations import MIN_PROMPTS
+from ..errors import redact
 from ..engine.reuse.calibrate import TOKENS
 from ..records import Prompt
 from ..ask.packing import Shelf, number, shelf_prompt
@@ -109,5 +110,29 @@ def calibration_dict(rt: "Runtime") -> dict | None:
     return record.to_dict(budget=rt.compose_policy.max_kl) if record is not None else None
 
 
+def status(rt: "Runtime") -> dict:
+    """:meth:`Pipeline.calibration <pipeline.api.Pipeline.calibration>`: the configured generator's
+    composition calibration and what the reuse planner decides by it (``allowed``, and ``reason`` where
+    not), read without loading or fetching a model and without creating anything."""
+    from ..engine.reuse.budget import Refusal
+
+    policy = rt.compose_policy
+    out = {"mode": policy.mode.value, "model": redact(rt.config.models.generator), "seams": policy.seams.key,
+           "kl": None, "top1": None, "tokens": 0, "prompts": 0, "budget": policy.max_kl, "allowed": False}
+    engine, refusal = rt.composition()
+    if engine is None:
+        return {**out, "reason": "the generator is not provisioned yet (`rag models pull`, or the first `rag ask`)"}
+    if refusal is not Refusal.SERVER:
+        out["model"] = engine.model_path.name
+    record = engine.calibration if refusal is not Refusal.SERVER else None
+    if record is not None:
+        out.update(record.to_dict(budget=policy.max_kl))
+        out["model"] = record.model
+    out["allowed"] = refusal is None
+    if refusal is not None:
+        out["reason"] = refusal.value
+    return out
+
+
 __all__ = ["CALIBRATION_QUESTION", "PROMPTS", "calibrate", "calibration_dict", "calibration_prompts", "cost",
-           "sections_of", "wanted_prompts"]
+           "sections_of", "status", "wanted_prompts"]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable
 from ..errors import ConfigError, DiskFullError
 from ..records import PackedSection, Prompt, Section
 from ..ask.packing import Shelf, gather, number, shelf_prompt
+from ..ingest.sections import record_cut
 from ..ask.prompt import Layout, SectionTokens, Tokenize
 from .progress import WarmProgress
 from .sections import warm_sections, writable_cache
@@ -85,6 +86,7 @@ def warm(rt: "Runtime", *, progress: Callable[[str, str], None] | None = None, p
     with rt.store(create=False) as store:
         store.require()
         shelf = gather(store, sources=None, target=rt.section_tokens, fetch_tokens=2**62)
+        record_cut(store, shelf.cut_now)
     shelf.fixed_numbers = rt.compose_policy.enabled  # as every prompt numbers documents then
     mode, plans = warm_plans(shelf, layout=rt.layout(), tokenize=engine.tokenize, memo=rt.section_memo,
                              n_ctx=engine.n_ctx, reserve=rt.reserve(), purpose=purpose)

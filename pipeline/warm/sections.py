@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from ..errors import Cancelled, ConfigError, RagError
 from ..records import Key, PackedSection
 from ..ask.packing import Shelf, gather, number
+from ..ingest.sections import record_cut
 from . import calibration
 from .progress import Meter, WarmProgress
 
@@ -99,6 +100,7 @@ def shelf_of(rt: "Runtime", *, require: bool) -> tuple[Shelf, list[PackedSection
         elif store.info is None:
             return None
         shelf = gather(store, sources=None, target=rt.section_tokens, fetch_tokens=2**62)
+        record_cut(store, shelf.cut_now)
     shelf.fixed_numbers = True  # as questions over the whole collection number its documents
     return shelf, number(shelf, shelf.sections, rt.section_memo)
 

@@ -4,14 +4,14 @@ llama-cpp-python is layered as raw ctypes bindings (``llama_cpp.llama_cpp``), pr
 internals (``llama_cpp._internals``) and a public ``Llama`` class. This package is our
 private layer over all three; the local engine (:mod:`..local`), the embedder
 (:mod:`..embed`), the prefix cache's state files (:mod:`..cache.store`) and the
-planner's measurements use only what it exposes here:
+tuner's measurements use only what it exposes here:
 
 * :func:`load` (:mod:`.loading`) builds a :class:`Model`: one model with one context and
   one batch, from typed settings (KV types and RoPE scaling by name), with tensor
   buffer-type overrides and model params the ``Llama`` constructor has no argument
   for (``use_extra_bufts``, ``no_alloc``, ``no_host``...);
 * :class:`Model` (:mod:`.model`): facts and timing counters, composed of tokens and
-  text (:mod:`.text`), decoding and sampling (:mod:`.decode`: a prompt slice, one
+  text (:mod:`.tokens`), decoding and sampling (:mod:`.decode`: a prompt slice, one
   token, one token for each of several sequences, whole sequences for embeddings; the
   sampler chain; the abort flag), sequence memory and state files (:mod:`.memory`);
 * :class:`TensorOverrides` (:mod:`.overrides`): the C array of

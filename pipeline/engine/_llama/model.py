@@ -1,6 +1,6 @@
 """One model loaded in llama.cpp with its context: facts, timing counters, closing.
 
-What a :class:`Model` does is split by concept: tokens and text (:mod:`.text`),
+What a :class:`Model` does is split by concept: tokens and text (:mod:`.tokens`),
 decoding and sampling (:mod:`.decode`), sequence memory and state (:mod:`.memory`).
 """
 
@@ -15,7 +15,7 @@ import llama_cpp
 from .decode import AbortFlag, Decoding
 from .memory import SequenceMemory
 from .overrides import TensorOverrides
-from .text import Vocabulary
+from .tokens import Vocabulary
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,13 @@
-"""Composition calibrations, kept with the section states they judge: ``calibrations.sqlite`` in the cache directory.
+"""Composition calibrations: the record (:class:`Calibration`), and where it is kept with the section states it
+judges (``calibrations.sqlite`` in the cache directory).
+
+The record lives here, below the reuse planner that decides on it (:mod:`..reuse.budget`), so that the
+cache needs nothing of reuse.
 
 One row per (engine namespace, seams): the model file and every KV-shaping setting are
 in the namespace, so a changed model, context or KV type is calibrated anew. A record
 measured again (a later prompt) is merged with the one kept, weighed by its tokens. A record
-measured another way than calibrations are now (:data:`~..reuse.budget.METHOD`) counts as none:
+measured another way than calibrations are now (:data:`METHOD`) counts as none:
 the next measurement replaces it.
 Never raises: a cache that cannot be used keeps the records of this process in memory,
 and a damaged file is replaced.
@@ -13,13 +17,96 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import statistics
 import threading
+import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..._sqlite import connect, transaction
-from ..reuse.budget import Calibration
 
 FILE_NAME = "calibrations.sqlite"
+
+#: How calibrations are measured now. 2: the exact answer compared on is decoded as questions' answers
+#: are, with ``ask.repeat_penalty``, over up to 64 positions (1: 32 positions without the penalty,
+#: where small models' answers repeat one line and measure composition as closer to exact than it is).
+#: A record of another method is measured again.
+METHOD = 2
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Composed against exact prefill for a model file, its KV settings and the seams, over several prompts.
+
+    ``kls`` is each prompt's mean KL(exact ‖ composed) in nats per token, over its teacher-forced answer
+    tokens; ``kl``, the figure the decision is taken on, is their mean (each prompt weighs the same, so
+    one long answer does not decide alone), and ``spread`` their standard deviation. ``top1`` is the share
+    of positions whose most likely token is the same, over ``tokens`` positions of ``prompts`` prompts of
+    ``sections`` sections in all, measured by ``method`` (:data:`METHOD`).
+    """
+
+    model: str  # the model file's name (for people; the namespace keys it)
+    namespace: str
+    seams: str  # Seams.key
+    kl: float
+    top1: float
+    tokens: int
+    prompts: int = 1
+    sections: int = 0
+    measured_at: float = field(default_factory=time.time)
+    method: int = METHOD
+    kls: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.kls:  # one measurement (or a record from before per-prompt figures were kept)
+            object.__setattr__(self, "kls", (self.kl,))
+
+    @property
+    def current(self) -> bool:
+        """Whether it was measured the way calibrations are measured now."""
+        return self.method == METHOD
+
+    @property
+    def complete(self) -> bool:
+        """Whether it rests on enough: :data:`MIN_PROMPTS` prompts and :data:`MIN_TOKENS` positions."""
+        return self.prompts >= MIN_PROMPTS and self.tokens >= MIN_TOKENS
+
+    @property
+    def spread(self) -> float:
+        """The standard deviation of the prompts' figures (0 with one prompt)."""
+        return statistics.stdev(self.kls) if len(self.kls) > 1 else 0.0
+
+    def allowed(self, budget: float) -> bool:
+        return self.kl <= budget
+
+    def merged(self, other: Calibration) -> Calibration:
+        """This record and ``other`` (same model and seams) as one: their prompts' figures together, the
+        decision on their mean; ``other`` alone where the two were measured differently."""
+        if self.tokens + other.tokens == 0 or self.method != other.method:
+            return other
+        n = self.tokens + other.tokens
+        kls = self.kls + other.kls
+        return Calibration(self.model, self.namespace, self.seams, kl=statistics.fmean(kls),
+                           top1=(self.top1 * self.tokens + other.top1 * other.tokens) / n, tokens=n,
+                           prompts=self.prompts + other.prompts, sections=self.sections + other.sections,
+                           method=self.method, kls=kls)
+
+    def to_dict(self, *, budget: float | None = None) -> dict:
+        d = asdict(self)
+        d["kl"], d["top1"] = round(self.kl, 5), round(self.top1, 4)
+        d["kls"] = [round(k, 5) for k in self.kls]
+        d["kl_spread"] = round(self.spread, 5)
+        d["kl_range"] = [round(min(self.kls), 5), round(max(self.kls), 5)]
+        if budget is not None:
+            d["budget"] = budget
+            d["allowed"] = self.allowed(budget)
+        return d
+
+
+#: Calibrations with fewer teacher-forced tokens than this, or fewer prompts than the next, are measured
+#: further (after the next exact answer, or by the next warming).
+MIN_TOKENS = 32
+MIN_PROMPTS = 3
 
 
 class Calibrations:
@@ -128,4 +215,4 @@ def _record(text: str) -> Calibration | None:
         return None
 
 
-__all__ = ["Calibrations", "FILE_NAME"]
+__all__ = ["Calibration", "Calibrations", "FILE_NAME", "METHOD", "MIN_PROMPTS", "MIN_TOKENS"]

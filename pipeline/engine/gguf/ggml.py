@@ -1,7 +1,7 @@
 """ggml's tensor types: their names, their sizes in blocks, and the ones llama.cpp takes for a KV cache.
 
 Plain data, no llama.cpp import: the configuration validates KV cache types with
-it, the engine sizes its KV cache with it, and the planner sizes weights and KV
+it, the engine sizes its KV cache with it, and the tuner sizes weights and KV
 cells with it.
 """
 

@@ -2,7 +2,7 @@
 attention shapes, experts, chat template.
 
 The one reading of a model's metadata: the generator clamps its context and sizes its
-KV cache with it, and the planner's :class:`~pipeline.planner.spec.ModelSpec` adds the
+KV cache with it, and the tuner's :class:`~pipeline.tuning.spec.ModelSpec` adds the
 byte counts of the tensor table to it. No weights are read
 (:func:`pipeline.engine.gguf.header.read_header`).
 """
@@ -74,7 +74,7 @@ class ModelInfo:
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> ModelInfo:
         """The facts of the GGUF at ``path`` (its metadata and tensor names), read once per version of the
-        file in this process (the settings, the engine and the planner all ask, and a large vocabulary
+        file in this process (the settings, the engine and the tuner all ask, and a large vocabulary
         takes tens of milliseconds to walk past)."""
         path = Path(path)
         try:

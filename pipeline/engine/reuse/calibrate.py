@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .planner import Planner
 
 #: Answer positions compared per prompt, at most (an answer that ends sooner gives fewer: a record
-#: under :data:`~.budget.MIN_TOKENS` is measured again after a later answer). One prompt's figure
+#: under :data:`~..cache.calibrations.MIN_TOKENS` is measured again after a later answer). One prompt's figure
 #: varies with its answer, and a small model's answer with the CPU's arithmetic: 32 positions moved
 #: it by more than half the default budget.
 TOKENS = 64

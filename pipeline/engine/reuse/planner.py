@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from .budget import Calibration, ComposeMode, ComposePolicy, Refusal
+from ..cache.calibrations import Calibration
+from .budget import ComposeMode, ComposePolicy, Refusal
 from .memory import Memory
 from .plan import Need, PrefixPlan, ReusePlan, SectionsPlan
 from .prefix import PrefixReuse

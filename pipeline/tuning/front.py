@@ -1,11 +1,11 @@
-"""The planner's front end: what ``rag plan``, ``rag tune`` and the hardware profiles ask of it, from the
+"""The tuner's front end: what ``rag plan``, ``rag tune`` and the hardware profiles ask of it, from the
 settings.
 
 :meth:`Pipeline.plan <pipeline.api.Pipeline.plan>`, :meth:`~pipeline.api.Pipeline.tune` and
 :meth:`~pipeline.api.Pipeline.hardware` land here: the model to read (a GGUF, the configured
 generator, or published shapes), the hardware profile (a built-in name, a TOML file, or the one
 ``rag tune --measure-hardware`` saved), the budgets given on the command line, checked; then
-:mod:`.plan`, :mod:`.tune` and :mod:`pipeline.config.tuned` do the work.
+:mod:`.choice`, :mod:`.tune` and :mod:`pipeline.config.tuned` do the work.
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ def hardware(config: Config, profile: str | Path | None = None) -> hw_mod.Hardwa
     return hw_mod.get_profile(str(profile))
 
 
-def plan(config: Config, model: str | Path | None = None, *, builtin_spec: str | None = None, quant: str = "Q6_K",
-         hardware_profile: str | Path | None = None, vram_gb: float | None = None, ram_gb: float | None = None,
-         n_ctx: int | None = None, kv: str | None = None, n_batch: int | None = None, n_ubatch: int | None = None,
-         compare: bool = False, log: Log | None = None) -> dict:
+def choose_settings(config: Config, model: str | Path | None = None, *, builtin_spec: str | None = None,
+                    quant: str = "Q6_K", hardware_profile: str | Path | None = None, vram_gb: float | None = None,
+                    ram_gb: float | None = None, n_ctx: int | None = None, kv: str | None = None,
+                    n_batch: int | None = None, n_ubatch: int | None = None, compare: bool = False,
+                    log: Log | None = None) -> dict:
     """:meth:`Pipeline.plan <pipeline.api.Pipeline.plan>`: the fastest estimated plan that fits, llama.cpp's
     fit beside it, and with ``compare`` the recipe and its baseline side by side."""
-    from . import plan as plan_mod
+    from . import choice
     from .spec import ModelSpec
 
     if builtin_spec:
@@ -53,9 +54,9 @@ def plan(config: Config, model: str | Path | None = None, *, builtin_spec: str |
     hw = _budgeted(hardware(config, hardware_profile), vram_gb=vram_gb, ram_gb=ram_gb)
     n_ctx = n_ctx or config.engine.n_ctx or spec.n_ctx_train
     kv_types = ("f16", "q8_0", "q4_0") if kv == "auto" else (kv or config.engine.type_k)
-    best = plan_mod.plan(spec, hw, n_ctx=n_ctx, kv_types=kv_types, n_batch=n_batch, n_ubatch=n_ubatch)
-    fit = plan_mod.fit_like(spec, hw, n_ctx=n_ctx, kv=best.settings.type_k)
-    rows = plan_mod.compare(spec, hw, n_ctx=n_ctx) if compare else None
+    best = choice.fastest(spec, hw, n_ctx=n_ctx, kv_types=kv_types, n_batch=n_batch, n_ubatch=n_ubatch)
+    fit = choice.fit_like(spec, hw, n_ctx=n_ctx, kv=best.settings.type_k)
+    rows = choice.compare(spec, hw, n_ctx=n_ctx) if compare else None
     return {"plan": best, "fit": fit, "hardware": hw, "compare": rows}
 
 
@@ -94,4 +95,4 @@ def tune(config: Config, *, max_seconds: float = 120.0, n_tokens: int | None = N
     return result, target
 
 
-__all__ = ["hardware", "plan", "tune"]
+__all__ = ["choose_settings", "hardware", "tune"]

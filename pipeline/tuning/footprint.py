@@ -1,7 +1,7 @@
-"""The memory model: bytes per device for a plan, checked against llama.cpp's own dry run.
+"""A model's memory footprint: bytes per device for engine settings, checked against llama.cpp's own dry run.
 
-:func:`memory` gives the bytes engine settings (:class:`~pipeline.config.EngineConfig`) need on
-the GPU and in host memory, from a :class:`~pipeline.planner.spec.ModelSpec`:
+:func:`footprint` gives the bytes engine settings (:class:`~pipeline.config.EngineConfig`) need on
+the GPU and in host memory, from a :class:`~pipeline.tuning.spec.ModelSpec`:
 
 * weights: llama.cpp keeps ``token_embd`` in host memory always; layers
   ``>= n_layers - gpu_layers`` and (with ``gpu_layers > n_layers``) the output
@@ -33,8 +33,8 @@ the GPU and in host memory, from a :class:`~pipeline.planner.spec.ModelSpec`:
   weights into the GPU compute buffer one split at a time), and the host
   (``CUDA_Host``) compute buffer is the KQ mask plus ``8*embd`` per token.
 
-The margins a plan keeps free on each device are the planner's business
-(:class:`pipeline.planner.result.Budget`). :func:`dry_run` asks llama.cpp itself (model
+The margins a plan keeps free on each device are the tuner's business
+(:class:`pipeline.tuning.result.Budget`). :func:`dry_run` asks llama.cpp itself (model
 param ``no_alloc``: nothing allocated) for the real KV and compute buffer sizes,
 and :func:`parse_dry_run` reads them from its log; llama.cpp is used only there (through
 :func:`pipeline.engine.loading.dry_run_log`, with the engine's own translation of settings).
@@ -78,7 +78,9 @@ class DeviceMemory:
 
 
 @dataclass(frozen=True)
-class Memory:
+class Footprint:
+    """The bytes engine settings need on each device, and the KV, recurrent state and compute buffer within them."""
+
     gpu: DeviceMemory
     cpu: DeviceMemory
     kv_cache: int  # KV cells only (what llama.cpp logs as "llama_kv_cache: size")
@@ -156,8 +158,8 @@ def compute_buffer_bytes(spec: ModelSpec, settings: EngineConfig, *, swa_full: b
     return u * max(attn + layer, out)
 
 
-def memory(spec: ModelSpec, settings: EngineConfig, hw: HardwareProfile | None = None, *,
-           swa_full: bool = True) -> Memory:
+def footprint(spec: ModelSpec, settings: EngineConfig, hw: HardwareProfile | None = None, *,
+           swa_full: bool = True) -> Footprint:
     """Bytes per device for ``settings`` (see the module docstring). ``hw`` without a GPU puts everything on
     the CPU; ``swa_full`` (the engine's way) sizes sliding-window layers' caches as full attention's."""
     has_gpu = hw is None or hw.has_gpu
@@ -194,7 +196,7 @@ def memory(spec: ModelSpec, settings: EngineConfig, hw: HardwareProfile | None =
     else:
         gpu = DeviceMemory()
         cpu = DeviceMemory(weights=w_cpu + w_gpu, kv=kv_all + state_all, compute=compute + out_buf)
-    return Memory(gpu=gpu, cpu=cpu, kv_cache=kv_all, recurrent_state=state_all, compute_buffer=compute)
+    return Footprint(gpu=gpu, cpu=cpu, kv_cache=kv_all, recurrent_state=state_all, compute_buffer=compute)
 
 
 # --------------------------------------------------------------------------- llama.cpp's dry run
@@ -237,5 +239,5 @@ def dry_run(path: str | os.PathLike[str], settings: EngineConfig, *, n_threads: 
     return result
 
 
-__all__ = ["DeviceMemory", "DryRun", "Memory", "compute_buffer_bytes", "dry_run", "kv_bytes", "kv_cells", "memory",
+__all__ = ["DeviceMemory", "DryRun", "Footprint", "compute_buffer_bytes", "dry_run", "kv_bytes", "footprint", "kv_cells",
            "parse_dry_run"]

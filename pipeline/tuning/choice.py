@@ -1,13 +1,13 @@
-"""Plan expert offload and batch sizes for the fastest prefill that fits the memory.
+"""Choose expert offload and batch sizes: the fastest estimated prefill that fits the memory.
 
-The planner (:func:`plan`) searches exhaustively over the layers with experts on the
+The tuner (:func:`fastest`) searches exhaustively over the layers with experts on the
 CPU (count, first or last), ``n_ubatch`` in 128..4096 (powers of two), ``n_batch =
 n_ubatch`` unless fixed, KV type fixed or searched, for the fastest estimated prefill
 whose estimated memory plus margin fits both budgets. Estimates within 1 % of the
 fastest count as a tie, broken towards fewer experts on the CPU, the earlier KV type,
 then the *larger* micro-batch (kernels run closer to their speed on bigger ones, and
 the speed model's curve flattens there). The result is a
-:class:`~pipeline.planner.result.PlanResult`: an :class:`~pipeline.config.EngineConfig`
+:class:`~pipeline.tuning.result.PlanResult`: an :class:`~pipeline.config.EngineConfig`
 the engine runs as it is, with its memory per device, estimated speeds, llama.cpp
 flags and an ``[engine]`` config snippet.
 
@@ -28,7 +28,7 @@ from dataclasses import replace
 from ..config import EngineConfig
 from ..errors import ConfigError
 from .hardware import GiB, HardwareProfile
-from .memory import memory
+from .footprint import footprint
 from .result import Budget, PlanResult, evaluate, fits, gib
 from .spec import ModelSpec, kv_type_supported
 from .speed import decode_speed, prefill_speed
@@ -38,7 +38,7 @@ UBATCHES = (128, 256, 512, 1024, 2048, 4096)
 TIE = 0.01  # estimates this close to the fastest are ties
 
 
-def planner_base() -> EngineConfig:
+def search_base() -> EngineConfig:
     """The settings a plan starts from when none are given: flash attention on, mmap off."""
     return EngineConfig(mmap=False, cpu_moe_from="first", tuned=False)
 
@@ -65,7 +65,7 @@ def check_request(spec: ModelSpec, hw: HardwareProfile, budget: Budget, *, n_ctx
                           f"{gib(room)} that {where} leave after the margins")
 
 
-def plan(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget | None = None,
+def fastest(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget | None = None,
          kv_types: tuple[str, ...] | str = "f16", n_ubatch: int | None = None, n_batch: int | None = None,
          flash_attn: bool = True, mmap: bool = False, n_tokens: int | None = None,
          base: EngineConfig | None = None) -> PlanResult:
@@ -74,12 +74,12 @@ def plan(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget | N
     ``kv_types`` is one KV type (used for K and V) or a tuple of them to search.
     ``n_ubatch`` / ``n_batch`` fix the batch sizes instead of searching. ``base`` holds
     the settings a plan does not choose (threads, seed, RoPE; default
-    :func:`planner_base`). Raises :class:`ConfigError` if nothing fits or the request
+    :func:`search_base`). Raises :class:`ConfigError` if nothing fits or the request
     cannot be met.
     """
     budget = budget or Budget.from_hardware(hw)
     check_request(spec, hw, budget, n_ctx=n_ctx)
-    base = replace(base or planner_base(), n_ctx=n_ctx, flash_attn=flash_attn, mmap=mmap)
+    base = replace(base or search_base(), n_ctx=n_ctx, flash_attn=flash_attn, mmap=mmap)
     if n_ubatch is not None and n_batch is not None and n_ubatch > n_batch:
         raise ConfigError(f"n_ubatch ({n_ubatch}) cannot exceed n_batch ({n_batch})")
     kvs = (kv_types,) if isinstance(kv_types, str) else tuple(kv_types)
@@ -102,7 +102,7 @@ def plan(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget | N
                         continue  # same as "first"
                     s = placed(replace(base, n_batch=nb, n_ubatch=ub, type_k=kv, type_v=kv), k, n, which=frm,
                                gpu=gpu)
-                    mem = memory(spec, s, hw)
+                    mem = footprint(spec, s, hw)
                     if not fits(mem, budget):
                         continue
                     found.append((PlanResult(spec, s, mem, prefill_speed(spec, s, hw, n_tokens),
@@ -131,7 +131,7 @@ def _partial_offload(spec: ModelSpec, hw: HardwareProfile, budget: Budget, *, ba
     for ub in ubs:
         for ngl in range(n, -1, -1):
             s = replace(placed(replace(base, n_batch=max(ub, 1), n_ubatch=ub), experts, n), gpu_layers=ngl)
-            mem = memory(spec, s, hw)
+            mem = footprint(spec, s, hw)
             if fits(mem, budget):
                 found.append(PlanResult(spec, s, mem, prefill_speed(spec, s, hw, n_tokens),
                                         decode_speed(spec, s, hw), budget))
@@ -151,11 +151,11 @@ def fit_like(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget
     budget = budget or Budget.from_hardware(hw)
     fit_budget = replace(budget, gpu_margin=FIT_MARGIN, ram_margin=max(FIT_MARGIN, budget.ram_margin))
     n = spec.n_layers
-    base = replace(planner_base(), n_ctx=n_ctx, n_batch=min(2048, n_ctx), n_ubatch=min(512, n_ctx),
+    base = replace(search_base(), n_ctx=n_ctx, n_batch=min(2048, n_ctx), n_ubatch=min(512, n_ctx),
                    type_k=kv, type_v=kv, mmap=True)
     for k in (range(n + 1) if hw.has_gpu else (0,)):
         s = placed(base, k, n, gpu=hw.has_gpu)
-        mem = memory(spec, s, hw)
+        mem = footprint(spec, s, hw)
         if fits(mem, fit_budget):
             return PlanResult(spec, s, mem, prefill_speed(spec, s, hw, n_tokens), decode_speed(spec, s, hw),
                               budget, "llama.cpp --fit (model)")
@@ -168,17 +168,17 @@ def fit_like(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget
 def recipe_plan(n_ctx: int = 65536) -> EngineConfig:
     """The recipe this project starts from: 8 layers' experts on the CPU, ``-b 1024 -ub 512``, f16 KV, FA,
     mmap off (pinned host memory: the calibration assumes it)."""
-    return replace(planner_base(), n_ctx=n_ctx, n_batch=1024, n_ubatch=512, n_cpu_moe=8)
+    return replace(search_base(), n_ctx=n_ctx, n_batch=1024, n_ubatch=512, n_cpu_moe=8)
 
 
 def baseline_plan(spec: ModelSpec, hw: HardwareProfile, n_ctx: int = 65536, budget: Budget | None = None
                   ) -> EngineConfig:
     """The recipe's baseline: ``-b 512 -ub 128``, experts on the GPU as far as they fit (fewest first layers' on CPU)."""
     budget = budget or Budget(vram=hw.vram, ram=hw.ram, gpu_margin=0)
-    base = replace(planner_base(), n_ctx=n_ctx, n_batch=512, n_ubatch=128)
+    base = replace(search_base(), n_ctx=n_ctx, n_batch=512, n_ubatch=128)
     for k in range(spec.n_layers + 1):
         s = placed(base, k, spec.n_layers)
-        if fits(memory(spec, s, hw), budget):
+        if fits(footprint(spec, s, hw), budget):
             return s
     raise ConfigError("The baseline does not fit.")
 
@@ -200,8 +200,8 @@ def compare(spec: ModelSpec, hw: HardwareProfile, *, n_ctx: int, budget: Budget 
     fit = fit_like(spec, hw, n_ctx=n_ctx, budget=budget)
     if fit is not None:
         rows.append(replace(fit, label="llama.cpp --fit (modelled)"))
-    rows.append(plan(spec, hw, n_ctx=n_ctx, budget=budget))
-    searched = plan(spec, hw, n_ctx=n_ctx, budget=budget, kv_types=("f16", "q8_0", "q4_0"))
+    rows.append(fastest(spec, hw, n_ctx=n_ctx, budget=budget))
+    searched = fastest(spec, hw, n_ctx=n_ctx, budget=budget, kv_types=("f16", "q8_0", "q4_0"))
     rows.append(replace(searched, label="plan, KV type searched"))
     return rows
 
@@ -222,5 +222,5 @@ def comparison_table(results: list[PlanResult]) -> str:
 
 
 __all__ = ["FIT_MARGIN", "TIE", "UBATCHES", "baseline_plan",
-           "check_request", "compare", "comparison_table", "fit_like", "placed", "plan", "planner_base",
+           "check_request", "compare", "comparison_table", "fit_like", "fastest", "placed", "search_base",
            "recipe_plan"]

@@ -2,10 +2,10 @@
 
 A :class:`PlanResult` is one :class:`~pipeline.config.EngineConfig` (the settings the
 engine reads, so a plan runs as it is) with what the models say about it on a hardware
-profile: bytes per device (:mod:`.memory`), prefill and decode speed (:mod:`.speed`),
+profile: bytes per device (:mod:`.footprint`), prefill and decode speed (:mod:`.speed`),
 and whether that fits a :class:`Budget` (VRAM and host RAM, each less a margin). It
 also renders the settings as llama.cpp flags and as an ``[engine]`` config section.
-:func:`evaluate` makes one; the search over settings is :mod:`.plan`.
+:func:`evaluate` makes one; the search over settings is :mod:`.choice`.
 
 Margins: a plan keeps ``gpu_margin`` bytes free on the GPU (default 256 MiB, above
 the profile's ``gpu_reserved`` for the CUDA context) and ``ram_margin`` in host
@@ -21,7 +21,7 @@ from typing import Any
 from ..config import PLANNED_KEYS, EngineConfig
 from ..engine.offload import EXPERT_PATTERN
 from .hardware import GiB, HardwareProfile
-from .memory import Memory, memory
+from .footprint import Footprint, footprint
 from .spec import ModelSpec
 from .speed import Speed, decode_speed, prefill_speed
 
@@ -45,7 +45,7 @@ class Budget:
         return cls(vram=hw.vram, ram=hw.ram, gpu_margin=gpu_margin, ram_margin=ram_margin)
 
 
-def fits(mem: Memory, budget: Budget) -> bool:
+def fits(mem: Footprint, budget: Budget) -> bool:
     """Whether ``mem`` plus the margins fits the budget (a device with no budget must hold nothing)."""
     gpu_ok = mem.gpu.total == 0 or mem.gpu.total + budget.gpu_margin <= budget.vram
     return gpu_ok and mem.cpu.total + budget.ram_margin <= budget.ram
@@ -82,7 +82,7 @@ class PlanResult:
 
     spec: ModelSpec
     settings: EngineConfig
-    memory: Memory
+    memory: Footprint
     prefill: Speed
     decode_tokens_per_s: float
     budget: Budget
@@ -149,7 +149,7 @@ def evaluate(spec: ModelSpec, settings: EngineConfig, hw: HardwareProfile, budge
              label: str = "plan", n_tokens: int | None = None) -> PlanResult:
     """Memory and speed estimates of ``settings`` (valid, with ``n_ctx`` resolved) on ``hw``."""
     budget = budget or Budget.from_hardware(hw)
-    return PlanResult(spec=spec, settings=settings, memory=memory(spec, settings, hw),
+    return PlanResult(spec=spec, settings=settings, memory=footprint(spec, settings, hw),
                       prefill=prefill_speed(spec, settings, hw, n_tokens),
                       decode_tokens_per_s=decode_speed(spec, settings, hw), budget=budget, label=label)
 

@@ -26,17 +26,17 @@ flash attention, their attention scores), a cost that grows with ``u``: ``e_cpu(
 is further divided by ``1 + u / cpu_ubatch_cache``. Each micro-batch also pays a
 fixed cost per layer (``*_layer_overhead``: kernel launches, graph scheduling and
 thread barriers). So on a GPU a larger ``n_ubatch`` is never slower by the model
-(it is only bigger), and the planner breaks ties towards the larger micro-batch.
+(it is only bigger), and the tuner breaks ties towards the larger micro-batch.
 
 Prefill tokens/s is ``P / sum(t)``; the *bound* is the largest of the three
 totals (``gpu``, ``copy``, ``cpu``). The output head runs for one token only.
 Decode (one token) is memory-bandwidth bound: bytes of the active weights and of
 the KV cache read per token, on each device, over its memory bandwidth.
 
-The hardware figures come from a :class:`~pipeline.planner.hardware.HardwareProfile`;
+The hardware figures come from a :class:`~pipeline.tuning.hardware.HardwareProfile`;
 how the built-in ones were calibrated (published llama-bench ``-ub`` sweeps, the
 recipe's two measurements on an RTX 3090, ``rag tune --measure-hardware`` on a CPU)
-is in :mod:`pipeline.planner.hardware` and ``tests/test_speed.py``.
+is in :mod:`pipeline.tuning.hardware` and ``tests/test_speed.py``.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from typing import Any
 
 from ..config import EngineConfig
 from .hardware import HardwareProfile
-from .memory import kv_cells
+from .footprint import kv_cells
 from ..engine.gguf.ggml import type_bytes
 from .spec import LayerSpec, ModelSpec
 

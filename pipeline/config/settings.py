@@ -1,8 +1,8 @@
-"""The ``[section]`` settings: one frozen dataclass per section, each checking its own values.
+"""The settings of each ``[table]`` of the settings file: one frozen dataclass per table, each checking its own values.
 
 Every field carries an attribute docstring (the string right after it), which is its
 line in the settings reference (``docs/settings.md``, :mod:`pipeline.config.reference`).
-The ``[engine]`` section is :mod:`.engine`; :class:`~pipeline.config.Config` holds them all.
+The ``[engine]`` table is :mod:`.engine`; :class:`~pipeline.config.Config` holds them all.
 """
 
 from __future__ import annotations

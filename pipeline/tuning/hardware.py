@@ -1,4 +1,4 @@
-"""Hardware profiles: the few figures the planner's speed and memory models need.
+"""Hardware profiles: the few figures the tuner's speed and memory models need.
 
 A :class:`HardwareProfile` holds the GPU's memory and effective speeds, the
 host-to-device copy bandwidth and the host's CPU speed and memory. Built-in
@@ -18,7 +18,7 @@ What the figures mean (all in SI units: bytes, bytes/s, FLOP/s):
 * ``gpu_reserved``: VRAM the driver and the CUDA context take before llama.cpp
   allocates anything (not usable by the model).
 
-The RTX 3090 figures are *calibrated* (:mod:`pipeline.planner.calibration`, which
+The RTX 3090 figures are *calibrated* (:mod:`pipeline.tuning.gpu_fit`, which
 cites its sources): the micro-batch curve (``gpu_ubatch_half`` 84 tokens, exponent
 1.5) from the shape of a published llama-bench ``-ub`` sweep (Gemma 2B F16,
 ``pp16384``, llama.cpp PR #11583), then ``gpu_flops`` 40.4e12 and ``h2d_pinned``
@@ -61,7 +61,7 @@ GB = 1e9
 #: Effective / datasheet dense f16 tensor FLOP/s, from the 3090 calibration (40.4 / 71 TFLOP/s).
 #: Hopper cards get about half of it: llama.cpp's CUDA kernels do not use Hopper's wgmma path.
 _EFFICIENCY = 0.57
-#: The 3090's micro-batch curve (pipeline.planner.calibration), and its multiprocessor count to scale it by.
+#: The 3090's micro-batch curve (pipeline.tuning.gpu_fit), and its multiprocessor count to scale it by.
 _UBATCH_HALF, _SMS_3090 = 84.0, 82
 _LAYER_OVERHEAD = 50e-6
 
@@ -82,7 +82,7 @@ class HardwareProfile:
     cpu_mem_bw: float = 50 * GB  # bytes/s
     gpu_reserved: int = 300 * 1024**2  # bytes taken by driver + CUDA context
     attn_efficiency: float = 0.5  # attention FLOP/s as a fraction of gpu_flops
-    # micro-batch efficiency (pipeline.planner.speed): e(u) = 1 / (1 + (half / u) ** exp), 0 = none
+    # micro-batch efficiency (pipeline.tuning.speed): e(u) = 1 / (1 + (half / u) ** exp), 0 = none
     gpu_ubatch_half: float = 0.0  # tokens
     gpu_ubatch_exp: float = 1.5
     gpu_layer_overhead: float = 0.0  # seconds per layer per micro-batch (kernel launches, scheduling)
@@ -145,7 +145,7 @@ class HardwareProfile:
         return cls(**out).checked()  # type: ignore[arg-type]
 
     def checked(self) -> HardwareProfile:
-        """``self``, or a :class:`ConfigError` naming the figure a planner would divide by zero with."""
+        """``self``, or a :class:`ConfigError` naming the figure a tuner would divide by zero with."""
         need = ["cpu_flops", "cpu_mem_bw", "cpu_ubatch_exp"]
         if self.has_gpu:
             need += ["gpu_flops", "h2d_pinned", "h2d_pageable", "gpu_mem_bw", "attn_efficiency", "gpu_ubatch_exp"]

@@ -1,9 +1,9 @@
-"""Tune the engine on this machine: measure a few plans around the planner's estimate, keep the fastest that fits.
+"""Tune the engine on this machine: measure a few plans around the tuner's estimate, keep the fastest that fits.
 
 The library behind ``rag tune``. :func:`tune`
 
-1. reads the model's spec (:mod:`pipeline.planner.spec`) and asks the planner
-   (:func:`pipeline.planner.plan.plan`) for the fastest plan it estimates for this machine:
+1. reads the model's spec (:mod:`pipeline.tuning.spec`) and asks the tuner
+   (:func:`pipeline.tuning.choice.fastest`) for the fastest plan it estimates for this machine:
    on a build without GPU offload (or ``gpu_layers = 0``) the GPU budget is 0 and
    everything is on the CPU;
 2. builds a handful of candidate settings around it: the configured settings (the
@@ -16,12 +16,12 @@ The library behind ``rag tune``. :func:`tune`
    starting new candidates when the next one would overrun ``max_seconds`` (its
    cost predicted from the ones measured so far);
 4. picks the fastest measured candidate whose estimated memory fits the budget
-   (:mod:`pipeline.planner.memory`; a candidate over budget is never measured nor picked).
+   (:mod:`pipeline.tuning.footprint`; a candidate over budget is never measured nor picked).
 
 With ``measure_hardware``, the host's figures are measured first: numpy's matrix
 FLOP/s and the RAM, then (on a CPU-only run) a short prefill of the model at three
 micro-batch sizes, to which :func:`fit_cpu_curve` fits the CPU's FLOP/s and its
-micro-batch curve (see :mod:`pipeline.planner.speed`); the plans then use them.
+micro-batch curve (see :mod:`pipeline.tuning.speed`); the plans then use them.
 
 :meth:`TuneResult.profile_text` is the winner as an ``[engine]`` TOML table (with the
 measurements as comments); :mod:`pipeline.config.tuned` writes it where ``rag ask`` finds it.
@@ -46,8 +46,8 @@ from ..engine.gguf.info import effective_n_ctx
 from .hardware import GiB, HardwareProfile
 from .hardware import measure_hardware as _measure_hardware
 from .measure import CURVE_UBATCHES, gpu_offload_available, measure, measure_cpu_curve
-from .plan import UBATCHES
-from .plan import plan as make_plan
+from .choice import UBATCHES
+from .choice import fastest
 from .result import Budget, PlanResult, evaluate
 from .spec import ModelSpec, kv_type_supported
 
@@ -62,7 +62,7 @@ Status = Literal["pending", "measured", "over budget", "out of time", "failed"]
 
 @dataclass
 class Candidate:
-    """One setting tried: the engine settings, the planner's estimate for them and what was measured."""
+    """One setting tried: the engine settings, the tuner's estimate for them and what was measured."""
 
     label: str
     settings: EngineConfig
@@ -139,7 +139,7 @@ class TuneResult:
     n_tokens: int
     hardware: HardwareProfile  # the profile used (measured when ``hardware_measured``)
     gpu: bool  # whether the plans used the GPU
-    plan: PlanResult  # the planner's estimate for this machine
+    plan: PlanResult  # the tuner's estimate for this machine
     candidates: list[Candidate]
     seconds: float
     max_seconds: float
@@ -219,7 +219,7 @@ class TuneResult:
             f"# Hardware: {hw.name}{' (measured)' if self.hardware_measured else ''}, "
             f"{'GPU ' + hw.gpu_name + ', ' if self.gpu else 'CPU only, '}"
             f"RAM {hw.ram / GiB:.0f} GiB, CPU {hw.cpu_flops / 1e9:.0f} GFLOP/s.",
-            "# Measured prefill tokens/s (llama.cpp's timings); planner's estimate in brackets:",
+            "# Measured prefill tokens/s (llama.cpp's timings); tuner's estimate in brackets:",
         ]
         for c in self.candidates:
             est = f"{c.estimated_tokens_per_s:.0f}" if c.estimated_tokens_per_s else "-"
@@ -255,7 +255,7 @@ def candidate_plans(spec: ModelSpec, hw: HardwareProfile, best: PlanResult, *, b
 
     def planned(**kw: Any) -> EngineConfig | None:
         try:
-            return make_plan(spec, hw, n_ctx=n_ctx, budget=budget, n_tokens=n_tokens, mmap=p.mmap, base=p,
+            return fastest(spec, hw, n_ctx=n_ctx, budget=budget, n_tokens=n_tokens, mmap=p.mmap, base=p,
                              **kw).settings
         except ConfigError:
             return None
@@ -307,7 +307,7 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
          progress: Callable[[TuneEvent], None] | None = None, budget: Budget | None = None,
          kv_types: Sequence[str] | None = None, max_candidates: int = DEFAULT_MAX_CANDIDATES, repeats: int = 1,
          measure_hardware: bool = False, seed: int = 0) -> TuneResult:
-    """Measure candidate settings around the planner's estimate and return every figure and the winner.
+    """Measure candidate settings around the tuner's estimate and return every figure and the winner.
 
     ``engine_settings`` are the configured settings (the baseline; threads, seed
     and RoPE settings are kept in every candidate). ``n_ctx`` is the context to
@@ -316,10 +316,10 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
     profile's VRAM and RAM (RAM capped at this machine's), default margins.
     ``kv_types`` are the KV cache types tried (default: the configured one and
     q8_0, where the model's head size allows). ``measure_hardware`` measures
-    the CPU's FLOP/s and the RAM first (see :func:`pipeline.planner.hardware.measure_hardware`)
+    the CPU's FLOP/s and the RAM first (see :func:`pipeline.tuning.hardware.measure_hardware`)
     and, on a CPU-only run, the CPU's micro-batch curve (:func:`measure_cpu_curve`);
     the result's ``hardware`` is then worth saving with
-    :func:`pipeline.planner.hardware.save_profile`. Raises :class:`ConfigError` if no plan fits.
+    :func:`pipeline.tuning.hardware.save_profile`. Raises :class:`ConfigError` if no plan fits.
     """
     from ..models import file_identity
 
@@ -350,7 +350,7 @@ def tune(model_path: str | os.PathLike[str], *, engine_settings: EngineConfig, h
         notes.append("the GPU's micro-batch curve is not measured here: the profile's is kept")
     hw_plan = hw if gpu else replace(hw, vram=0)
     mmap = base.mmap if not gpu else False  # pinned host memory copies faster to a GPU
-    best = make_plan(spec, hw_plan, n_ctx=n_ctx, budget=budget, kv_types=base.type_k, flash_attn=base.flash_attn,
+    best = fastest(spec, hw_plan, n_ctx=n_ctx, budget=budget, kv_types=base.type_k, flash_attn=base.flash_attn,
                      mmap=mmap, n_tokens=n_tokens, base=base)
     kvs = tuple(kv_types) if kv_types is not None else (base.type_k, "q8_0")
     candidates = _candidates(spec, hw_plan, best, base, budget=budget, n_tokens=n_tokens, kv_types=kvs, gpu=gpu,

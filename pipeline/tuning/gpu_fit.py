@@ -20,8 +20,8 @@ Held back, not used by the fit: :data:`LLAMA_8B_Q5_0_3090`, another published sw
 ("CUDA: refactor mmq, dmmv, mmvq", the PR's column); ``tests/test_speed.py`` checks
 the model against it as well as against the figures it was fitted to.
 
-``python -m pipeline.planner.calibration`` runs the fit and prints the constants that
-``pipeline/planner/hardware.py`` holds. The per-layer launch cost
+``python -m pipeline.tuning.gpu_fit`` runs the fit and prints the constants that
+``pipeline/tuning/hardware.py`` holds. The per-layer launch cost
 (:data:`GPU_LAYER_OVERHEAD`) is an assumption, not fitted: about a dozen kernels per
 layer at a few microseconds each; it matters only for tiny models.
 """
@@ -34,7 +34,7 @@ from dataclasses import replace
 
 from ..config import EngineConfig
 from .hardware import HardwareProfile
-from .plan import baseline_plan, recipe_plan
+from .choice import baseline_plan, recipe_plan
 from .spec import ModelSpec
 from .speed import prefill_speed
 

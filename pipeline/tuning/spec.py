@@ -1,4 +1,4 @@
-"""What the planner knows about a model: per-layer bytes and shapes, read from a GGUF or built from shapes.
+"""What the tuner knows about a model: per-layer bytes and shapes, read from a GGUF or built from shapes.
 
 A :class:`ModelSpec` holds per-layer byte counts (routed experts apart from the
 rest), the embeddings and output head, attention shapes and layer kinds (full
@@ -26,7 +26,7 @@ from ..engine.gguf.info import LayerKind, ModelInfo
 from ..errors import ConfigError
 from ..engine.offload import EXPERT_PATTERN
 
-#: The KV cache types the planner searches.
+#: The KV cache types the tuner searches.
 KV_TYPES = ("f16", "q8_0", "q4_0")
 
 
