@@ -299,7 +299,7 @@ def main(argv=None) -> int:
     for mname in args.models.split(","):
         report["models"][mname] = run_model(mname, args, docs)
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         rows = []
         for mname, mr in report["models"].items():

@@ -223,7 +223,7 @@ def main(argv=None) -> int:
         print(f"[{'PASS' if resume_share < 0.01 else 'FAIL'}] resuming a finished job under 1 % of the job: "
               f"{resume_share:.2%}")
         if args.json:
-            from pipeline.dev.bench import document, row
+            from devtools.bench import document, row
 
             rows = [row("job_prefill_tokens", rep.prefill_tokens, "tokens"),
                     row("bare_tokens", bare_tokens, "tokens"),

@@ -25,7 +25,7 @@ GiB, MiB = 2**30, 2**20
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory) -> Path:
-    from pipeline.dev.synthetic import write_moe_model
+    from devtools.synthetic import write_moe_model
 
     return write_moe_model(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf")
 

@@ -279,7 +279,7 @@ def test_cache_stats_when_its_index_cannot_be_made_for_lack_of_space_is_exit_4(t
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from pipeline.dev.synthetic import write_moe_model
+    from devtools.synthetic import write_moe_model
 
     return write_moe_model(tmp_path_factory.mktemp("model") / "tiny-moe.gguf", n_ctx_train=4096)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from fakes import HashEmbedder
+from devtools.synthetic import write_model, write_moe_model
 from pipeline import Pipeline
-from pipeline.dev.synthetic import write_model, write_moe_model
 from pipeline.engine.cache.sections import NO_STATE
 
 TOPICS = [("a-pumps.md", "pump"), ("b-valves.md", "valve"), ("c-sensors.md", "sensor"), ("d-cables.md", "cable")]

@@ -14,12 +14,12 @@ import pytest
 from click.testing import CliRunner
 
 from fakes import HashEmbedder
+from devtools.synthetic import write_model, write_moe_model
 from pipeline import Pipeline
 from pipeline.cli import cli
 from pipeline.config import Config
 from pipeline.engine.context_lock import CancelToken
 from pipeline.errors import Cancelled
-from pipeline.dev.synthetic import write_model, write_moe_model
 from pipeline.schemas import validate, versioned
 
 TOPICS = [("a-pumps.md", "pump"), ("b-valves.md", "valve"), ("c-sensors.md", "sensor"), ("d-cables.md", "cable")]

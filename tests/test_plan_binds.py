@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from test_compose_ask import TOPICS, ingest, moe, pipeline, shelf  # noqa: F401 - fixtures
-from pipeline.dev.synthetic import write_model
+from devtools.synthetic import write_model
 from pipeline.engine.reuse.budget import Refusal
 from pipeline.engine.reuse.kinds import ATTENTION, RECURRENT
 from pipeline.engine.reuse.plan import Need

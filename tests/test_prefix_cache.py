@@ -137,7 +137,7 @@ def test_recurrent_model_restores_its_state_at_the_prefix_boundary(tmp_path, arc
     from pipeline.engine.cache.store import PrefixCache
     from pipeline.config import EngineConfig
     from pipeline.engine.local import Engine
-    from pipeline.dev.synthetic import write_model
+    from devtools.synthetic import write_model
 
     path = write_model(arch, tmp_path / f"{arch}.gguf")
     settings = EngineConfig(n_ctx=2048, n_batch=256, n_ubatch=256, threads=1)
@@ -168,7 +168,7 @@ def test_recurrent_model_resumes_a_pack_from_a_state_saved_at_an_inner_boundary(
     from pipeline.engine.cache.store import PrefixCache
     from pipeline.config import EngineConfig
     from pipeline.engine.local import Engine
-    from pipeline.dev.synthetic import write_model
+    from devtools.synthetic import write_model
 
     path = write_model(arch, tmp_path / f"{arch}.gguf")
     settings = EngineConfig(n_ctx=2048, n_batch=256, n_ubatch=256, threads=1)
