@@ -61,9 +61,9 @@ def restore_benchmark(args, work: Path) -> dict:
     import numpy as np
 
     from pipeline.config import EngineConfig
-    from pipeline.dev.synthetic import write_model
+    from devtools.synthetic import write_model
     from pipeline.engine.cache.ram import RamStates
-    from pipeline.engine.cache.store import PrefixCache
+    from pipeline.engine.cache.prefix_cache import PrefixCache
     from pipeline.engine.local import Engine
 
     path = write_model("qwen35moe", work / "hybrid.gguf", **HYBRID_SHAPE)
@@ -173,7 +173,7 @@ def main(argv=None) -> int:
               f"load {result['state_load_seconds'] * 1000:.0f} ms (checks included)")
         print(f"[{'PASS' if ratio >= 30 else 'FAIL'}] warm TTFT at least 30x faster than cold: {ratio:.1f}x")
         if args.json:
-            from pipeline.dev.bench import document, row
+            from devtools.bench import document, row
 
             r = result
             table = [row("document_tokens", r["document_tokens"], "tokens"),
@@ -208,7 +208,7 @@ def restore_main(args) -> int:
         print(f"| {r['tokens']:,} tokens | {r['state_bytes'] / 2**20:.1f} MiB | {r['ram_seconds'] * 1000:.1f} ms | "
               f"{r['disk_seconds'] * 1000:.1f} ms | {r['disk_over_ram']:.1f}x |")
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         table = []
         for n, r in results.items():

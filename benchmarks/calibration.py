@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     print(f"\nthe verdict is the same at every thread count: {'PASS' if stable else 'FAIL'}; mean spread "
           f"{statistics.fmean(r['spread'] for r in results):.4f}")
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         rows = [row(f"{r['collection']} {r['threads']} thread(s) mean KL", r["kl"], "nats", series=r["collection"])
                 for r in results]

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     print(f"\nanswer page among the sources: auto {hits['auto']}/{n}, passages {hits['passages']}/{n} "
           f"[{'PASS' if hits['auto'] >= hits['passages'] else 'FAIL'}] auto at least as often as passages")
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         table = [row("questions", n, "questions"), row("auto_cited", hits["auto"], "questions"),
                  row("passages_cited", hits["passages"], "questions")]

@@ -7,7 +7,7 @@ question and the first answer token): if composing ever needed more cells than t
 restore or a decode would fail. After each section the cells in use are counted
 (llama.cpp's own state, every sequence) and compared with the positions the prompt holds.
 
-Model: a generated qwen3moe (4 layers, 8 experts; pipeline/dev/synthetic.py): its text is
+Model: a generated qwen3moe (4 layers, 8 experts; devtools/synthetic/): its text is
 noise, its KV cache is real.
 
     .venv/bin/python benchmarks/compose_memory.py [--ctx 65536] [--sections 15] [--json OUT] [--quick]
@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.dev.synthetic import write_moe_model  # noqa: E402
+from devtools.synthetic import write_moe_model  # noqa: E402
 from pipeline.engine import _llama  # noqa: E402
 from pipeline.engine._llama import composing as mem  # noqa: E402
 from pipeline.engine.reuse.compose import Piece, Seams, StatesInMemory, compose  # noqa: E402
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
           f"token {out['cells_at_answer']:,} of {out['cells_needed']:,} needed  [{'PASS' if ok else 'FAIL'}]")
     print(f"(states {out['states_seconds']:.1f} s, compose {out['compose_seconds']:.1f} s)")
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         rows = [row("max_excess_cells", out["max_excess"], "cells"),
                 row("cells_at_answer", out["cells_at_answer"], "cells"),

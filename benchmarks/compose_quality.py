@@ -547,7 +547,7 @@ def main(argv=None) -> int:
             reference.model.close()
         report["models"][mname] = summarize(mname, results, sections=args.sections)
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         rows = []
         for mname, mr in report["models"].items():

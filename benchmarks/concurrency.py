@@ -230,7 +230,7 @@ def main() -> int:
               f"{row['questions_per_minute'] / ref['questions_per_minute']:.2f} | {row['ttft_p50']:.2f} s | "
               f"{row['ttft_p95']:.2f} s |")
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         table = []
         for r in rows:

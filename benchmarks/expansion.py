@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['set']} ({tag}) | {r['variant']} | {r['recall@5']:.3f} | {r['recall@10']:.3f} | "
               f"{r['extra_ms_per_query']:.1f} | {r['ingest_s_per_1000_chunks']:.1f} |")
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         declared = [row(f"{r['set']} {r['variant']} recall@5", r["recall@5"], "", set=r["set"], variant=r["variant"])
                     for r in out]

@@ -179,7 +179,7 @@ def measure(args, work: Path) -> int:
               f"{ours['ratio_median']:.2f}x")
     if args.json:
         sys.path.insert(0, str(ROOT))
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         table = []
         for name, r in results.items():

@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
               + f" | {d['left_out_mean']:+.3f} | {d['left_out_worst']:+.3f} |")
     print(f"on the development sets: family {kept}, rule {families[kept]['chosen']}")
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         best_rule = families[kept]["chosen"]
         declared = [row(f"{f} left-out margin (mean)", d["left_out_mean"], "", family=f) for f, d in families.items()]

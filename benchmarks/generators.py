@@ -168,7 +168,7 @@ def main(argv=None) -> int:
         print(f"| {ref} | {paths[ref].stat().st_size / 2**20:,.0f} | {contains} | {cites} | "
               f"{p['tokens_per_second']:,.0f} ({p['tokens']:,} tokens) | {p['seconds']:.2f} |")
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         table = []
         for ref in args.models:

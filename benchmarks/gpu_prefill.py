@@ -17,7 +17,7 @@ What it does, in order:
    with ``PIP_NO_INDEX=1``. ``--skip-build`` uses the llama_cpp already installed.
 2. **Generate** a timing model with Qwen3-30B-A3B's shapes (48 layers, 2048
    embd, 32 heads, 4 KV heads, head 128, 128 experts, 8 used, expert ff 768,
-   vocabulary 151,936) with :func:`pipeline.dev.synthetic.write_timing_moe_model`:
+   vocabulary 151,936) with :func:`devtools.synthetic.write_timing_moe_model`:
    zero matrices at ``--qtype`` (q8_0 by default: about 32 GB, so a 24 GB budget
    needs experts in host memory; f16 would be about 61 GB, close to the device's
    64 GiB disk), random embeddings and routers so routing varies per token.
@@ -86,7 +86,7 @@ def build(args: argparse.Namespace, log) -> None:
 def model_spec_from_shapes(qtype: str, shapes: dict | None = None):
     """The tuner's spec of the timing model, from the shapes alone (nothing written)."""
     from pipeline.tuning.spec import ModelSpec
-    from pipeline.dev.synthetic import byte_vocab, moe_tensor_shapes
+    from devtools.synthetic import byte_vocab, moe_tensor_shapes
 
     s = shapes or QWEN3_30B_A3B
     n_vocab = len(byte_vocab(s["vocab"])[0])
@@ -129,7 +129,7 @@ def configurations(spec, n_ctx: int, budget_gib: float):
 def measure(args: argparse.Namespace, log) -> dict:
     import numpy as np
 
-    from pipeline.dev.synthetic import write_timing_moe_model
+    from devtools.synthetic import write_timing_moe_model
 
     contexts = sorted(int(c) for c in args.contexts.split(","))
     work = Path(args.work)
@@ -193,7 +193,7 @@ def measure(args: argparse.Namespace, log) -> dict:
                     f"estimated {row['estimated_tok_s']:.0f}")
         finally:
             engine.close()
-    from pipeline.dev.bench import document, row
+    from devtools.bench import document, row
 
     declared = []
     for r in rows:

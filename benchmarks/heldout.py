@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"load average at the end: {os.getloadavg()[0]:.1f}; {time.time() - started:.0f} s")
         print(sets_table(rows))
         if args.json:
-            from pipeline.dev.bench import document, row
+            from devtools.bench import document, row
 
             declared = [row(f"{r['set']} {r['setting']} recall@5", r["recall@5"], "", set=r["set"],
                             setting=r["setting"], development=r["development"]) for r in rows]

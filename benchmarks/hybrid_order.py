@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--questions", type=int, default=5)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    from pipeline.dev.synthetic import write_model
+    from devtools.synthetic import write_model
 
     work = Path(tempfile.mkdtemp(prefix="rag-bench-hybrid-"))
     try:
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
               f"{statistics.median(r['cached_tokens'] for r in rest):,.0f} tokens; median TTFT "
               f"{statistics.median(r['ttft'] for r in rest):.2f} s")
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         rows = []
         for name, runs in result.items():

@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             "sanity": {"same_sequences": same_seqs, "min_cosine_raw_vs_pipeline": agreement,
                        "ingest_tokens_match": tokens_match},
         }
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         rates = out["tokens_per_second"]
         rows = [row("files", out["files"]), row("chunks", out["chunks"]),

@@ -7,7 +7,7 @@ Run from the repository root::
 
 What it does, in one process:
 
-1. Writes a generated ``qwen3moe`` model (:func:`pipeline.dev.synthetic.write_moe_model`, 64K trained
+1. Writes a generated ``qwen3moe`` model (:func:`devtools.synthetic.write_moe_model`, 64K trained
    context, shapes in ``MODEL_SHAPE``) into a temporary directory.
 2. **Settings sweep**: prefill tokens/s over the same ``--tokens`` random prompt for every
    (``n_batch``, ``n_ubatch``) in ``BATCHES`` x expert offload in {none, ``n_cpu_moe`` = half the
@@ -52,10 +52,10 @@ if str(ROOT) not in sys.path:
 
 import llama_cpp  # noqa: E402
 
+from devtools.synthetic import write_model, write_moe_model  # noqa: E402
 from pipeline.config import EngineConfig  # noqa: E402
 from pipeline.engine.host import usable_cpus  # noqa: E402
 from pipeline.engine.local import Engine  # noqa: E402
-from pipeline.dev.synthetic import write_model, write_moe_model  # noqa: E402
 
 #: The generated model: qwen3moe, 64K trained context. At 16K tokens the attention over the long
 #: prompt dominates the cost (it grows with layers x heads x tokens^2), so two layers and one
@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
             engine_prefill_python_seconds=py_overhead, stale_timer_check=stale, noise_spread=noise, notes=notes,
             arch_shapes={a: ARCH_SHAPES[a] for a in extra}, arch_sweep=arch_rows,
         )
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         table = [row("prompt tokens", int(n_tokens))]
         table += [row(f"-b {r['n_batch']} -ub {r['n_ubatch']}, offload {r['offload']}", float(r["tokens_per_second"]),

@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from cache import build_document  # noqa: E402
 
+from devtools.llama_server import LlamaServer  # noqa: E402
 from pipeline import Pipeline  # noqa: E402
-from pipeline.dev.llama_server import LlamaServer  # noqa: E402
 from pipeline.models import resolve  # noqa: E402
 
 
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         print(f"{'TTFT through the server (s)':28}{cold:>10.3f}{warm:>10.3f}{ratio:>9.1f}x")
         print(f"server reused {reused:,.0f} of {prompt:,} prompt tokens on the repeated prefix")
         if args.json:
-            from pipeline.dev.bench import document, row
+            from devtools.bench import document, row
 
             table = [row("prompt_tokens", prompt, "tokens"),
                      row("cold_ttft_seconds", cold, "s"), row("repeated_ttft_seconds", warm, "s"),

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: question {u['id']}: {u['reason']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         rows = []
         for r in reports:

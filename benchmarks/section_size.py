@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average at the end: {os.getloadavg()[0]:.1f}; {time.time() - started:.0f} s; context {args.ctx:,}")
     print(table(rows))
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         declared = [row(f"{r['set']} page in prompt, sections of {r['section_tokens']}", r["page_in_prompt"], "",
                         set=r["set"], section_tokens=r["section_tokens"], n_ctx=r["n_ctx"],

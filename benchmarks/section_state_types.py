@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import compose_quality as cq  # noqa: E402
 from pipeline.config.settings import AskConfig  # noqa: E402
 from pipeline.engine.cache.sections import SectionStates  # noqa: E402
-from pipeline.engine.cache.store import PrefixCache  # noqa: E402
+from pipeline.engine.cache.prefix_cache import PrefixCache  # noqa: E402
 from pipeline.engine.reuse.calibrate import compare  # noqa: E402
 from pipeline.engine.reuse.compose import Seams, compose, compute  # noqa: E402
 
@@ -299,7 +299,7 @@ def main(argv=None) -> int:
     for mname in args.models.split(","):
         report["models"][mname] = run_model(mname, args, docs)
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         rows = []
         for mname, mr in report["models"].items():

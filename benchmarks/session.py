@@ -10,7 +10,7 @@ Pipeline as an app would; the same questions in the same order in both modes):
 
   (a) the bundled samples/ with the default model (SmolLM2-135M, default n_ctx 8192);
   (b) about 60K tokens of documents with a generated MoE model at a 64K context
-      (pipeline/dev/synthetic; its text is noise, its timings are real): ``qwen3moe``, and with
+      (devtools/synthetic; its text is noise, its timings are real): ``qwen3moe``, and with
       ``--arch`` the hybrid ``qwen35moe`` (Gated DeltaNet + attention: a later question restores the
       saved state instead of cutting memory) and ``gpt-oss`` (sliding-window layers), in the same run;
   (d) a real manual about 3x the context with the defaults against ``ask.compose = "off"``: each
@@ -145,7 +145,7 @@ def run_case(name: str, work: Path, *, quick: bool, arch: str = "qwen3moe") -> d
         docs, questions, target = [ROOT / "samples"], QUESTIONS_A, 20
         model = "SmolLM2-135M-Instruct (default), n_ctx 8192"
     else:
-        from pipeline.dev.synthetic import write_model
+        from devtools.synthetic import write_model
 
         path = write_model(arch, work / f"{arch}.gguf", n_ctx_train=65536)
         overrides.update({"models.generator": str(path), "engine.n_ctx": 65536, "ask.max_tokens": 8})
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     if proof is not None:
         _session_proof.print_table(proof)
         if args.json:
-            from pipeline.dev.bench import document, row
+            from devtools.bench import document, row
 
             rows = [row("e_median_ttft_ratio", proof["ratio"], "x", series="(e) exact / defaults")]
             rows += [row(f"e_{name}_median_ttft", s["median_ttft"], "s", series=f"(e) {name}")
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
             print(f"| ({name}) | {mode} | {m['prompt_tokens_q1']:,} | {m['ttft_q1']:.2f} | {m['ttft_rest_median']:.3f} | "
                   f"**{m['speedup']:.1f}x** | {m['speedup_wall']:.1f}x | {m['reuse_median']:.1%} |")
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         rows = []
         for name, r in results.items():

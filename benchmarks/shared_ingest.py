@@ -6,7 +6,7 @@ Run from the repository root::
     .venv/bin/python benchmarks/shared_ingest.py [--files 24] [--repeat 1] [--fake [--delay S]] [--json OUT.json]
 
 It starts its own servers on 127.0.0.1 (``chroma run`` and a throwaway PostgreSQL cluster, see
-:mod:`pipeline.dev.servers`), writes a synthetic corpus of ``--files`` Markdown files, then for
+:mod:`devtools.servers`), writes a synthetic corpus of ``--files`` Markdown files, then for
 each configuration starts N ``rag ingest CORPUS`` processes at once on the same folder (they split
 the files through their document locks, see :mod:`pipeline.ingest.run`) into a fresh collection,
 and times from the first start to the last exit (model loads included: each process loads its
@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from pipeline.dev.bench import document, row  # noqa: E402
-from pipeline.dev.servers import ChromaServer, PostgresCluster, postgres_bin  # noqa: E402
+from devtools.bench import document, row  # noqa: E402
+from devtools.servers import ChromaServer, PostgresCluster, postgres_bin  # noqa: E402
 
 CONFIGS = [("embedded", 1), ("server", 1), ("server", 2), ("server", 4)]
 

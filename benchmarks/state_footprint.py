@@ -117,7 +117,7 @@ def main(argv=None) -> int:
         print_table(rows, n)
         everything += rows
     if args.json:
-        from pipeline.dev.bench import document, row as bench_row
+        from devtools.bench import document, row as bench_row
 
         points = [bench_row(f"{r['model']} {r['section_tokens']} {kv}", r[kv]["bytes_per_token"], "bytes/token",
                             series=kv) for r in everything if r["composes"] for kv in ("f16", "q8_0")]

@@ -179,9 +179,10 @@ def main(argv=None) -> int:
             summaries, job_wall = texts, wall
             bare_seconds, bare_tokens = bare_pass(rag, args.max_tokens)
             rag.close()
-            pairs.append((rep.prefill_seconds, bare_seconds))
-            print(f"  run {i + 1}: job {rep.documents} documents x {rep.prompts} prompts, {rep.prompt_tokens:,} prompt "
-                  f"tokens, {rep.prefill_tokens:,} prefilled ({rep.cached_tokens:,} reused) in {rep.prefill_seconds:.2f} s, "
+            pairs.append((rep.stats.prefill_seconds, bare_seconds))
+            st = rep.stats
+            print(f"  run {i + 1}: job {rep.documents} documents x {rep.prompts} prompts, {st.prompt_tokens:,} prompt "
+                  f"tokens, {st.prefill_tokens:,} prefilled ({st.cached_tokens:,} reused) in {st.prefill_seconds:.2f} s, "
                   f"wall {wall:.2f} s; bare {bare_tokens:,} unique tokens in {bare_seconds:.2f} s", flush=True)
 
         # Resuming the finished job, as a new process would: nothing loaded.
@@ -200,37 +201,38 @@ def main(argv=None) -> int:
         resume_share = resume_wall / job_wall
         result = {
             "documents": rep.documents, "prompts": rep.prompts, "repeat": args.repeat,
-            "job_prompt_tokens": rep.prompt_tokens, "job_prefill_tokens": rep.prefill_tokens,
-            "job_cached_tokens": rep.cached_tokens, "job_prefill_seconds": job_prefill, "bare_tokens": bare_tokens,
+            "job_prompt_tokens": rep.stats.prompt_tokens, "job_prefill_tokens": rep.stats.prefill_tokens,
+            "job_cached_tokens": rep.stats.cached_tokens, "job_prefill_seconds": job_prefill,
+            "bare_tokens": bare_tokens,
             "bare_prefill_seconds": bare_prefill, "prefill_ratio": ratio, "pairs": pairs,
-            "input_tokens_per_second": rep.prefill_tokens / job_prefill, "output_tokens": rep.decode_tokens,
-            "decode_seconds": rep.decode_seconds, "job_wall_seconds": job_wall,
+            "input_tokens_per_second": rep.stats.prefill_tokens / job_prefill, "output_tokens": rep.stats.decode_tokens,
+            "decode_seconds": rep.stats.decode_seconds, "job_wall_seconds": job_wall,
             "resume_wall_seconds": resume_wall, "resume_share": resume_share, "resume_loaded_the_model": loaded,
         }
         print(f"\n{'':34}{'tokens':>10}{'prefill s':>11}{'tok/s':>9}   (medians of {args.repeat} alternating runs)")
-        print(f"{'job (2 prompts per document)':34}{rep.prefill_tokens:>10,}{job_prefill:>11.2f}"
-              f"{rep.prefill_tokens / job_prefill:>9.0f}")
+        print(f"{'job (2 prompts per document)':34}{rep.stats.prefill_tokens:>10,}{job_prefill:>11.2f}"
+              f"{rep.stats.prefill_tokens / job_prefill:>9.0f}")
         print(f"{'bare, unique tokens once':34}{bare_tokens:>10,}{bare_prefill:>11.2f}{bare_tokens / bare_prefill:>9.0f}")
-        print(f"output: {rep.decode_tokens} tokens in {len(summaries)} summaries (max {args.max_tokens} each), "
-              f"decode {rep.decode_seconds:.2f} s")
+        print(f"output: {rep.stats.decode_tokens} tokens in {len(summaries)} summaries (max {args.max_tokens} each), "
+              f"decode {rep.stats.decode_seconds:.2f} s")
         print(f"resume of the finished job: {resume_wall:.3f} s of a {job_wall:.1f} s job "
               f"({resume_share:.2%}; model loaded: {loaded})")
-        print(f"[{'PASS' if rep.prefill_tokens <= bare_tokens else 'FAIL'}] nothing prefilled twice: the job "
-              f"prefilled {rep.prefill_tokens:,} tokens, the unique tokens are {bare_tokens:,} (the engine also "
+        print(f"[{'PASS' if rep.stats.prefill_tokens <= bare_tokens else 'FAIL'}] nothing prefilled twice: the job "
+              f"prefilled {rep.stats.prefill_tokens:,} tokens, the unique tokens are {bare_tokens:,} (the engine also "
               "keeps the system prompt in memory between documents)")
         print(f"[{'PASS' if ratio <= 1.05 else 'FAIL'}] job prefill time at most 1.05x the bare prefill: {ratio:.3f}x "
               f"(per-run ratios {', '.join(f'{j / b:.3f}' for j, b in pairs)})")
         print(f"[{'PASS' if resume_share < 0.01 else 'FAIL'}] resuming a finished job under 1 % of the job: "
               f"{resume_share:.2%}")
         if args.json:
-            from pipeline.dev.bench import document, row
+            from devtools.bench import document, row
 
-            rows = [row("job_prefill_tokens", rep.prefill_tokens, "tokens"),
+            rows = [row("job_prefill_tokens", rep.stats.prefill_tokens, "tokens"),
                     row("bare_tokens", bare_tokens, "tokens"),
                     row("job_prefill_seconds", job_prefill, "s"), row("bare_prefill_seconds", bare_prefill, "s"),
                     row("prefill_ratio", ratio, "x", ratio=("job_prefill_seconds", "bare_prefill_seconds")),
                     row("input_tokens_per_second", result["input_tokens_per_second"], "tokens/s"),
-                    row("output_tokens", rep.decode_tokens, "tokens"),
+                    row("output_tokens", rep.stats.decode_tokens, "tokens"),
                     row("resume_share", resume_share, "x", ratio=("resume_wall_seconds", "job_wall_seconds"))]
             args.json.write_text(json.dumps(document(rows, **result), indent=2))
     finally:

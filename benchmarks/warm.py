@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     within = all(0.5 <= r <= 2 for r in ratios) and bool(ratios)
     print(f"\nestimates within a factor of 2: {'PASS' if within else 'FAIL'}")
     if args.json:
-        from pipeline.dev.bench import document, row
+        from devtools.bench import document, row
 
         rows = [row("embedding", embedded - t0, "s"), row("warming", warm_s, "s"),
                 row("first progress after", first, "s")]

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .config import EngineConfig
     from .engine.cache.calibrations import Calibrations
     from .engine.cache.ram import RamStates
-    from .engine.cache.store import PrefixCache
+    from .engine.cache.prefix_cache import PrefixCache
     from .engine.contract import TextEmbedder, TextGenerator
     from .engine.reuse.budget import ComposePolicy, Refusal
 
@@ -392,11 +392,11 @@ class Runtime:
     @once
     def prefix_cache(self) -> "PrefixCache | None":
         """The on-disk prefix KV cache, or None when ``cache.enabled`` is off. Its
-        :meth:`~.engine.cache.store.PrefixCache.budget_bytes` is what states may take now
+        :meth:`~.engine.cache.prefix_cache.PrefixCache.budget_bytes` is what states may take now
         (``cache.max_gb``, or at 0 a share of its disk)."""
         if not self.config.cache.enabled:
             return None
-        from .engine.cache.store import PrefixCache
+        from .engine.cache.prefix_cache import PrefixCache
 
         c = self.config.cache
         return PrefixCache(self.config.cache_path, max_bytes=int(c.max_gb * 2**30), section_type=c.section_type)

@@ -28,6 +28,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+if str(ROOT) not in sys.path:  # the development tools (devtools/) are the checkout's, never installed
+    sys.path.insert(1, str(ROOT))
 
 from pdfs import make_pdf  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Real servers for the shared-store tests, started on 127.0.0.1 and stopped by the fixtures
-(the servers themselves: :mod:`pipeline.dev.servers`).
+(the servers themselves: :mod:`devtools.servers`).
 
 * :func:`chroma_url`: a Chroma server (the ``chroma`` command that the chromadb package
   installs) on a free port, over a fresh directory, one per test.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.dev.servers import ChromaServer, PostgresCluster, ServerError, free_port, postgres_bin
+from devtools.servers import ChromaServer, PostgresCluster, ServerError, free_port, postgres_bin
 
 __all__ = ["chroma_url", "pg_cluster", "pg_url", "free_port"]
 

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.dev.servers import free_port
+from devtools.servers import free_port
 
 
 class RagServer:

@@ -53,7 +53,7 @@ def _owner(name: str) -> str | None:
 
 
 def test_the_checks_see_every_import():
-    assert {"pipeline.api", BOUNDARY, "pipeline.engine.local", "pipeline.engine.cache.store"} <= set(MODULES)
+    assert {"pipeline.api", BOUNDARY, "pipeline.engine.local", "pipeline.engine.cache.prefix_cache"} <= set(MODULES)
     source = ast.parse(
         "from typing import TYPE_CHECKING\n"
         "from . import reuse\n"
@@ -145,7 +145,7 @@ def test_no_module_outside_the_boundary_reaches_llama_cpp_privates():
     assert CORE_PRIVATES <= private
     hits = []
     for module, tree in TREES.items():
-        if _in_boundary(module) or module.startswith("pipeline.dev."):
+        if _in_boundary(module):
             continue
         flagged = CORE_PRIVATES | (private - _own_names(tree))
         for node in ast.walk(tree):
@@ -325,16 +325,84 @@ def test_the_private_name_check_sees_each_form():
         "pipeline.runtime: pipeline.models._identity"]
 
 
+#: The development tools' package, beside ``pipeline/`` in the checkout and not installed with it.
+DEV_TOOLS = "devtools"
+#: What a module of the package may load from the development tools, and why. Each use loads them from
+#: the source checkout the package runs from, and refuses with a clear message where there is none.
+DEV_TOOL_USES: dict[tuple[str, str], str] = {
+    ("pipeline.cli.tuning", "devtools.bench"): "`rag bench` runs the checkout's benchmarks with their runner",
+}
+
+
+def _dev_tool_imports(module: str, tree: ast.AST | None = None) -> list[str]:
+    """What ``module`` imports from the development tools: import statements anywhere in it, and
+    ``importlib.import_module("devtools...")`` / ``__import__("devtools...")`` with a literal name."""
+    names = set()
+    for node in ast.walk(tree or TREES[module]):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) in ("import_module", "__import__")):
+            names.add(node.args[0].value)
+    return sorted(f"{module} -> {n}" for n in names if n.split(".")[0] == DEV_TOOLS)
+
+
+def test_the_package_does_not_import_the_development_tools():
+    """``pip install`` installs ``pipeline/`` alone: an import of the development tools fails there."""
+    allowed = {f"{m} -> {t}" for m, t in DEV_TOOL_USES}
+    bad = [b for m in MODULES for b in _dev_tool_imports(m)]
+    assert sorted(set(bad) - allowed) == []
+    assert allowed <= set(bad), "an allowed use that is gone: remove it from DEV_TOOL_USES"
+
+
+def test_the_development_tool_check_sees_each_form():
+    source = ast.parse("import devtools.servers\nfrom devtools.synthetic import write_model\nimport devtoolsx\n"
+                       "def f():\n    from devtools import bench\n    importlib.import_module('devtools.gpu_kit')\n")
+    assert _dev_tool_imports("pipeline.runtime", source) == [
+        "pipeline.runtime -> devtools.bench", "pipeline.runtime -> devtools.gpu_kit",
+        "pipeline.runtime -> devtools.servers", "pipeline.runtime -> devtools.synthetic.write_model"]
+
+
+def _installed_packages(include: list[str]) -> list[str]:
+    """The packages setuptools puts in the wheel for ``[tool.setuptools.packages.find] include`` (found as
+    ``pip install`` finds them: namespace packages too)."""
+    from setuptools import find_namespace_packages
+
+    return sorted(find_namespace_packages(where=str(PACKAGE.parent), include=include))
+
+
+def _not_the_product(packages: list[str]) -> list[str]:
+    return [p for p in packages if p != "pipeline" and not p.startswith("pipeline.")]
+
+
+def test_the_wheel_carries_only_the_product():
+    """What ``pip install`` installs is the ``pipeline`` package, every part of it, and nothing beside it."""
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    packages = _installed_packages(config["tool"]["setuptools"]["packages"]["find"]["include"])
+    assert _not_the_product(packages) == []
+    assert {m for m, path in MODULES.items() if path.name == "__init__.py"} <= set(packages)
+    assert not any(p == DEV_TOOLS or p.startswith(DEV_TOOLS + ".") for p in packages)
+
+
+def test_the_wheel_check_sees_a_development_tool_included():
+    assert _not_the_product(_installed_packages(["pipeline*", "devtools*"])) == ["devtools", "devtools.synthetic"]
+
+
 def test_only_api_cli_and_profiles_use_tuning():
     users = {"pipeline.api", "pipeline.cli", "pipeline.config.tuned"}
     bad = sorted(f"{m} -> {o}" for m in MODULES
-                 if m not in users and not m.startswith(("pipeline.tuning.", "pipeline.dev.", "pipeline.cli."))
+                 if m not in users and not m.startswith(("pipeline.tuning.", "pipeline.cli."))
                  for n in _imports(m) if (o := _owner(n)) and o.startswith("pipeline.tuning"))
     assert bad == []
 
 
 def test_answering_does_not_import_the_tuner():
-    """The runtime reads tuned profiles through pipeline.config.tuned, which needs no planner module at all."""
+    """The runtime reads tuned profiles through pipeline.config.tuned, which needs no tuning module at all."""
     seen, todo = set(), ["pipeline.config.tuned"]
     while todo:
         m = todo.pop()
@@ -445,14 +513,7 @@ SHARED_MODULE_NAMES: dict[str, str] = {
 }
 #: Shared file names that still mean different things, and why each is not renamed yet (remove an entry
 #: once it is).
-SHARED_MODULE_NAMES_PENDING: dict[str, str] = {
-    "budget.py": "composition's quality budget and policy (engine/reuse) vs the cache's size cap and eviction "
-                 "order (engine/cache): the cache's is to be named for its cap",
-    "store.py": "the collection's store (store/) vs the prefix cache's state store (engine/cache): the cache's "
-                "is to be named for the prefix cache",
-    "writer.py": "the server's ingest jobs (serve/) vs the generated models' GGUF writer (dev/synthetic), a "
-                 "development tool outside the product",
-}
+SHARED_MODULE_NAMES_PENDING: dict[str, str] = {}
 
 
 def _shared_names(paths) -> dict[str, list[str]]:
@@ -508,7 +569,7 @@ PACKAGE_ORDER: tuple[tuple[str, ...], ...] = (
     ("pipeline.warm",),
     ("pipeline.summarize",),
     ("pipeline.api",),
-    ("pipeline.serve", "pipeline.dev"),
+    ("pipeline.serve",),
     ("pipeline.cli",),
     ("pipeline",),
 )

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from devtools.synthetic import WRITERS, tensor_names, write_model
 from pipeline.config import EngineConfig
-from pipeline.dev.synthetic import WRITERS, tensor_names, write_model
 from pipeline.engine._llama import LlamaLog
 from pipeline.engine.loading import resolve_overrides
 from pipeline.engine.local import Engine
@@ -40,7 +41,7 @@ def _greedy(engine: Engine, text: str, n: int = 6, **kw) -> tuple[str, object]:
 
 @pytest.mark.slow
 def test_the_command_writes_every_architecture_and_llama_cpp_runs_it(tmp_path):
-    from pipeline.dev.synthetic.__main__ import main
+    from devtools.synthetic.__main__ import main
 
     expect = {"qwen3moe": {"full"}, "qwen35moe": {"recurrent", "full"}, "gpt-oss": {"swa", "full"},
               "mamba": {"recurrent"}}
@@ -56,12 +57,13 @@ def test_the_command_writes_every_architecture_and_llama_cpp_runs_it(tmp_path):
             assert engine.memory_kind.composes == (arch in ("qwen3moe", "gpt-oss"))  # recurrent memory cannot be cut
         finally:
             engine.llm.close()
-    proc = subprocess.run([sys.executable, "-m", "pipeline.dev.synthetic", "qwen35moe", str(tmp_path / "h.gguf")],
-                          capture_output=True, text=True, timeout=120)
+    root = Path(__file__).resolve().parent.parent  # the checkout: the development tools are not installed
+    proc = subprocess.run([sys.executable, "-m", "devtools.synthetic", "qwen35moe", str(tmp_path / "h.gguf")],
+                          capture_output=True, text=True, timeout=120, cwd=root)
     assert proc.returncode == 0 and "qwen35moe" in proc.stdout and ModelSpec.from_gguf(tmp_path / "h.gguf")
     assert ModelSpec.from_gguf(tmp_path / "h.gguf").n_ctx_train == 65536  # the default trained context
-    bad = subprocess.run([sys.executable, "-m", "pipeline.dev.synthetic", "mamba", str(tmp_path / "m.gguf"),
-                          "--window", "64"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run([sys.executable, "-m", "devtools.synthetic", "mamba", str(tmp_path / "m.gguf"),
+                          "--window", "64"], capture_output=True, text=True, timeout=120, cwd=root)
     assert bad.returncode == 2 and "has no sliding_window" in bad.stderr and "Traceback" not in bad.stderr
 
 

@@ -16,15 +16,15 @@ import pytest
 from click.testing import CliRunner
 
 from arch_flow import QUESTIONS, ask, cli_json, settings_env, write_docs
+from devtools.servers import free_port
 from pipeline.cli import cli
-from pipeline.dev.servers import free_port
 
 ARCHS = ["qwen35moe", "gpt-oss"]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from pipeline.dev.synthetic import write_model
+    from devtools.synthetic import write_model
 
     folder = tmp_path_factory.mktemp("paths")
     return {arch: write_model(arch, folder / f"{arch}.gguf") for arch in ARCHS}

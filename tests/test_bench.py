@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dev.bench import (
+from devtools.bench import (
     BenchResults,
     PlotError,
     Row,
@@ -28,7 +28,7 @@ from pipeline.errors import InputError, RagError
 GOOD = '''
 import argparse, json, sys
 sys.path.insert(0, REPO)
-from pipeline.dev.bench import document, row
+from devtools.bench import document, row
 ap = argparse.ArgumentParser()
 ap.add_argument("--json")
 ap.add_argument("--quick", action="store_true")
@@ -134,7 +134,7 @@ def test_timeout_stops_a_benchmark(bench_dir) -> None:
 
 
 def test_prefill_points_and_rows_of_declared_json() -> None:
-    from pipeline.dev.bench import SCHEMA, document, row
+    from devtools.bench import SCHEMA, document, row
 
     data = document([row("prompt tokens", 4096),
                      row("-b 512 -ub 128, offload none", 100.0, "tok/s", n_batch=512, n_ubatch=128, series="none"),
@@ -160,7 +160,7 @@ def test_the_repository_benchmarks_declare_their_rows() -> None:
     for script in discover():
         text = script.read_text(encoding="utf-8")
         assert "document(" in text and "row(" in text, script.name
-    from pipeline.dev.bench import default_dir
+    from devtools.bench import default_dir
 
     assert "document(" in (default_dir() / "gpu_prefill.py").read_text(encoding="utf-8")
 

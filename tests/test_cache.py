@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from devtools.synthetic import write_moe_model
 from pipeline.config import EngineConfig
-from pipeline.dev.synthetic import write_moe_model
 from pipeline.engine.cache.index import INDEX_NAME, CacheIndex
-from pipeline.engine.cache.store import PrefixCache
+from pipeline.engine.cache.prefix_cache import PrefixCache
 from pipeline.engine.cache.keys import BLOCK, SHORT_BLOCK_HASH, block_hash, chain_hashes, full_hash, namespace, \
     token_bytes
 from pipeline.engine.local import Engine

@@ -16,7 +16,7 @@ from pipeline.engine._llama import composing as mem
 from pipeline.engine.cache import budget
 from pipeline.engine.cache.index import CacheIndex
 from pipeline.engine.cache.sections import SectionStates
-from pipeline.engine.cache.store import PrefixCache
+from pipeline.engine.cache.prefix_cache import PrefixCache
 from pipeline.engine.reuse.compose import Piece, compute
 from pipeline.errors import ConfigError
 
@@ -25,7 +25,7 @@ GiB, MiB = 2**30, 2**20
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory) -> Path:
-    from pipeline.dev.synthetic import write_moe_model
+    from devtools.synthetic import write_moe_model
 
     return write_moe_model(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf")
 

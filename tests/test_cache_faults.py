@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from pipeline.cli import cli
 from pipeline.engine.cache import directory as cache_dir
-from pipeline.engine.cache.store import PrefixCache
+from pipeline.engine.cache.prefix_cache import PrefixCache
 from pipeline.engine.cache.index import INDEX_NAME
 from pipeline.engine.cache.keys import block_hash, chain_hashes, full_hash, token_bytes
 from pipeline.errors import ConfigError
@@ -174,7 +174,7 @@ def test_a_lost_index_is_said_and_its_orphans_are_removed_at_once(tmp_path):
 READ_ONLY_CHECK = textwrap.dedent("""
     import sys
     sys.path.insert(0, sys.argv[2])
-    from pipeline.engine.cache.store import PrefixCache
+    from pipeline.engine.cache.prefix_cache import PrefixCache
     from pipeline.errors import EngineError
     cache = PrefixCache(sys.argv[1], max_bytes=2**30)
     assert not cache.unavailable and cache.read_only, cache.unavailable
@@ -279,7 +279,7 @@ def test_cache_stats_when_its_index_cannot_be_made_for_lack_of_space_is_exit_4(t
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from pipeline.dev.synthetic import write_moe_model
+    from devtools.synthetic import write_moe_model
 
     return write_moe_model(tmp_path_factory.mktemp("model") / "tiny-moe.gguf", n_ctx_train=4096)
 

@@ -13,7 +13,7 @@ import pytest
 
 from pathlib import Path
 
-from pipeline.dev.synthetic import write_mamba_model, write_moe_model
+from devtools.synthetic import write_mamba_model, write_moe_model
 from pipeline.engine import _llama
 from pipeline.engine._llama import composing as mem
 from pipeline.engine._llama import state_format as kv_state

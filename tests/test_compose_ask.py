@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from fakes import HashEmbedder
+from devtools.synthetic import write_model, write_moe_model
 from pipeline import Pipeline
-from pipeline.dev.synthetic import write_model, write_moe_model
 from pipeline.engine.cache.sections import NO_STATE
 
 TOPICS = [("a-pumps.md", "pump"), ("b-valves.md", "valve"), ("c-sensors.md", "sensor"), ("d-cables.md", "cable")]
@@ -201,9 +201,9 @@ def test_summaries_map_step_is_composed_from_the_section_states_warm_saved(moe, 
     assert [s.method for s in exact] == [s.method for s in composed] == ["map-reduce"]
     assert warmed["saved"] == warmed["sections"] > composed[0].sections >= 3
     # Every map prompt's sections came from their states (the first of each run is exact as saved).
-    assert report.composed_sections == composed[0].sections and exact_report.composed_sections == 0
-    assert report.cached_tokens > report.prompt_tokens // 2 > 0
-    assert report.prefill_tokens < exact_report.prefill_tokens / 2
+    assert report.stats.composed_sections == composed[0].sections and exact_report.stats.composed_sections == 0
+    assert report.stats.cached_tokens > report.stats.prompt_tokens // 2 > 0
+    assert report.stats.prefill_tokens < exact_report.stats.prefill_tokens / 2
     assert composed[0].text and "sections from their states" in report.describe()
     # A composed job is another job: its units are never mixed with the exact one's.
     with pipeline(moe, tmp_path, **{"ask.compose": "off"}) as rag:

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.engine.pool import EnginePool
 from pipeline.config import EngineConfig
-from pipeline.engine.cache.store import PrefixCache
+from pipeline.engine.cache.prefix_cache import PrefixCache
 from pipeline.engine.local import Engine
 from pipeline.engine.reuse.budget import ComposeMode, ComposePolicy
 from pipeline.records import PromptShape, Sections

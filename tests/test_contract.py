@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 
 import numpy as np
@@ -68,3 +69,56 @@ def test_echo_generator_reports_reuse_like_the_engine():
     other = EchoGenerator(saved=g.saved, min_tokens=4)  # another process, the same saved prefixes
     st = other.generate(PromptShape.of(second, prefix_len=len(head))).stats
     assert st.cache == "disk" and st.cached_tokens == len(head) and st.prefill_tokens == len(second) - len(head)
+
+
+def _distinct(cls: type, offset: int) -> EngineStats:
+    """Stats with a different value in every numeric field (what a sum must carry)."""
+    numeric = [f for f in dataclasses.fields(cls) if type(f.default) in (int, float)]
+    return cls(**{f.name: type(f.default)(offset + i + 1) for i, f in enumerate(numeric)})
+
+
+def test_every_numeric_engine_figure_is_summed_or_computed_from_the_sums():
+    a, b = _distinct(EngineStats, 0), _distinct(EngineStats, 100)
+    b.cache, b.plan, b.notes = "disk", "composed", ["b's"]
+    total = EngineStats().add(a).add(b)
+    numeric = {f.name for f in dataclasses.fields(EngineStats) if type(f.default) in (int, float)}
+    rates = {"prefill_tokens_per_second": ("prefill_tokens", "prefill_seconds"),
+             "decode_tokens_per_second": ("decode_tokens", "decode_seconds")}
+    assert set(EngineStats.counters()) == numeric - set(rates) and len(EngineStats.counters()) >= 10
+    for name in EngineStats.counters():
+        assert getattr(total, name) == getattr(a, name) + getattr(b, name), name
+    for rate, (tokens, seconds) in rates.items():
+        assert getattr(total, rate) == pytest.approx(getattr(total, tokens) / getattr(total, seconds))
+    assert total.cache == "none" and total.plan == "" and total.notes == []  # one prompt's, not summed
+    assert total.figures().keys() == numeric
+
+
+def test_a_new_counter_is_summed_without_being_listed_again():
+    @dataclasses.dataclass
+    class WithAnotherCounter(EngineStats):
+        widgets_built: int = 0
+        widget_seconds: float = 0.0
+
+    total = WithAnotherCounter().add(WithAnotherCounter(widgets_built=3, widget_seconds=0.5))
+    total.add(WithAnotherCounter(widgets_built=4, widget_seconds=0.25))
+    assert total.widgets_built == 7 and total.widget_seconds == 0.75
+    assert {"widgets_built", "widget_seconds"} <= set(total.figures())
+
+
+def test_a_summarize_report_sums_every_engine_counter_and_lists_none_itself():
+    from pipeline.summarize.outputs import JobReport, Summary
+
+    for holder in (JobReport, Summary):  # the counters live in EngineStats alone
+        assert not {f.name for f in dataclasses.fields(holder)} & set(EngineStats.counters()), holder
+    report = JobReport(collection="c")
+    a, b = _distinct(EngineStats, 0), _distinct(EngineStats, 100)
+    report.add(a)
+    report.add(b)
+    out = report.to_dict()
+    assert out["generate_calls"] == 2 and "stats" not in out
+    for name in EngineStats.counters():
+        assert out[name] == pytest.approx(getattr(a, name) + getattr(b, name)), name
+    assert out["prefill_tokens_per_second"] == pytest.approx(out["prefill_tokens"] / out["prefill_seconds"], abs=1e-3)
+    summary = Summary("a.md", "h", "Summarise.", 1)
+    summary.stats.add(a)
+    assert summary.to_dict()["cached_tokens"] == a.cached_tokens and "stats" not in summary.to_dict()

@@ -240,7 +240,7 @@ def test_a_wrong_option_is_caught():
 
 def test_every_repository_path_named_in_the_docs_exists():
     """A module, test or benchmark named in the docs (`pipeline/ask/flow.py`) is where they say."""
-    named = re.compile(r"(?<![\w/.~$-])((?:pipeline|tests|benchmarks|configs|samples)/[\w./-]*[\w/])")
+    named = re.compile(r"(?<![\w/.~$-])((?:pipeline|devtools|tests|benchmarks|configs|samples)/[\w./-]*[\w/])")
     missing = []
     for page in PAGES:
         for lineno, line in enumerate(page.read_text().splitlines(), start=1):
@@ -251,11 +251,12 @@ def test_every_repository_path_named_in_the_docs_exists():
 
 
 def test_the_layout_names_every_module():
-    """docs/design.md's layout table is the tree: every module has its row, or is named in its folder's row."""
+    """docs/design.md's layout table is the tree: every module of the package and of the development tools
+    has its row, or is named in its folder's row."""
     design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
-    rows = {line.split("`")[1]: line for line in design.splitlines() if line.startswith("| `pipeline")}
+    rows = {line.split("`")[1]: line for line in design.splitlines() if line.startswith(("| `pipeline", "| `devtools"))}
     missing = []
-    for path in sorted((ROOT / "pipeline").rglob("*.py")):
+    for path in sorted([*(ROOT / "pipeline").rglob("*.py"), *(ROOT / "devtools").rglob("*.py")]):
         rel = path.relative_to(ROOT).as_posix()
         if path.name in ("__init__.py", "__main__.py") or rel in rows:
             continue

@@ -6,13 +6,13 @@ import dataclasses
 
 import pytest
 
+from devtools.synthetic import tensor_names, write_moe_model
 from pipeline.engine import loading
 from pipeline.engine._llama import LlamaLog
 from pipeline.config import EngineConfig
 from pipeline.engine.local import Engine
 from pipeline.errors import EngineError
 from pipeline.engine.offload import planned_tensors
-from pipeline.dev.synthetic import tensor_names, write_moe_model
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_prompt_longer_than_context_is_refused(moe_path):
 
 @pytest.mark.parametrize("qtype", ["q8_0", "f16"])
 def test_timing_model_for_the_gpu_benchmark_loads_and_prefills(tmp_path, qtype):
-    from pipeline.dev.synthetic import write_timing_moe_model
+    from devtools.synthetic import write_timing_moe_model
 
     path = write_timing_moe_model(tmp_path / f"timing-{qtype}.gguf", qtype=qtype, n_embd=64, head_dim=32,
                                   expert_ff=64, n_ctx_train=4096)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dev import gpu_kit
+from devtools import gpu_kit
 
 
 def test_kit_flags_are_portable_and_name_both_gpus() -> None:
@@ -116,7 +116,7 @@ def test_gpu_prefill_measures_every_configuration_on_the_smoke_model(tmp_path) -
     the model is written, each configuration loads and prefills, and the JSON holds measured next to estimated."""
     import subprocess
 
-    root = Path(gpu_kit.__file__).resolve().parents[2]
+    root = Path(gpu_kit.__file__).resolve().parents[1]
     out = tmp_path / "smoke.json"
     done = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_prefill.py"), "--smoke", "--skip-build",
                            "--work", str(tmp_path / "work"), "--json", str(out)], capture_output=True, text=True,

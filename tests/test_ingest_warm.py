@@ -14,12 +14,12 @@ import pytest
 from click.testing import CliRunner
 
 from fakes import HashEmbedder
+from devtools.synthetic import write_model, write_moe_model
 from pipeline import Pipeline
 from pipeline.cli import cli
 from pipeline.config import Config
 from pipeline.engine.context_lock import CancelToken
 from pipeline.errors import Cancelled
-from pipeline.dev.synthetic import write_model, write_moe_model
 from pipeline.schemas import validate, versioned
 
 TOPICS = [("a-pumps.md", "pump"), ("b-valves.md", "valve"), ("c-sensors.md", "sensor"), ("d-cables.md", "cable")]
@@ -175,7 +175,7 @@ def test_a_generator_that_does_not_load_leaves_the_ingest_standing(tmp_path):
 def test_a_full_cache_disk_stops_the_states_not_the_ingest(moe, tmp_path, monkeypatch):
     import errno
 
-    import pipeline.engine.cache.store as store
+    import pipeline.engine.cache.prefix_cache as store
 
     docs = write_shelf(tmp_path / "shelf")
     real, writes = store.write_state, []

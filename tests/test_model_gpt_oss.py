@@ -11,7 +11,7 @@ from arch_flow import run_main_path
 
 @pytest.fixture(scope="module")
 def gpt_oss(tmp_path_factory):
-    from pipeline.dev.synthetic import write_gpt_oss_model
+    from devtools.synthetic import write_gpt_oss_model
 
     return write_gpt_oss_model(tmp_path_factory.mktemp("gpt-oss") / "gpt-oss.gguf")
 

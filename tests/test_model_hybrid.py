@@ -11,7 +11,7 @@ from arch_flow import run_main_path
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
-    from pipeline.dev.synthetic import write_hybrid_model
+    from devtools.synthetic import write_hybrid_model
 
     return write_hybrid_model(tmp_path_factory.mktemp("hybrid") / "qwen35moe.gguf")
 

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
+from devtools.synthetic import write_moe_model
 from pipeline.config import EngineConfig
-from pipeline.dev.synthetic import write_moe_model
 from pipeline.engine.local import Engine
 from pipeline.engine.multiseq import groups
 from pipeline.records import PromptShape

@@ -33,7 +33,7 @@ def _experts(*layers: int) -> set[str]:
 
 
 def _names(n_layers: int) -> list[str]:
-    from pipeline.dev.synthetic import moe_tensor_shapes
+    from devtools.synthetic import moe_tensor_shapes
 
     shapes = moe_tensor_shapes(
         n_layers=n_layers, n_embd=8, n_head=2, n_head_kv=1, head_dim=4, n_experts=2, expert_ff=4, n_vocab=262
@@ -94,7 +94,7 @@ def test_first_match_wins() -> None:
 
 import llama_cpp  # noqa: E402  (the test reads llama.cpp's own log callback below)
 
-from pipeline.dev.synthetic import tensor_names, write_moe_model  # noqa: E402
+from devtools.synthetic import tensor_names, write_moe_model  # noqa: E402
 from pipeline.engine._llama import LOG_DEBUG, LlamaLog, TensorOverrides, load  # noqa: E402
 from pipeline.errors import EngineError  # noqa: E402
 

@@ -91,7 +91,7 @@ def boundaries(rag, stats) -> list[int]:
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
-    from pipeline.dev.synthetic import write_moe_model
+    from devtools.synthetic import write_moe_model
 
     return write_moe_model(tmp_path_factory.mktemp("moe") / "moe.gguf", n_ctx_train=8192)
 

@@ -54,7 +54,7 @@ SMALL_CONFIGS = [dict(n_ctx=4096, n_ubatch=2048, type_k="q4_0", type_v="q4_0"), 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from pipeline.dev.synthetic import write_moe_model
+    from devtools.synthetic import write_moe_model
 
     folder = tmp_path_factory.mktemp("plan-models")
     return {name: write_moe_model(folder / f"{name}.gguf", **kw) for name, kw in MODELS.items()}

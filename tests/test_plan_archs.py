@@ -45,7 +45,7 @@ CONFIGS = [
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from pipeline.dev.synthetic import write_model
+    from devtools.synthetic import write_model
 
     folder = tmp_path_factory.mktemp("plan-archs")
     return {name: write_model(arch, folder / f"{name}.gguf", **kw) for name, (arch, kw) in MODELS.items()}
@@ -156,8 +156,8 @@ def test_the_published_qwen36_spec_has_the_tensor_set_llama_cpp_loads():
     the same bytes per layer, recurrent state and active parameters, at F16."""
     import dataclasses
 
-    from pipeline.dev.synthetic.qwen35moe import hybrid_hparams, hybrid_tensors
-    from pipeline.dev.synthetic.writer import tensor_type
+    from devtools.synthetic.qwen35moe import hybrid_hparams, hybrid_tensors
+    from devtools.synthetic.writer import tensor_type
 
     shape = dict(n_layers=40, n_embd=2048, interval=4, n_head=16, n_head_kv=2, head_dim=256, d_conv=4, d_state=128,
                  n_group=16, dt_rank=32, n_experts=256, expert_ff=512, shared_ff=512)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from test_compose_ask import TOPICS, ingest, moe, pipeline, shelf  # noqa: F401 - fixtures
-from pipeline.dev.synthetic import write_model
+from devtools.synthetic import write_model
 from pipeline.engine.reuse.budget import Refusal
 from pipeline.engine.reuse.kinds import ATTENTION, RECURRENT
 from pipeline.engine.reuse.plan import Need
@@ -75,7 +75,7 @@ def test_a_models_kind_is_read_from_its_header_before_it_loads_and_from_llama_cp
     hybrid = write_model("qwen35moe", tmp_path / "hybrid.gguf", n_ctx_train=8192)
     moe_model = write_model("qwen3moe", tmp_path / "moe.gguf", n_ctx_train=8192)
     from pipeline.config import EngineConfig
-    from pipeline.engine.cache.store import PrefixCache
+    from pipeline.engine.cache.prefix_cache import PrefixCache
     from pipeline.engine.local import Engine
     from pipeline.engine.reuse.budget import ComposeMode, ComposePolicy
 

@@ -32,7 +32,7 @@ def test_plan_for_the_recipe_model_beats_llama_cpp_fit(tmp_store):
 
 
 def test_plan_reads_a_gguf_and_bad_inputs_are_clear(tmp_store, tmp_path):
-    from pipeline.dev.synthetic import write_moe_model
+    from devtools.synthetic import write_moe_model
 
     model = write_moe_model(tmp_path / "m.gguf")
     data = json.loads(run("plan", str(model), "--gpu", "rtx3090", "--ctx", "8192", "--json").output)
@@ -80,6 +80,26 @@ def test_bench_names_the_benchmarks_it_knows(tmp_path, monkeypatch):
     assert not (tmp_path / "bench-results").exists()  # nothing ran, nothing written
 
 
+def test_bench_outside_a_source_checkout_says_it_needs_one(tmp_path):
+    """Installed without the checkout (the package alone, as ``pip install`` lays it out), ``rag bench``
+    has no benchmarks and no runner: a clear message and status 2, no traceback."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    site = tmp_path / "site"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "pipeline", site / "pipeline",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "PYTHONPATH": str(site), "RAG_HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-m", "pipeline", "bench", "ingest"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "runs the benchmarks of a source checkout" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "bench-results").exists()
+
+
 def test_plan_default_model_on_a_gpu_profile_picks_large_micro_batches(store_dir):
     """The issue's case: SmolLM2-135M on an RTX 3090 profile planned -b 128 -ub 128; now >= 512."""
     out = run("plan", "--gpu", "rtx3090", "--ctx", "8192", "--json")
@@ -109,7 +129,7 @@ def test_a_gpu_budget_that_holds_no_layer_is_planned_and_said_to_be_a_cpu_plan(s
 
 
 def test_impossible_plan_requests_are_one_line_and_exit_2(store_dir, tmp_path):
-    from pipeline.dev.synthetic import write_moe_model
+    from devtools.synthetic import write_moe_model
 
     model = str(write_moe_model(tmp_path / "m.gguf"))  # trained context 65536
     cases = {
@@ -137,7 +157,7 @@ def test_plan_fuzz_no_traceback_and_fitting_plans_fit(store_dir, tmp_path):
     from pipeline.tuning.footprint import footprint
     from pipeline.tuning.result import Budget, fits
     from pipeline.tuning.spec import ModelSpec
-    from pipeline.dev.synthetic import write_moe_model
+    from devtools.synthetic import write_moe_model
 
     models = {str(write_moe_model(tmp_path / "tiny.gguf")): None,
               str(write_moe_model(tmp_path / "deep.gguf", n_layers=12, n_embd=128, n_head=8, n_head_kv=1,

@@ -97,7 +97,7 @@ def test_cli_warm_stats_and_clear(store_dir, corpus, tmp_path, monkeypatch):
 def test_sliding_window_model_restores_exactly(model_home, tmp_path):
     """Gemma 3 has interleaved sliding-window layers (window 512): a prefix longer than the window,
     restored from disk or kept in memory, gives the same greedy answer as a plain run."""
-    from pipeline.engine.cache.store import PrefixCache
+    from pipeline.engine.cache.prefix_cache import PrefixCache
     from pipeline.config import EngineConfig
     from pipeline.engine.local import Engine
     from pipeline.models import resolve
@@ -134,10 +134,10 @@ def test_recurrent_model_restores_its_state_at_the_prefix_boundary(tmp_path, arc
     """A Mamba or hybrid model keeps a per-sequence state that cannot be cut at an earlier position: the
     prefix state saved at the boundary, restored from disk, gives the same greedy answer as a plain run,
     and a second question in the same process restores it rather than prefilling again."""
-    from pipeline.engine.cache.store import PrefixCache
+    from pipeline.engine.cache.prefix_cache import PrefixCache
     from pipeline.config import EngineConfig
     from pipeline.engine.local import Engine
-    from pipeline.dev.synthetic import write_model
+    from devtools.synthetic import write_model
 
     path = write_model(arch, tmp_path / f"{arch}.gguf")
     settings = EngineConfig(n_ctx=2048, n_batch=256, n_ubatch=256, threads=1)
@@ -165,10 +165,10 @@ def test_recurrent_model_resumes_a_pack_from_a_state_saved_at_an_inner_boundary(
     """A pack [A, B, C] saves states at the A and A+B boundaries; a later pack [A, B, D] on a Mamba or
     hybrid model (no cutting back) restores exactly the A+B state and prefills only D and the question,
     and answers as a plain run does."""
-    from pipeline.engine.cache.store import PrefixCache
+    from pipeline.engine.cache.prefix_cache import PrefixCache
     from pipeline.config import EngineConfig
     from pipeline.engine.local import Engine
-    from pipeline.dev.synthetic import write_model
+    from devtools.synthetic import write_model
 
     path = write_model(arch, tmp_path / f"{arch}.gguf")
     settings = EngineConfig(n_ctx=2048, n_batch=256, n_ubatch=256, threads=1)

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.config import EngineConfig
 from pipeline.engine.cache.ram import RamStates
-from pipeline.engine.cache.store import PrefixCache
+from pipeline.engine.cache.prefix_cache import PrefixCache
 from pipeline.engine.local import Engine
 from pipeline.records import PromptShape
 
@@ -98,7 +98,7 @@ def test_safe_to_share_between_threads():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from pipeline.dev.synthetic import write_model
+    from devtools.synthetic import write_model
 
     folder = tmp_path_factory.mktemp("ram")
     return {arch: write_model(arch, folder / f"{arch}.gguf") for arch in ("qwen35moe", "mamba", "qwen3moe")}

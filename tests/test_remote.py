@@ -21,7 +21,7 @@ from pipeline.engine.remote.generator import RemoteGenerator
 from pipeline.engine.remote.routing import HashRing, route_key
 from pipeline.errors import ConfigError, EngineError, ModelError
 
-from pipeline.dev.llama_server import LlamaServer, free_port
+from devtools.llama_server import LlamaServer, free_port
 from pipeline.records import PromptShape
 
 GEN = "builtin:SmolLM2-135M-Instruct"

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.engine import _llama
 from pipeline.engine._llama import composing as mem
-from pipeline.engine.cache.store import PrefixCache
+from pipeline.engine.cache.prefix_cache import PrefixCache
 from pipeline.engine.cache.sections import NO_STATE
 from pipeline.engine.contract import EngineStats
 from pipeline.engine.reuse.budget import ComposeMode, ComposePolicy, Refusal

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.engine._llama import composing as mem
-from pipeline.engine.cache.store import PrefixCache
+from pipeline.engine.cache.prefix_cache import PrefixCache
 from pipeline.engine.reuse.compose import Seams, compose
 from pipeline.engine.cache.sections import EVICTED, NO_STATE, SectionStates, namespace
 

@@ -30,7 +30,7 @@ class _Writes(list):
 
 
 def _writes(monkeypatch, *, fail_after: int | None) -> _Writes:
-    import pipeline.engine.cache.store as store
+    import pipeline.engine.cache.prefix_cache as store
 
     real = store.write_state
     calls = _Writes(fail_after)
@@ -202,7 +202,7 @@ def test_a_second_warm_waits_for_the_first_and_its_counts_add_up(moe, tmp_path, 
     import fcntl
 
     import pipeline.engine.cache.directory as directory
-    import pipeline.engine.cache.store as store
+    import pipeline.engine.cache.prefix_cache as store
 
     ingest(moe, tmp_path, shelf)
     first_saved, second_blocked, go = threading.Event(), threading.Event(), threading.Event()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pipeline.dev.servers import free_port
+from devtools.servers import free_port
 from serving import RagServer, serve_env
 
 TOKEN = "operator-token-0451"

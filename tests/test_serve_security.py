@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from pipeline.dev.servers import free_port
+from devtools.servers import free_port
 from serving import RagServer, serve_env
 
 openai = pytest.importorskip("openai", reason="the test extra (pip install -e .[test]) brings the openai client")

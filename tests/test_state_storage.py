@@ -12,7 +12,7 @@ from pipeline.engine import _llama
 from pipeline.engine._llama import composing as mem
 from pipeline.engine._llama import state_codec, state_format
 from pipeline.engine.cache.sections import SectionStates
-from pipeline.engine.cache.store import PrefixCache
+from pipeline.engine.cache.prefix_cache import PrefixCache
 from pipeline.engine.gguf.info import ModelInfo
 from pipeline.engine.reuse.calibrate import compare
 from pipeline.engine.reuse.compose import Piece, Seams, compose
@@ -20,14 +20,14 @@ from pipeline.engine.reuse.compose import Piece, Seams, compose
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory) -> Path:
-    from pipeline.dev.synthetic import write_moe_model
+    from devtools.synthetic import write_moe_model
 
     return write_moe_model(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf")
 
 
 @pytest.fixture(scope="module")
 def gpt_oss(tmp_path_factory) -> Path:
-    from pipeline.dev.synthetic import write_gpt_oss_model
+    from devtools.synthetic import write_gpt_oss_model
 
     return write_gpt_oss_model(tmp_path_factory.mktemp("gpt-oss") / "gpt-oss.gguf")
 
@@ -282,7 +282,7 @@ def test_a_library_session_keeps_its_section_states_as_q8_0_and_composes_from_th
     from fakes import HashEmbedder
 
     from pipeline import Pipeline
-    from pipeline.dev.synthetic import write_moe_model
+    from devtools.synthetic import write_moe_model
     from pipeline.engine.cache.sections import namespace
 
     model_path = write_moe_model(tmp_path / "moe.gguf", n_ctx_train=8192)

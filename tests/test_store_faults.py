@@ -135,7 +135,7 @@ def test_a_full_disk_during_ingest_says_the_disk_is_full(tmp_path, model_home):
 
 def test_a_stopped_chroma_server_fails_within_store_timeout(tmp_path, model_home):
     from conftest import CORPUS
-    from pipeline.dev.servers import ChromaServer
+    from devtools.servers import ChromaServer
 
     docs = tmp_path / "docs"
     docs.mkdir()

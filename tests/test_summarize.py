@@ -328,10 +328,10 @@ def test_two_prompts_prefill_the_document_once(make_pipeline, corpus, tmp_path):
     p2 = _ask_prompt(rag, doc, second.prompt)
     assert p1.mode == "whole" and p1.prefix_tokens == p2.prefix_tokens and len(p1.prefix_tokens) > 60
     assert first.method == second.method == "whole" and first.ok and second.ok and first.text
-    assert first.cached_tokens == 0 and first.prefill_tokens > len(p1.prefix_tokens)
-    assert second.cached_tokens == len(p2.prefix_tokens)  # the document was not prefilled again
-    assert first.prefill_tokens == len(p1.prefix_tokens) + _suffix(rag, first.prompt)
-    assert second.prefill_tokens == _suffix(rag, second.prompt)  # only the instruction
+    assert first.stats.cached_tokens == 0 and first.stats.prefill_tokens > len(p1.prefix_tokens)
+    assert second.stats.cached_tokens == len(p2.prefix_tokens)  # the document was not prefilled again
+    assert first.stats.prefill_tokens == len(p1.prefix_tokens) + _suffix(rag, first.prompt)
+    assert second.stats.prefill_tokens == _suffix(rag, second.prompt)  # only the instruction
 
 
 def test_a_document_summarised_before_prefills_only_the_instruction(make_pipeline, corpus, tmp_path):
@@ -341,7 +341,7 @@ def test_a_document_summarised_before_prefills_only_the_instruction(make_pipelin
     rag = make_pipeline(**FAST)
     rag.ingest([corpus])
     (first,) = rag.summarize([doc], prompts=["Summarise it."], max_tokens=8).result()
-    assert first.ok and first.cached_tokens == 0
+    assert first.ok and first.stats.cached_tokens == 0
     # summarize, then ask: the question prefills only itself
     asker = make_pipeline(**FAST)
     answer = asker.ask("Which error code appears?", doc=str(doc))
@@ -354,8 +354,8 @@ def test_a_document_summarised_before_prefills_only_the_instruction(make_pipelin
     fresh = make_pipeline(**FAST)
     (summary,) = fresh.summarize([pdf], prompts=["List the functions it names."], max_tokens=8).result()
     prompt = _ask_prompt(fresh, pdf, summary.prompt)
-    assert summary.method == "whole" and summary.cached_tokens == len(prompt.prefix_tokens)
-    assert summary.prefill_tokens == _suffix(fresh, summary.prompt)
+    assert summary.method == "whole" and summary.stats.cached_tokens == len(prompt.prefix_tokens)
+    assert summary.stats.prefill_tokens == _suffix(fresh, summary.prompt)
     assert re.search(r"\[\d+, p\. 2\]", fresh.engine.llm.detokenize(prompt.prefix_tokens).decode())  # ask's page marks
 
 
@@ -370,8 +370,8 @@ def test_a_warmed_document_costs_its_summary_only_the_instruction(make_pipeline,
     (summary,) = fresh.summarize([pdf], prompts=["Summarise it."], max_tokens=8).result()
     prompt = _ask_prompt(fresh, pdf, summary.prompt)
     assert item["tokens"] == len(prompt.prefix_tokens)  # warm saved exactly this prompt's prefix
-    assert summary.cached_tokens == len(prompt.prefix_tokens)
-    assert summary.prefill_tokens == _suffix(fresh, summary.prompt)
+    assert summary.stats.cached_tokens == len(prompt.prefix_tokens)
+    assert summary.stats.prefill_tokens == _suffix(fresh, summary.prompt)
 
 
 def test_cli_files_jsonl_status_failures_and_stdout(store_dir, tmp_path, monkeypatch):
@@ -482,7 +482,7 @@ def test_a_document_between_the_old_edges_is_laid_out_alike_and_reused_both_ways
     # the first run is the question's pack, restored from disk; the later run and the reduce step each start
     # from the template's head (a tokenizer that merges across the head's end gives the reduce step none)
     head = len(fresh.runtime.layout().head_tokens)
-    assert later.cached_tokens - len(pack.prefix_tokens) in (head, 2 * head)
+    assert later.stats.cached_tokens - len(pack.prefix_tokens) in (head, 2 * head)
 
 
 def test_after_warm_for_summaries_every_summary_prefills_only_its_instruction(make_pipeline, corpus, tmp_path,
@@ -516,4 +516,4 @@ def test_after_warm_for_summaries_every_summary_prefills_only_its_instruction(ma
     for s, warmed in zip(summaries, report["prefixes"]):
         prompt = _ask_prompt(rag, Path(s.source), s.prompt)
         assert s.ok and s.method == "whole" and len(prompt.prefix_tokens) == warmed["tokens"]
-        assert s.cached_tokens == warmed["tokens"] and s.prefill_tokens == _suffix(rag, s.prompt)
+        assert s.stats.cached_tokens == warmed["tokens"] and s.stats.prefill_tokens == _suffix(rag, s.prompt)

@@ -29,7 +29,7 @@ SETTINGS = EngineConfig(threads=1, threads_batch=1)
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from pipeline.dev.synthetic import write_moe_model
+    from devtools.synthetic import write_moe_model
 
     return write_moe_model(tmp_path_factory.mktemp("tune") / "moe.gguf")
 

@@ -3,7 +3,7 @@
 A person or an app asks many *different* questions about the same documents. When
 each prompt is laid out the same way up to the question, every question after the
 first prefills only itself (the prefix's KV state is reused, see
-:mod:`pipeline.engine.cache.store`). So the unit placed in a prompt is one that does not
+:mod:`pipeline.engine.cache.prefix_cache`). So the unit placed in a prompt is one that does not
 change from question to question: a whole document, or one of its sections, cut once
 at ingest (:mod:`pipeline.ingest.sections`).
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..errors import InputError
 from .common import FiniteFloat, cli, echo_json, handles_errors, json_option, open_pipeline
 
 
@@ -110,8 +111,8 @@ def tune(ctx, max_seconds, n_tokens, measure_hardware, as_json):
 @click.option("-v", "--verbose", is_flag=True, help="Show the benchmarks' own output.")
 @handles_errors
 def bench(names, quick, json_path, plot_path, verbose):
-    """Run the benchmarks (ingest, prefill, cache; or NAMES) and print one table."""
-    from ..dev import bench as bench_mod
+    """Run the benchmarks (ingest, prefill, cache; or NAMES) and print one table (from a source checkout)."""
+    bench_mod = _bench_runner()
 
     if plot_path:
         bench_mod.require_matplotlib()
@@ -136,3 +137,21 @@ def bench(names, quick, json_path, plot_path, verbose):
         click.echo(f"plot: {plot_path}")
     if not results.ok:
         raise click.ClickException("some benchmarks failed")
+
+
+def _bench_runner():
+    """The benchmark runner (``devtools/bench.py``) of the source checkout this package runs from.
+
+    The benchmarks and their runner are development tools that ``pip install`` does not install;
+    an installed package has neither, and ``rag bench`` says so (exit status 2) instead of failing
+    on an import.
+    """
+    checkout = Path(__file__).resolve().parents[2]
+    if not (checkout / "devtools" / "bench.py").is_file() or not (checkout / "benchmarks").is_dir():
+        raise InputError("rag bench runs the benchmarks of a source checkout, and this installation is not one: "
+                         "run it from a clone of the repository set up with ./setup.sh")
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    from devtools import bench
+
+    return bench

@@ -16,9 +16,9 @@ returns. Nothing here loads a model or imports llama.cpp.
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,19 +44,29 @@ class CacheKind(str, enum.Enum):
         return self.value
 
 
+def _rate(tokens: str, seconds: str) -> Any:
+    """A rate field of :class:`EngineStats`: what a sum computes again from the two counters it divides,
+    never adds."""
+    return field(default=0.0, metadata={"rate_of": (tokens, seconds)})
+
+
 @dataclass
 class EngineStats:
-    """What one prompt cost, mostly from llama.cpp's own performance counters."""
+    """What one prompt cost, mostly from llama.cpp's own performance counters.
+
+    Every number is a counter that adds up over prompts (:meth:`add`), but the rates, which name the
+    counters they divide; a new numeric field is a counter without being listed anywhere else.
+    """
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0
-    prefill_tokens_per_second: float = 0.0
+    prefill_tokens_per_second: float = _rate("prefill_tokens", "prefill_seconds")
     ttft_seconds: float = 0.0
     decode_tokens: int = 0
     decode_seconds: float = 0.0
-    decode_tokens_per_second: float = 0.0
+    decode_tokens_per_second: float = _rate("decode_tokens", "decode_seconds")
     load_seconds: float = 0.0
     cache: CacheKind = CacheKind.NONE
     cache_load_seconds: float = 0.0
@@ -83,6 +93,34 @@ class EngineStats:
             elif isinstance(v, CacheKind):
                 d[k] = v.value
         return d
+
+    @classmethod
+    def counters(cls) -> tuple[str, ...]:
+        """The fields that add up over prompts: every number but the rates."""
+        return tuple(f.name for f in fields(cls) if _numeric(f.default) and "rate_of" not in f.metadata)
+
+    def add(self, other: EngineStats) -> EngineStats:
+        """Add ``other``'s counters to these and compute the rates again from the sums; returns ``self``.
+
+        What several prompts cost together (a summary's units, a whole job). The cache kind, the plan,
+        the notes and the sections lost describe one prompt and are left as they are.
+        """
+        for name in self.counters():
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for f in fields(self):
+            if "rate_of" in f.metadata:
+                tokens, seconds = (getattr(self, name) for name in f.metadata["rate_of"])
+                setattr(self, f.name, tokens / seconds if seconds else 0.0)
+        return self
+
+    def figures(self) -> dict[str, int | float]:
+        """The counters and the rates, rounded as :meth:`to_dict` rounds them: what a report of a sum shows."""
+        d = self.to_dict()
+        return {f.name: d[f.name] for f in fields(self) if _numeric(f.default)}
+
+
+def _numeric(value: object) -> bool:
+    return type(value) in (int, float)
 
 
 class Generation:

@@ -51,7 +51,7 @@ class Engine(GeneratorBase):
     it still reads the first gets an :class:`~pipeline.errors.EngineError` instead of a
     deadlock. A ``cancel`` token stops a waiting prompt, or a running one within one micro-batch.
 
-    ``cache`` (a :class:`~.cache.store.PrefixCache`, or None) holds saved prefix and section states;
+    ``cache`` (a :class:`~.cache.prefix_cache.PrefixCache`, or None) holds saved prefix and section states;
     ``cache_min_tokens`` and ``boundary_states`` are prefix reuse's (:class:`~.reuse.prefix.PrefixReuse`),
     ``ram_states`` (a :class:`~.cache.ram.RamStates`, shared by a pool's engines) its host-memory
     copies of boundary states for models that cannot cut their memory; ``compose`` (a
@@ -187,7 +187,7 @@ class Engine(GeneratorBase):
             return self.memory.cut(n)
 
     def restore(self, store, entry, tokens: Sequence[int]) -> bool:
-        """Load the saved state ``entry`` of ``store`` (a :class:`~.cache.store.PrefixCache`), which holds
+        """Load the saved state ``entry`` of ``store`` (a :class:`~.cache.prefix_cache.PrefixCache`), which holds
         ``tokens[:entry.n_tokens]``, in place of what the KV memory holds; False (memory empty) when the
         state fails its checks."""
         with self.turn():

@@ -124,7 +124,7 @@ def _build() -> BuildInfo:
 
 def cache_summary(config: Config) -> dict[str, Any]:
     """The prefix cache's size and hit counts; an absent cache directory is reported empty, not created."""
-    from .cache.store import PrefixCache
+    from .cache.prefix_cache import PrefixCache
     from .cache.index import INDEX_NAME
 
     directory = config.cache_path
@@ -133,7 +133,7 @@ def cache_summary(config: Config) -> dict[str, Any]:
         return out
     max_bytes = int(config.cache.max_gb * 2**30)
     if not (directory / INDEX_NAME).exists():
-        from .cache.budget import cap
+        from .cache.capacity import cap
 
         return {**out, **{key: 0 for key in CACHE_KEYS}, "max_bytes": cap(directory, 0, max_bytes=max_bytes)}
     cache = PrefixCache(directory, max_bytes=max_bytes)

@@ -444,9 +444,7 @@ class Job:
                 s.notes.append(f"a {kind} prompt's only passage was cut to fit the context")
             self.report.add(st)
             s.units_computed += 1
-            s.prefill_tokens += st.prefill_tokens
-            s.cached_tokens += st.cached_tokens
-            s.decode_tokens += st.decode_tokens
+            s.stats.add(st)
             for note in st.notes:
                 if note not in s.notes:
                     s.notes.append(note)

@@ -13,13 +13,11 @@ import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from ..disk import is_disk_full
+from ..engine.contract import EngineStats
 from ..errors import DiskFullError, InputError, RagError
-
-if TYPE_CHECKING:
-    from ..engine.contract import EngineStats
 
 
 @dataclass
@@ -39,9 +37,7 @@ class Summary:
     reused: bool = False  # taken whole from the job database
     units_computed: int = 0
     units_reused: int = 0
-    prefill_tokens: int = 0
-    cached_tokens: int = 0
-    decode_tokens: int = 0
+    stats: EngineStats = field(default_factory=EngineStats)  # its units' generations, summed
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -69,7 +65,8 @@ class Summary:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["summary"] = d.pop("text")
-        return d
+        del d["stats"]
+        return {**d, **self.stats.figures()}
 
     def markdown(self) -> str:
         head = [f"# {Path(self.source).name}", "", f"- source: {self.source}", f"- prompt: {self.prompt}",
@@ -98,46 +95,33 @@ class JobReport:
     units_reused: int = 0
     results_reused: int = 0
     generate_calls: int = 0
-    prompt_tokens: int = 0
-    prefill_tokens: int = 0
-    cached_tokens: int = 0
-    composed_sections: int = 0  # map prompts' sections restored from section states
-    recomputed_tokens: int = 0  # their seams, decoded again
-    prefill_seconds: float = 0.0
-    decode_tokens: int = 0
-    decode_seconds: float = 0.0
+    stats: EngineStats = field(default_factory=EngineStats)  # every generation's figures, summed
     seconds: float = 0.0
     outputs: list[str] = field(default_factory=list)
 
-    def add(self, stats: "EngineStats") -> None:
+    def add(self, stats: EngineStats) -> None:
+        """Count one generation and add its figures to the run's."""
         self.generate_calls += 1
-        self.prompt_tokens += stats.prompt_tokens
-        self.prefill_tokens += stats.prefill_tokens
-        self.cached_tokens += stats.cached_tokens
-        self.composed_sections += stats.composed_sections
-        self.recomputed_tokens += stats.recomputed_tokens
-        self.prefill_seconds += stats.prefill_seconds
-        self.decode_tokens += stats.decode_tokens
-        self.decode_seconds += stats.decode_seconds
+        self.stats.add(stats)
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        del d["stats"]
         for k, v in d.items():
             if isinstance(v, float):
                 d[k] = round(v, 4)
-        d["prefill_tokens_per_second"] = (round(self.prefill_tokens / self.prefill_seconds, 1)
-                                          if self.prefill_seconds else 0.0)
-        return d
+        return {**d, **self.stats.figures()}
 
     def describe(self) -> str:
         methods = ", ".join(f"{n} {m}" for m, n in sorted(self.methods.items())) or "none"
-        rate = f" at {self.prefill_tokens / self.prefill_seconds:,.0f} tok/s" if self.prefill_seconds else ""
+        e = self.stats
+        rate = f" at {e.prefill_tokens_per_second:,.0f} tok/s" if e.prefill_seconds else ""
         text = (f"summarized {self.documents} documents × {self.prompts} prompts ({methods}); "
                 f"{self.units_computed} units computed, {self.units_reused} reused"
                 f"{f', {self.results_reused} summaries already done' if self.results_reused else ''}; "
-                f"prefill {self.prefill_tokens:,} tokens{rate} ({self.cached_tokens:,} reused"
-                f"{f', {self.composed_sections} sections from their states' if self.composed_sections else ''}), "
-                f"{self.decode_tokens:,} tokens written, {self.seconds:.1f} s")
+                f"prefill {e.prefill_tokens:,} tokens{rate} ({e.cached_tokens:,} reused"
+                f"{f', {e.composed_sections} sections from their states' if e.composed_sections else ''}), "
+                f"{e.decode_tokens:,} tokens written, {self.seconds:.1f} s")
         if self.failed:
             text += f"; {len(self.failed)} failed"
         return text

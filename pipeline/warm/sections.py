@@ -66,7 +66,7 @@ class Choice:
 def choose(rt: "Runtime", shelf: Shelf, packed: Sequence[PackedSection]) -> Choice:
     """What fits the room section states have in the cache, most useful first (:func:`order`); every section
     where all fit. The room is the cache's room for new states (its budget in force, ``cache.max_gb`` or a
-    share of its disk, less the states used lately: :meth:`~pipeline.engine.cache.store.PrefixCache.room`),
+    share of its disk, less the states used lately: :meth:`~pipeline.engine.cache.prefix_cache.PrefixCache.room`),
     at most :data:`SECTIONS_SHARE` of the budget; each state is sized as it will be written
     (:meth:`~pipeline.engine.local.Engine.section_state_bytes`)."""
     engine, cache = rt.engine, rt.prefix_cache

@@ -229,7 +229,7 @@ def probe_port_in_use(d: Drill) -> None:
 
 def probe_generator_unreachable(d: Drill) -> None:
     """The generator is a server nobody answers for: a chat completion is 502 (not 500), streaming or not."""
-    from pipeline.dev.servers import free_port
+    from devtools.servers import free_port
 
     base = d.fresh("http-upstream")
     (base / "docs").mkdir()

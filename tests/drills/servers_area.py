@@ -31,7 +31,7 @@ def _docs(base: Path) -> Path:
 
 
 def _chroma(d: Drill) -> dict:
-    from pipeline.dev.servers import ChromaServer
+    from devtools.servers import ChromaServer
 
     base = d.fresh("chroma")
     server = ChromaServer(base / "server").start()
@@ -42,7 +42,7 @@ def _chroma(d: Drill) -> dict:
 
 
 def _closed_port() -> int:
-    from pipeline.dev.servers import free_port
+    from devtools.servers import free_port
 
     return free_port()  # nothing listens there once the probe socket is closed
 
@@ -76,7 +76,7 @@ def probe_chroma_refused(d: Drill) -> None:
 
 
 def probe_chroma_killed(d: Drill) -> None:
-    from pipeline.dev.servers import ChromaServer
+    from devtools.servers import ChromaServer
 
     base = d.fresh("chroma-killed")
     server = ChromaServer(base / "server").start()
@@ -93,7 +93,7 @@ def probe_pg_refused(d: Drill) -> None:
 
 
 def probe_pg_stopped(d: Drill) -> None:
-    from pipeline.dev.servers import PostgresCluster, postgres_bin
+    from devtools.servers import PostgresCluster, postgres_bin
 
     bindir = postgres_bin()
     if bindir is None:

@@ -3,7 +3,7 @@
 llama-cpp-python is layered as raw ctypes bindings (``llama_cpp.llama_cpp``), private
 internals (``llama_cpp._internals``) and a public ``Llama`` class. This package is our
 private layer over all three; the local engine (:mod:`..local`), the embedder
-(:mod:`..embed`), the prefix cache's state files (:mod:`..cache.store`) and the
+(:mod:`..embed`), the prefix cache's state files (:mod:`..cache.prefix_cache`) and the
 tuner's measurements use only what it exposes here:
 
 * :func:`load` (:mod:`.loading`) builds a :class:`Model`: one model with one context and

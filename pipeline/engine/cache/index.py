@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..._sqlite import connect, transaction
-from .budget import usefulness
+from .capacity import usefulness
 from .keys import FORMAT
 
 INDEX_NAME = "index.sqlite"

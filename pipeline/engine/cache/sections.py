@@ -1,6 +1,6 @@
 """Section states on disk: each section's KV cells, computed once after the prompt head, found by content.
 
-A section state is one entry of the prefix cache (:class:`.cache.store.PrefixCache`: same
+A section state is one entry of the prefix cache (:class:`.cache.prefix_cache.PrefixCache`: same
 directory, same budget and eviction order, same integrity checks and crash safety), in a
 namespace of its own: :func:`namespace` hashes the engine's namespace (the model file and
 every setting that shapes its KV cache) with the head's tokens (the chat template's start
@@ -31,7 +31,7 @@ from ..._sqlite import connect, transaction
 from ..._testhooks import crash_point
 from .index import Entry
 from .keys import full_hash, token_bytes
-from .store import PrefixCache
+from .prefix_cache import PrefixCache
 from ...records import Piece
 
 SEEN_NAME = "sections.sqlite"

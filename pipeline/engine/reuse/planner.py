@@ -45,7 +45,7 @@ from ...records import PromptShape
 if TYPE_CHECKING:
     from ..cache.calibrations import Calibrations
     from ..cache.protocol import StateStore
-    from ..cache.store import PrefixCache
+    from ..cache.prefix_cache import PrefixCache
 
 MARGIN = 0.10
 """Composition is chosen while its predicted time to the first token is within this share of exact's."""

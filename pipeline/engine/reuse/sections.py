@@ -29,14 +29,14 @@ from .seams import Seams, seam_positions
 from ...records import Piece, PromptShape, common_prefix
 
 if TYPE_CHECKING:
-    from ..cache.store import PrefixCache
+    from ..cache.prefix_cache import PrefixCache
     from ..contract import EngineStats
     from .compose import Composed
 
 
 class SectionReuse:
     """The section reuse of one engine: its section store (states in ``store``, a
-    :class:`~..cache.store.PrefixCache`, under ``namespace()``) and the seams it recomputes.
+    :class:`~..cache.prefix_cache.PrefixCache`, under ``namespace()``) and the seams it recomputes.
     Not thread-safe: the engine calls it within its turn (probes only read)."""
 
     def __init__(self, store: PrefixCache | None, *, namespace: Callable[[], str], seams: Seams):

@@ -53,7 +53,7 @@ def write_gpt_oss_model(
     """Write a generated ``gpt-oss`` GGUF to ``path`` (atomically) and return the path.
 
     The defaults make a model of about 1 MB with gpt-oss's 128-token window; see
-    :func:`pipeline.dev.synthetic.writer.write_gguf` for ``fill`` and ``dtype``.
+    :func:`devtools.synthetic.writer.write_gguf` for ``fill`` and ``dtype``.
     """
     positive(n_layers=n_layers, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
              sliding_window=sliding_window, n_experts=n_experts, n_experts_used=n_experts_used,

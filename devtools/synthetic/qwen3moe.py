@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError
+from pipeline.errors import ConfigError
 from .vocab import resolve_vocab
 from .writer import Tensor, attention_hparams, check_moe, common_hparams, moe_hparams, positive, write_gguf
 
@@ -71,7 +71,7 @@ def write_moe_model(path: str | os.PathLike[str], *, arch: str = "qwen3moe", zer
     of the matrices, norms and router are always f32.
     """
     if arch != "qwen3moe":
-        raise ConfigError(f"write_moe_model writes qwen3moe, not {arch!r} (see pipeline.dev.synthetic.write_model).")
+        raise ConfigError(f"write_moe_model writes qwen3moe, not {arch!r} (see devtools.synthetic.write_model).")
     if dtype not in ("f32", "f16"):
         raise ConfigError(f"dtype must be 'f32' or 'f16', not {dtype!r}.")
     return _write(path, name="synthetic-moe", fill="zero" if zero else "random", dtype=dtype, **_shape(shape))

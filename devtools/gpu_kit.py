@@ -1,6 +1,6 @@
 """The GPU kit: a CUDA build of llama-cpp-python made on a machine without a GPU, carried to one without a network.
 
-Four steps, one command each (``python pipeline/dev/gpu_kit.py STEP``):
+Four steps, one command each (``python devtools/gpu_kit.py STEP``):
 
 ``build``
     Installs NVIDIA's CUDA toolchain from PyPI into ``$RAG_HOME/cuda/cuXX`` (no
@@ -63,11 +63,11 @@ import zipfile
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make ``pipeline`` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline._build import LLAMA_CPP_VERSION, cmake_args, ensure_wheel, rag_home, wheel_folder  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 ARCHS = ("86", "90")  # RTX 3090, H100/H200
 #: The instruction sets of the CPU side: x86-64-v3, which every host of such GPUs has.
 PORTABLE_CPU = frozenset({"avx", "avx2", "fma", "f16c", "bmi2"})
@@ -147,7 +147,7 @@ def cached_wheel(cuda: str, archs: tuple[str, ...] = ARCHS) -> Path:
     cached = sorted(wheel_folder(_key_args(cuda, archs)).glob("llama_cpp_python-*.whl"))
     if not cached:
         raise SystemExit(f"no CUDA {cuda} kit wheel for sm_{', sm_'.join(archs)} in {wheel_folder(_key_args(cuda, archs))}: "
-                         f"run `python pipeline/dev/gpu_kit.py build --cuda {cuda}` first")
+                         f"run `python devtools/gpu_kit.py build --cuda {cuda}` first")
     return cached[0]
 
 
@@ -324,7 +324,7 @@ def pack(*, cuda: str, archs: tuple[str, ...] = ARCHS, out: Path = ROOT / "gpu-k
                         "--only-binary", ":all:", "-d", str(wheels), *extras], check=True)
     (out / "run.sh").write_text("#!/bin/sh\n# On the GPU machine, from the repository root: install the kit offline, "
                                 "run benchmarks/gpu_prefill.py.\n"
-                                'exec python3 pipeline/dev/gpu_kit.py run --kit "$(dirname "$0")" "$@"\n')
+                                'exec python3 devtools/gpu_kit.py run --kit "$(dirname "$0")" "$@"\n')
     (out / "run.sh").chmod(0o755)
     manifest = dict(llama_cpp_python=LLAMA_CPP_VERSION, cuda=cuda, archs=list(archs),
                     cmake_args=kit_cmake_args(archs), archive=name, archive_sha256=archive["sha256"],
@@ -345,7 +345,7 @@ def install_kit(kit: Path, site: Path, *, python: str = sys.executable) -> dict:
         manifest = json.loads((kit / "MANIFEST.json").read_text())
         archive = kit / manifest["archive"]
     except (OSError, ValueError, KeyError) as exc:
-        raise SystemExit(f"{kit} is not a packed kit ({exc}): run `python pipeline/dev/gpu_kit.py pack` "
+        raise SystemExit(f"{kit} is not a packed kit ({exc}): run `python devtools/gpu_kit.py pack` "
                          "and copy its whole folder") from None
     if not archive.is_file():
         raise SystemExit(f"{archive} is missing: copy the whole kit folder (pack writes it)")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ...errors import ConfigError
+from pipeline.errors import ConfigError
 from .vocab import resolve_vocab
 from .writer import Tensor, attention_hparams, check_moe, common_hparams, moe_hparams, positive, write_gguf
 
@@ -107,7 +107,7 @@ def write_hybrid_model(
     The defaults (about 1 MB) keep Qwen3.6-35B-A3B's proportions: three DeltaNet layers to
     one attention layer, twice as many value heads as key heads, a quarter of the
     attention head rotated, a shared expert as wide as a routed one. See
-    :func:`pipeline.dev.synthetic.writer.write_gguf` for ``fill`` and ``dtype``.
+    :func:`devtools.synthetic.writer.write_gguf` for ``fill`` and ``dtype``.
     """
     positive(n_layers=n_layers, n_embd=n_embd, full_attention_interval=full_attention_interval, n_head=n_head,
              n_head_kv=n_head_kv, head_dim=head_dim, rope_dim=rope_dim, ssm_conv_kernel=ssm_conv_kernel,

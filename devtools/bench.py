@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Sequence
 
-from ..errors import InputError, RagError
+from pipeline.errors import InputError, RagError
 
 #: Scripts in benchmarks/ that ``rag bench`` does not run.
 EXCLUDED = frozenset({"gpu_prefill.py"})
@@ -133,7 +133,7 @@ class BenchResults:
 
 def default_dir() -> Path:
     """The source checkout's ``benchmarks/`` folder."""
-    return Path(__file__).resolve().parents[2] / "benchmarks"
+    return Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def discover(directory: str | os.PathLike[str] | None = None) -> list[Path]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import ConfigError
+from pipeline.errors import ConfigError
 
 # At least one merge is required: llama.cpp refuses a gpt2 vocabulary without merges.
 MERGES = ("Ġ t", "h e", "i n")

@@ -1,4 +1,4 @@
-"""The tuner's memory model against llama.cpp's own numbers, as a table: ``python -m pipeline.dev.memory_check``.
+"""The tuner's memory model against llama.cpp's own numbers, as a table: ``python -m devtools.memory_check``.
 
 For a generated model of each architecture (``qwen3moe``, the hybrid ``qwen35moe``, ``gpt-oss``;
 ``--model FILE`` adds any GGUF) and each context, the KV cache (with the recurrent state) and the
@@ -16,9 +16,9 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from ..tuning.footprint import compute_buffer_bytes, dry_run, kv_bytes
-from ..tuning.choice import search_base
-from ..tuning.spec import ModelSpec
+from pipeline.tuning.footprint import compute_buffer_bytes, dry_run, kv_bytes
+from pipeline.tuning.choice import search_base
+from pipeline.tuning.spec import ModelSpec
 
 CONTEXTS = (8192, 16384, 32768, 65536)
 ARCHS = ("qwen3moe", "qwen35moe", "gpt-oss")
@@ -59,7 +59,7 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     from .synthetic import write_model
 
-    ap = argparse.ArgumentParser(prog="python -m pipeline.dev.memory_check", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m devtools.memory_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", action="append", default=[], help="also check this GGUF (repeatable)")
     ap.add_argument("-ub", "--n-ubatch", type=int, default=512, help="micro-batch size (default 512)")
     args = ap.parse_args(argv)

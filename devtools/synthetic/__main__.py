@@ -1,4 +1,4 @@
-"""``python -m pipeline.dev.synthetic ARCH OUT.gguf [--layers N] [--ctx N] ...``: write a generated model.
+"""``python -m devtools.synthetic ARCH OUT.gguf [--layers N] [--ctx N] ...``: write a generated model.
 
 The defaults are the test models' (about 1 MB, a 64K trained context); every shape
 option maps to the architecture writer's keyword argument of the same meaning, and
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ...errors import ConfigError
+from pipeline.errors import ConfigError
 from . import WRITERS, write_model
 
 #: option -> writer keyword
@@ -23,7 +23,7 @@ _OPTIONS = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipeline.dev.synthetic",
+    p = argparse.ArgumentParser(prog="python -m devtools.synthetic",
                                 description="Write a generated GGUF model with random weights (its text is noise).")
     p.add_argument("arch", choices=sorted(WRITERS), help="architecture")
     p.add_argument("out", help="the GGUF file to write")

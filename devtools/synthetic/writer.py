@@ -26,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ...errors import ConfigError
+from pipeline.errors import ConfigError
 from .vocab import add_tokenizer
 
 #: Matrix types a generated model can have.

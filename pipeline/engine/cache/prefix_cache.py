@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Collection, Sequence
 
 from ...disk import free_bytes, is_disk_full
 from ...errors import EngineError
-from .budget import cap
+from .capacity import cap
 from .directory import SWEEP_INTERVAL, CacheDirectory
 from .files import check_file, state_name, write_state
 from .index import Entry, is_damaged

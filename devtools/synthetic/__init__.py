@@ -18,7 +18,7 @@ The shapes are parameters, so a benchmark can write a timing-only model with a r
 model's shapes; tensors are generated and written one at a time (:mod:`.writer`, the
 one writer all of them use), so memory stays at about one tensor. From the shell::
 
-    python -m pipeline.dev.synthetic qwen35moe hybrid.gguf --layers 8 --ctx 131072
+    python -m devtools.synthetic qwen35moe hybrid.gguf --layers 8 --ctx 131072
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from ...errors import ConfigError
+from pipeline.errors import ConfigError
 from .gpt_oss import write_gpt_oss_model
 from .mamba import write_mamba_model
 from .qwen35moe import write_hybrid_model

@@ -1,1 +1,0 @@
-"""Development tools: generated test models and the benchmark runner."""
