@@ -13,7 +13,7 @@ from pipeline import disk
 from pipeline.config import load_config
 from pipeline.engine import _llama
 from pipeline.engine._llama import composing as mem
-from pipeline.engine.cache import budget
+from pipeline.engine.cache import capacity
 from pipeline.engine.cache.index import CacheIndex
 from pipeline.engine.cache.sections import SectionStates
 from pipeline.engine.cache.prefix_cache import PrefixCache
@@ -68,11 +68,11 @@ def test_the_automatic_cap_is_half_the_disk_room_less_a_margin(tmp_path, monkeyp
     fake = FakeDisk(tmp_path, size=100 * GiB, room=60 * GiB)
     monkeypatch.setattr(disk.os, "statvfs", fake.statvfs)
     # margin: a tenth of 100 GiB (more than 2 GiB); half of the free 60 GiB plus the 4 GiB the cache holds, less it
-    assert budget.cap(tmp_path, 4 * GiB) == (60 * GiB + 4 * GiB - 10 * GiB) // 2
-    assert budget.cap(tmp_path, 4 * GiB, max_bytes=3 * GiB) == 3 * GiB  # a cap that is set wins
+    assert capacity.cap(tmp_path, 4 * GiB) == (60 * GiB + 4 * GiB - 10 * GiB) // 2
+    assert capacity.cap(tmp_path, 4 * GiB, max_bytes=3 * GiB) == 3 * GiB  # a cap that is set wins
     small = FakeDisk(tmp_path, size=8 * GiB, room=GiB)
     monkeypatch.setattr(disk.os, "statvfs", small.statvfs)
-    assert budget.cap(tmp_path, 0) == 0  # less room than the 2 GiB margin: nothing is saved
+    assert capacity.cap(tmp_path, 0) == 0  # less room than the 2 GiB margin: nothing is saved
 
 
 def test_an_automatic_cache_follows_its_disk(model, tmp_path, monkeypatch):
@@ -159,7 +159,7 @@ def test_eviction_weighs_uses_against_time_unused(tmp_path):
     """Worth per byte = (uses + 1) x tokens / bytes, halved per day unused: ordered on a real index."""
     index = CacheIndex(tmp_path / "index.sqlite")
     now = 1_000_000_000.0
-    day = budget.HALF_LIFE
+    day = capacity.HALF_LIFE
 
     def add(name, *, hits, age, tokens=1000, size=1000):
         with index.write() as db:
