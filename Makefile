@@ -14,9 +14,13 @@ demo: setup
 	.venv/bin/rag ingest samples/
 	.venv/bin/rag ask --max-tokens 64 $(DEMO_QUESTIONS)
 
+# Two worker processes, each taking whole test files (module fixtures set up once): many tests wait on a
+# subprocess, a server or a file; TEST_WORKERS=0 runs the suite in this process alone.
+TEST_WORKERS ?= 2
+
 test: setup
 	.venv/bin/rag models pull SmolLM2-135M-Instruct   # a model with a chat template, for the template tests
-	.venv/bin/python -m pytest -q
+	.venv/bin/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: setup
 	.venv/bin/python benchmarks/ingest.py
