@@ -39,7 +39,7 @@ def default_manual(folder: Path) -> tuple[Path, list[dict]]:
     import sys
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from pdfs import make_pdf  # the project's own minimal PDF writer
+    from support.pdfs import make_pdf  # the project's own minimal PDF writer
 
     lines = (ROOT / "benchmarks/eval/manpages/wget.txt").read_text().splitlines()
     pages = ["\n".join(line[:110] for line in lines[i:i + LINES_PER_PAGE]) for i in range(0, len(lines), LINES_PER_PAGE)]

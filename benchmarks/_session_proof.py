@@ -42,7 +42,7 @@ def manpage_pdf(name: str, folder: Path) -> Path:
     import sys
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from pdfs import make_pdf  # the project's own minimal PDF writer
+    from support.pdfs import make_pdf  # the project's own minimal PDF writer
 
     lines = (ROOT / f"benchmarks/eval/manpages/{name}.txt").read_text().splitlines()
     pages = ["\n".join(line[:110] for line in lines[i:i + LINES_PER_PAGE]) for i in range(0, len(lines), LINES_PER_PAGE)]

@@ -39,7 +39,7 @@ def shelf_corpus(folder: Path, *, pages: int, manual_pages: int) -> None:
         writer.write(f)
     manual, _ = _corpora.manual_pages(manual_pages)
     sys.path.insert(0, str(ROOT / "tests"))
-    from pdfs import make_pdf  # the project's own minimal PDF writer
+    from support.pdfs import make_pdf  # the project's own minimal PDF writer
 
     make_pdf(folder / "field-manual.pdf", ["\n".join(textwrap.fill(line, 95) for line in text.split("\n"))
                                           for _, text in manual], title="XR-9 irrigation controller: field manual")

@@ -12,7 +12,7 @@ the files through their document locks, see :mod:`pipeline.ingest.run`) into a f
 and times from the first start to the last exit (model loads included: each process loads its
 embedder, as separate machines would). Tokens are the collection's committed content tokens.
 
-``--fake`` uses the tests' deterministic fake embedder (``tests/fake_ingest.py``) instead of
+``--fake`` uses the tests' deterministic fake embedder (``tests/support/fake_ingest.py``) instead of
 all-MiniLM-L6-v2, sleeping ``--delay`` seconds per chunk instead of computing: it stands for
 embedders on other machines (each ingest process on its own box), so the rows show how the
 shared store itself scales, without the embedder's CPU time, which on a 2-core machine no number
@@ -60,7 +60,7 @@ def run_config(kind: str, n: int, *, corpus: Path, base: Path, run: int, chroma:
                RAG_CACHE_PATH=str(base / "cache"), RAG_INGEST_WARM="off")  # embedding and the store only
     if kind == "server":
         env.update(RAG_STORE_URL=chroma, RAG_STORE_CATALOG_URL=pg)
-    cmd = ([sys.executable, str(ROOT / "tests" / "fake_ingest.py"), str(corpus), str(delay)] if fake
+    cmd = ([sys.executable, str(ROOT / "tests" / "support" / "fake_ingest.py"), str(corpus), str(delay)] if fake
            else [sys.executable, "-m", "pipeline", "ingest", str(corpus)])
     started = time.perf_counter()
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(n)]
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             chroma.stop()
             cluster.stop()
-    embedder = (f"fake embedder sleeping {args.delay:g} s per chunk (tests/fake_ingest.py)" if args.fake
+    embedder = (f"fake embedder sleeping {args.delay:g} s per chunk (tests/support/fake_ingest.py)" if args.fake
                 else "all-MiniLM-L6-v2 (rag ingest)")
     print(f"\n{args.files} files, {embedder}, {os.cpu_count()} CPUs, median of {args.repeat}")
     print("| store | processes | seconds | tokens/s | × embedded, 1 process | documents | chunks = vectors |")

@@ -8,7 +8,7 @@
   ``~/.cache/rag``); ``./setup.sh`` (``rag models pull``) provisions the default models
   there. A test that needs them (:func:`model_home`) fails with that advice when they
   are missing, and is ``slow`` (marked so at collection): ``pytest -m "not slow"`` runs the rest,
-  which use the deterministic fakes of ``tests/fakes.py`` (:func:`fake_pipeline`) or
+  which use the deterministic fakes of ``tests/support/fakes.py`` (:func:`fake_pipeline`) or
   tiny generated models.
 * ``RAG_INGEST_WARM=off``: ``rag ingest`` does not save section states afterwards (what
   ``ingest.warm = "auto"`` does for a collection larger than the context, the bundled samples
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 if str(ROOT) not in sys.path:  # the development tools (devtools/) are the checkout's, never installed
     sys.path.insert(1, str(ROOT))
 
-from pdfs import make_pdf  # noqa: E402
+from support.pdfs import make_pdf  # noqa: E402
 
 #: The environment the run started with: where the real models are.
 _REAL_HOME = os.environ.get("RAG_HOME") or ""
@@ -133,13 +133,13 @@ def make_pipeline(store_dir):
 
 @pytest.fixture
 def fake_pipeline(tmp_store):
-    """Build a Pipeline on a temporary store with the fakes of ``tests/fakes.py``: no model loads.
+    """Build a Pipeline on a temporary store with the fakes of ``tests/support/fakes.py``: no model loads.
 
     ``factory(embedder=..., generator=..., **overrides)``; by default a fresh
     :class:`fakes.HashEmbedder` and an :class:`fakes.EchoGenerator` sharing one set of
     saved prefixes with every other pipeline of the test (as processes share a cache).
     """
-    from fakes import EchoGenerator, HashEmbedder
+    from support.fakes import EchoGenerator, HashEmbedder
     from pipeline import Pipeline
 
     saved: set = set()
@@ -195,7 +195,7 @@ def ingested(make_pipeline, corpus):
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     """A headless Chromium for the web page's tests, one per test module."""
-    from browser import Browser, find_chromium
+    from support.browser import Browser, find_chromium
 
     binary = find_chromium()
     if binary is None:

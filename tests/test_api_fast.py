@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fakes import EchoGenerator
+from support.fakes import EchoGenerator
 
 from pipeline.errors import ConfigError, EngineError, InputError, StoreError
 

@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from click.testing import CliRunner
 
-from arch_flow import QUESTIONS, ask, cli_json, settings_env, write_docs
+from support.arch_flow import QUESTIONS, ask, cli_json, settings_env, write_docs
 from devtools.servers import free_port
 from pipeline.cli import cli
 

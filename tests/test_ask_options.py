@@ -52,7 +52,7 @@ def test_gemma_base_model_answers_without_inventing_new_turns(make_pipeline, ing
 def test_an_invented_turn_ends_the_answer_and_the_decode(fake_pipeline):
     """A generator that writes the next "Question: ... Answer: ..." turn itself: the answer ends
     before it, and the engine stops decoding there (its turn is given back)."""
-    from fakes import EchoGenerator
+    from support.fakes import EchoGenerator
 
     class Inventor(EchoGenerator):
         def _stream(self, words, stats, cancel=None):

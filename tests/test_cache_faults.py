@@ -256,7 +256,7 @@ def _cache_stats_is_exit_4(directory: Path) -> None:
 
 
 def test_cache_stats_on_a_real_full_disk_with_no_cache_folder_yet_is_exit_4(tmp_store, tmp_path):
-    from full_disk import small_disk
+    from support.full_disk import small_disk
 
     with small_disk(tmp_path / "disk", size="1m") as disk:
         disk.fill(free=0)
@@ -291,7 +291,7 @@ def asker(fake_pipeline, tiny_model, corpus):
     fake_pipeline().ingest([corpus / "guide.md"])
 
     def ask(**overrides):
-        from fakes import HashEmbedder
+        from support.fakes import HashEmbedder
         from pipeline import Pipeline
 
         settings = {"models.generator": str(tiny_model), "engine.n_ctx": 2048, "engine.threads": 1,

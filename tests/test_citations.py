@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from fakes import EchoGenerator
+from support.fakes import EchoGenerator
 from pipeline.ask.citations import Renumbering, numbering, renumber, shown_sources
 from pipeline.engine.contract import Generation
 from pipeline.records import PromptShape

@@ -84,7 +84,7 @@ def test_missing_path_exits_nonzero_with_a_message(store_dir, corpus):
 
 @pytest.mark.slow
 def test_unreadable_file_is_reported_but_exit_is_zero_unless_strict(store_dir, corpus):
-    from pdfs import make_corrupt_pdf
+    from support.pdfs import make_corrupt_pdf
 
     make_corrupt_pdf(corpus / "broken.pdf")
     result = run("ingest", str(corpus))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakes import HashEmbedder
+from support.fakes import HashEmbedder
 from devtools.synthetic import write_model, write_moe_model
 from pipeline import Pipeline
 from pipeline.engine.cache.sections import NO_STATE

@@ -21,7 +21,7 @@ QUESTION = "Which valve has code VAL-020, and what does sensor unit 9 report?"
 SCRIPT = """
 import json, sys
 sys.path.insert(0, {tests!r})
-from fakes import HashEmbedder
+from support.fakes import HashEmbedder
 from pipeline import Pipeline
 overrides, what = json.loads(sys.argv[1]), sys.argv[2]
 with Pipeline.from_config(overrides=overrides, embedder=HashEmbedder()) as rag:

@@ -7,7 +7,7 @@ import typing
 
 import numpy as np
 import pytest
-from fakes import EchoGenerator, HashEmbedder
+from support.fakes import EchoGenerator, HashEmbedder
 
 from pipeline.engine.embed import Embedder
 from pipeline.engine.local import Engine

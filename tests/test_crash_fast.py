@@ -1,6 +1,6 @@
 """Crash safety with real processes and the fake embedder: ``kill -9`` mid-ingest and mid-replacement.
 
-The store's commit protocol does not depend on the embedder; ``tests/fake_ingest.py`` runs the ingest
+The store's commit protocol does not depend on the embedder; ``tests/support/fake_ingest.py`` runs the ingest
 in its own process with a slowed fake so that the kill lands mid-way. ``test_crash.py`` (slow) does
 the same through ``rag ingest`` on the real embedder.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_crash import N_DOCS, _check_consistent, _committed, _corpus, _kill_after
 
-SCRIPT = Path(__file__).resolve().parent / "fake_ingest.py"
+SCRIPT = Path(__file__).resolve().parent / "support" / "fake_ingest.py"
 DELAY = "0.02"  # seconds per embedded chunk
 
 

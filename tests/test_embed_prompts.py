@@ -1,6 +1,6 @@
 """Query and document prefixes of instruction-tuned embedders, on generated BERT models run by llama.cpp.
 
-A random-weight BERT (``tests/tiny_bert.py``) converted by the product's converter carries the
+A random-weight BERT (``tests/support/tiny_bert.py``) converted by the product's converter carries the
 name of its folder as ``general.name``: named like an e5 model it must get e5's prefixes, named
 like nothing known it must get none, and explicit settings win over both.
 """
@@ -16,7 +16,7 @@ from pipeline import Pipeline
 from pipeline.config import load_config
 from pipeline.engine.embed_prompts import AUTO, Prompts, known_prompts, resolve
 from pipeline.errors import StoreError
-from tiny_bert import write_bert_gguf
+from support.tiny_bert import write_bert_gguf
 
 
 @pytest.mark.parametrize("names, family, query, document", [

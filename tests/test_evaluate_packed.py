@@ -11,7 +11,7 @@ import json
 
 from click.testing import CliRunner
 
-from fakes import EchoGenerator
+from support.fakes import EchoGenerator
 from pipeline.cli import cli
 
 TOPICS = ["giraffes sleep standing up for short naps", "zebras graze on tall grass at dawn",

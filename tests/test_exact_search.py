@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
+from support.servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 from pipeline.engine.embed_prompts import embed_query
 from pipeline.store import exact
@@ -81,7 +81,7 @@ def test_a_question_over_a_small_collection_never_imports_chromadb(fake_pipeline
     fake_pipeline().ingest([corpus])
     script = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "from fakes import EchoGenerator, HashEmbedder\n"
+        "from support.fakes import EchoGenerator, HashEmbedder\n"
         "from pipeline import Pipeline\n"
         "with Pipeline.from_config(embedder=HashEmbedder(), generator=EchoGenerator()) as rag:\n"
         "    hits = rag.search('bananas potassium')\n"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fakes import EchoGenerator, HashEmbedder
+from support.fakes import EchoGenerator, HashEmbedder
 from pipeline.engine.contract import Generation
 from pipeline.ingest.doc2query import questions_for
 from pipeline.retrieval.expansion import hyde_query

@@ -21,7 +21,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.retrieval.fusion import AdaptiveFusion, TermStats, dense_doubt, lexical_strength, lexical_weight, words
-from servers import pg_cluster, pg_url  # noqa: F401  (fixtures)
+from support.servers import pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 # Words that mean the same thing share a coordinate: what a real embedder learns and BM25 cannot.
 CONCEPTS = [("car", "automobile", "vehicle"), ("engine", "motor"), ("oil", "lubricant"),

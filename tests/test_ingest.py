@@ -124,7 +124,7 @@ def test_prune_only_touches_the_given_folders(make_pipeline, corpus, tmp_path):
 
 
 def test_unreadable_files_are_reported_and_the_rest_ingested(make_pipeline, corpus):
-    from pdfs import make_corrupt_pdf, make_encrypted_pdf
+    from support.pdfs import make_corrupt_pdf, make_encrypted_pdf
 
     make_corrupt_pdf(corpus / "broken.pdf")
     make_encrypted_pdf(corpus / "secret.pdf", ["Top secret text."], "hunter2")

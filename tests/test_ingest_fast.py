@@ -7,7 +7,7 @@ import os
 import time
 
 import pytest
-from fakes import HashEmbedder
+from support.fakes import HashEmbedder
 
 from pipeline.errors import ConfigError, InputError, StoreError
 
@@ -91,7 +91,7 @@ def test_removed_files_are_reported_then_pruned_only_under_the_given_folders(fak
 
 
 def test_unreadable_files_are_reported_and_the_rest_ingested(fake_pipeline, corpus):
-    from pdfs import make_corrupt_pdf
+    from support.pdfs import make_corrupt_pdf
 
     make_corrupt_pdf(corpus / "broken.pdf")
     (corpus / "empty.md").write_text("   \n")

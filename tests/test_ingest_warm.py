@@ -13,7 +13,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from fakes import HashEmbedder
+from support.fakes import HashEmbedder
 from devtools.synthetic import write_model, write_moe_model
 from pipeline import Pipeline
 from pipeline.cli import cli

@@ -12,7 +12,7 @@ import pytest
 from pipeline.errors import LoadError
 from pipeline.ingest.loaders import LoadedDocument, TextUnit, detect_format, load
 
-from pdfs import make_corrupt_pdf, make_encrypted_pdf, make_pdf, make_scanned_pdf
+from support.pdfs import make_corrupt_pdf, make_encrypted_pdf, make_pdf, make_scanned_pdf
 
 PAGES = [
     "Chapter one: prefill throughput\nThe aardvark measures n_ubatch.",

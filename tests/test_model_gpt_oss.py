@@ -1,12 +1,12 @@
 """gpt-oss end to end: a generated ``gpt-oss`` (alternating sliding-window and full attention with
 sinks, experts with biases, the harmony template) through ingest, ask (whole and sections), summarize
-and a second process restoring the saved state (see ``tests/arch_flow.py``)."""
+and a second process restoring the saved state (see ``tests/support/arch_flow.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from arch_flow import run_main_path
+from support.arch_flow import run_main_path
 
 
 @pytest.fixture(scope="module")

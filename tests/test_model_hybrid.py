@@ -1,12 +1,12 @@
 """The seed's own model family end to end: a generated Qwen3.5/3.6-style hybrid (``qwen35moe``: Gated
 DeltaNet and gated attention, routed and shared experts) through ingest, ask (whole and sections),
-summarize and a second process restoring the saved state (see ``tests/arch_flow.py``)."""
+summarize and a second process restoring the saved state (see ``tests/support/arch_flow.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
-from arch_flow import run_main_path
+from support.arch_flow import run_main_path
 
 
 @pytest.fixture(scope="module")

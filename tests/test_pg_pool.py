@@ -1,5 +1,5 @@
 """The pool of PostgreSQL connections (``store.catalog_url``), against the real throwaway cluster the
-tests start (``servers.py``): what the server itself reports in ``pg_stat_activity``."""
+tests start (``support/servers.py``): what the server itself reports in ``pg_stat_activity``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from servers import pg_cluster, pg_url  # noqa: F401  (fixtures)
+from support.servers import pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 from pipeline.errors import StoreBusyError
 from pipeline.store import pg_pool

@@ -176,7 +176,7 @@ def test_a_longer_state_on_disk_wins_over_a_shorter_one_in_ram(models, tmp_path)
 
 @pytest.mark.slow
 def test_the_settings_and_the_pipeline(models, tmp_path, monkeypatch):
-    from fakes import HashEmbedder
+    from support.fakes import HashEmbedder
     from pipeline import Pipeline
     from pipeline.config import load_config
     from pipeline.errors import ConfigError

@@ -3,7 +3,7 @@
 The fast tests need no model: references, the hash ring, the token-text memory, and
 the bounded wait against a port nobody listens on. The slow ones start real
 ``python -m llama_cpp.server`` processes on 127.0.0.1 with the default models
-(tests/servers.py), kill them mid-answer, restart them and route between two of them.
+(tests/support/servers.py), kill them mid-answer, restart them and route between two of them.
 """
 
 from __future__ import annotations

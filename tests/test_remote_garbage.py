@@ -1,7 +1,7 @@
 """A generator or embedder server that answers garbage: one `Error:` line and exit 6 from the CLI, a 502
 ``upstream_error`` from `rag serve`, streaming or not, never a traceback or a 500.
 
-The server is :class:`upstream_garbage.GarbageServer` (an OpenAI-compatible stand-in that answers one
+The server is :class:`support.upstream_garbage.GarbageServer` (an OpenAI-compatible stand-in that answers one
 endpoint with an HTML page, JSON of another shape or a broken event stream); the collection is ingested
 with the real local embedder, and the local models answer nothing else.
 """
@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from serving import RagServer, serve_env
-from upstream_garbage import MODES, GarbageServer
+from support.serving import RagServer, serve_env
+from support.upstream_garbage import MODES, GarbageServer
 
 GENERATOR_MODES = [m for m in MODES if not m.startswith("embeddings")]
 EMBEDDER_MODES = ["html", *(m for m in MODES if m.startswith("embeddings"))]

@@ -4,7 +4,7 @@ takes it down unchanged (the CLI, the API and the asyncio API all build one). No
 from __future__ import annotations
 
 import pytest
-from fakes import EchoGenerator
+from support.fakes import EchoGenerator
 
 from pipeline import AskRequest
 from pipeline.ask.request import AskOptions

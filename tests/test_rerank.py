@@ -98,7 +98,7 @@ def test_real_store_reranking_recovers_the_page_only_bm25_found(make_pipeline, t
     from pipeline.retrieval.search import search
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from pdfs import make_pdf
+    from support.pdfs import make_pdf
 
     docs = tmp_path / "docs"
     docs.mkdir()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
-from fakes import EchoGenerator, HashEmbedder
+from support.fakes import EchoGenerator, HashEmbedder
 
 from pipeline import models
 from pipeline.config import load_config

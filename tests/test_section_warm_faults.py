@@ -13,7 +13,7 @@ import threading
 import pytest
 from click.testing import CliRunner
 
-from full_disk import small_disk
+from support.full_disk import small_disk
 from pipeline.errors import DiskFullError
 from test_compose_ask import TOPICS, ingest, moe, pipeline, settings, shelf  # noqa: F401  (fixtures)
 

@@ -48,7 +48,7 @@ def _http(url: str, *, data: dict | bytes | None = None, token: str | None = TOK
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_home):
     from conftest import CORPUS
-    from pdfs import make_pdf
+    from support.pdfs import make_pdf
 
     root = tmp_path_factory.mktemp("serve")
     docs = root / "docs"

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from devtools.servers import free_port
-from serving import RagServer, serve_env
+from support.serving import RagServer, serve_env
 
 TOKEN = "operator-token-0451"
 

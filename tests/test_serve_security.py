@@ -16,7 +16,7 @@ import time
 import pytest
 
 from devtools.servers import free_port
-from serving import RagServer, serve_env
+from support.serving import RagServer, serve_env
 
 openai = pytest.importorskip("openai", reason="the test extra (pip install -e .[test]) brings the openai client")
 

@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.serve import limits
 
-from serving import RagServer, serve_env
+from support.serving import RagServer, serve_env
 
 TOKEN = "uploads-token-9321"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

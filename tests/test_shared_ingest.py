@@ -1,7 +1,7 @@
 """Many processes, one collection: ``rag ingest`` processes writing at once, and questions while
-they write, through a real Chroma server and a real PostgreSQL (see ``servers.py``).
+they write, through a real Chroma server and a real PostgreSQL (see ``support/servers.py``).
 
-The ingests run as their own processes (``tests/fake_ingest.py``, the fake embedder: the
+The ingests run as their own processes (``tests/support/fake_ingest.py``, the fake embedder: the
 store's protocol does not depend on the embedder). ``RAG_TEST_KILL_BEFORE_COMMIT`` stops one
 of them with SIGKILL exactly mid-document: its vectors written, its commit not.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 import chromadb
 import pytest
 
-from servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
+from support.servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
 
-SCRIPT = Path(__file__).resolve().parent / "fake_ingest.py"
+SCRIPT = Path(__file__).resolve().parent / "support" / "fake_ingest.py"
 
 # Real servers (chroma run, a PostgreSQL cluster) and real processes: not the fakes-only fast subset.
 pytestmark = pytest.mark.slow

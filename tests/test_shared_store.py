@@ -1,12 +1,12 @@
 """The store on servers: vectors in a real Chroma server (``store.url``), the catalog in a real
-PostgreSQL (``store.catalog_url``), both started by the tests on 127.0.0.1 (see ``servers.py``)."""
+PostgreSQL (``store.catalog_url``), both started by the tests on 127.0.0.1 (see ``support/servers.py``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
+from support.servers import chroma_url, pg_cluster, pg_url  # noqa: F401  (fixtures)
 
 from pipeline.errors import StoreBusyError, StoreError
 from pipeline.retrieval.search import retrieve
@@ -88,7 +88,7 @@ def test_writes_stay_within_the_servers_batch_limit(tmp_path, chroma_url, monkey
 
 
 def test_an_unreachable_chroma_server_is_a_clear_error(fake_pipeline, corpus, monkeypatch):
-    from servers import free_port
+    from support.servers import free_port
 
     monkeypatch.setenv("RAG_STORE_TOKEN", "s3cret-token")
     rag = fake_pipeline(store__url=f"http://127.0.0.1:{free_port()}")
@@ -218,7 +218,7 @@ def test_postgres_schema_version_and_migrations(pg_url):
 
 
 def test_an_unreachable_postgres_is_a_clear_error(fake_pipeline, corpus):
-    from servers import free_port
+    from support.servers import free_port
 
     rag = fake_pipeline(store__catalog_url=f"postgresql://rag:hunter2@127.0.0.1:{free_port()}/x")
     with pytest.raises(StoreError) as err:

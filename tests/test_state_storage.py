@@ -279,7 +279,7 @@ def test_the_types_a_section_state_is_kept_in():
 def test_a_library_session_keeps_its_section_states_as_q8_0_and_composes_from_them(tmp_path):
     """Through the public API (cache.section_type = "q8_0"): every section state on disk is q8_0 at the
     size the metadata predicts, and a later question in a new process is composed from them."""
-    from fakes import HashEmbedder
+    from support.fakes import HashEmbedder
 
     from pipeline import Pipeline
     from devtools.synthetic import write_moe_model

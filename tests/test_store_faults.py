@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from full_disk import small_disk
+from support.full_disk import small_disk
 from pipeline import disk
 from pipeline.errors import StoreError
 from pipeline.store import failures

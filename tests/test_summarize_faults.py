@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from full_disk import small_disk
+from support.full_disk import small_disk
 from pipeline.errors import DiskFullError, InputError
 from pipeline._testhooks import PREFIX
 from pipeline.summarize.outputs import Outputs, Summary, output_names

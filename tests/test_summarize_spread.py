@@ -15,7 +15,7 @@ import pytest
 from pipeline.summarize.jobstore import SQLiteJobStore
 from pipeline.summarize.spread import spread
 
-from servers import pg_cluster, pg_url  # noqa: F401  (fixtures, for the PostgreSQL job store)
+from support.servers import pg_cluster, pg_url  # noqa: F401  (fixtures, for the PostgreSQL job store)
 from test_summarize import FakeEngine, doc_chunks
 from test_summarize import fake_job as _fake_job
 
@@ -63,7 +63,7 @@ class SharedFakeEngine(FakeEngine):
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.slow)])
 def job_stores(request, tmp_path):
     """A function opening a new connection to one job store: ``jobs.sqlite`` or the PostgreSQL catalog
-    (a fresh database in the cluster of ``servers.py``)."""
+    (a fresh database in the cluster of ``support/servers.py``)."""
     if request.param == "sqlite":
         path = tmp_path / "jobs.sqlite"
         SQLiteJobStore(path).close()

@@ -18,8 +18,8 @@ from urllib.parse import quote
 
 import pytest
 
-from pdfs import make_pdf
-from serving import RagServer, serve_env
+from support.pdfs import make_pdf
+from support.serving import RagServer, serve_env
 
 TOKEN = "web-page-token-5150"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from browser import Browser, find_chromium
-from pdfs import make_pdf
-from serving import RagServer, serve_env
+from support.browser import Browser, find_chromium
+from support.pdfs import make_pdf
+from support.serving import RagServer, serve_env
 from test_web_page import INERT_NAME, INERT_TEXT, TOKEN, _ask, _give_token, _wait_answered
 
 QUOKKA = "# Quokkas\n\nQuokkas live on Rottnest Island, near Perth in Western Australia.\n"

@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "tests"))
 
-from pdfs import make_pdf  # noqa: E402 - the project's own minimal PDF writer
+from support.pdfs import make_pdf  # noqa: E402 - the project's own minimal PDF writer
 
 MANUAL = [
     ("1. Safety and scope",

@@ -6,7 +6,7 @@ probes a generator with ``hasattr`` or ``inspect.signature``. :class:`EmbedderBa
 :class:`GeneratorBase` give the capabilities a backend may lack their meaning by
 default (one sequence at a time, no queue, no template of its own...): the local
 llama.cpp classes (:class:`~.local.Engine`, :class:`~.embed.Embedder`), the remote ones
-(:mod:`.remote`) and the deterministic fakes of the fast tests (``tests/fakes.py``)
+(:mod:`.remote`) and the deterministic fakes of the fast tests (``tests/support/fakes.py``)
 derive from them and override what they do better.
 
 :class:`EngineStats`, :class:`Generation` and :class:`Completion` are what a generator

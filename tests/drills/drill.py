@@ -56,7 +56,7 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # the test helpers (a real `rag serve`, a small disk)
+sys.path.insert(0, str(ROOT / "tests"))  # the test helpers' package, support/ (a real `rag serve`, a small disk)
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the areas' modules
 # The areas' modules import this one as `drill`: run as a script it is `__main__`, and must not load twice.
 sys.modules.setdefault("drill", sys.modules[__name__])

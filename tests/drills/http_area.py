@@ -14,7 +14,7 @@ import socket
 import time
 
 from drill import Defect, Drill, clean, store_env
-from serving import RagServer
+from support.serving import RagServer
 
 SECRET = "The vault code is 7431 and the walrus guards it."
 TOKEN = "drill-token-5d1e"

@@ -66,7 +66,7 @@ def probe_full_disk(d: Drill) -> None:
     d.cleanups.append(lambda: subprocess.run(["umount", "-l", str(where)], capture_output=True))
     env = {**c["env"], "RAG_CACHE_PATH": str(where / "cache")}
     state = c["bytes"] // c["sections"]
-    from full_disk import SmallDisk
+    from support.full_disk import SmallDisk
 
     disk = SmallDisk(where)
     disk.fill(free=int(2.5 * state) + (1 << 20))

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 
 from drill import Defect, Drill, clean, store_env
-from serving import RagServer
-from upstream_garbage import MODES, GarbageServer
+from support.serving import RagServer
+from support.upstream_garbage import MODES, GarbageServer
 
 QUESTION = "What do tomato plants need?"
 GENERATOR_MODES = [m for m in MODES if not m.startswith("embeddings")]

@@ -1,6 +1,6 @@
 """The screenshot of the web page in docs/app.md, taken by the browser the tests use.
 
-    .venv/bin/python tests/web_screenshot.py docs/web-page.png
+    .venv/bin/python tests/support/web_screenshot.py docs/web-page.png
 
 Ingests samples/ into a temporary store (as `rag ingest` does by default: section states saved and
 composition calibrated where the collection is larger than the context), starts `rag serve` on it
@@ -18,12 +18,12 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers' package
 
-from browser import Browser, find_chromium  # noqa: E402
-from serving import RagServer  # noqa: E402
+from support.browser import Browser, find_chromium  # noqa: E402
+from support.serving import RagServer  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 QUESTION = "How much faster was prefill with 8 layers' experts on the CPU?"  # the two questions of `make demo`
 FOLLOW_UP = "What is the difference between n_batch and n_ubatch?"
 

@@ -1,6 +1,6 @@
 """``rag ingest ROOT`` with the fake embedder, as its own process, for the crash tests.
 
-    python tests/fake_ingest.py ROOT[,ROOT...] [DELAY]
+    python tests/support/fake_ingest.py ROOT[,ROOT...] [DELAY]
 
 ``DELAY`` seconds per embedded chunk keep the run long enough to be killed mid-way.
 Settings (store path...) come from the environment, as for ``rag``.
@@ -11,10 +11,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
+TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TESTS), str(TESTS.parent)]  # the helpers' package, and the checkout
 
-from fakes import HashEmbedder  # noqa: E402
+from support.fakes import HashEmbedder  # noqa: E402
 
 from pipeline import Pipeline  # noqa: E402
 

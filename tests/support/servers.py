@@ -8,7 +8,7 @@
   with a reason that says so loudly and how to install it (``.ci/run`` installs it on a
   fresh machine).
 
-Import the fixtures into a test module: ``from servers import chroma_url, pg_cluster, pg_url  # noqa: F401``.
+Import the fixtures into a test module: ``from support.servers import chroma_url, pg_cluster, pg_url  # noqa: F401``.
 """
 
 from __future__ import annotations
