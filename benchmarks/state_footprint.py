@@ -4,7 +4,7 @@ Sizes come from :meth:`pipeline.engine.gguf.info.ModelInfo.state_bytes` with the
 :func:`pipeline.engine.cache.sections.kept_types` keeps a state in (an engine with an f16 KV cache and
 flash attention, the defaults), the code that sizes what the cache writes and what warming chooses
 within its room (:meth:`pipeline.engine.local.Engine.section_state_bytes`; checked against real state files of SmolLM2, Gemma 3 and a generated gpt-oss in
-``tests/test_state_storage.py``): per section of N tokens, the token list, every full-attention
+``tests/cache/test_state_storage.py``): per section of N tokens, the token list, every full-attention
 layer's keys and values for each token, and a sliding-window layer's for the last ``window``
 tokens only. The published shapes are written as the GGUF metadata llama.cpp's converter writes for
 them (architecture, layers, KV heads, head sizes, windows); ``--gguf`` reads real files instead.

@@ -13,7 +13,7 @@
 * ``RAG_INGEST_WARM=off``: ``rag ingest`` does not save section states afterwards (what
   ``ingest.warm = "auto"`` does for a collection larger than the context, the bundled samples
   at the 8K default included), so an ingest in a test costs its embedding only; the tests of
-  that default set it back (``tests/test_ingest_warm.py``).
+  that default set it back (``tests/ingest/test_ingest_warm.py``).
 * Every llama.cpp model a test loads must be closed by the end of the test (the
   ``make_pipeline`` and ``fake_pipeline`` factories close theirs).
 """
@@ -27,9 +27,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the shared helpers: ``from support.fakes import ...``
 if str(ROOT) not in sys.path:  # the development tools (devtools/) are the checkout's, never installed
     sys.path.insert(1, str(ROOT))
+pytest.register_assert_rewrite("support")  # the helpers' asserts explain a failure as a test's do
 
 from support.pdfs import make_pdf  # noqa: E402
 

@@ -14,7 +14,7 @@ little more than one.
 
 When the answers are the same as one prompt at a time: the shared cells are the very
 cells a lone prompt would have, and each row of a batch is computed on its own, so
-with one CPU thread greedy outputs are token for token equal (``tests/test_multiseq.py``,
+with one CPU thread greedy outputs are token for token equal (``tests/engine/test_multiseq.py``,
 SmolLM2; ``benchmarks/summarize.py --decode-batch`` checks it on a 3K-token document).
 With several threads they may not be: llama.cpp's CPU flash-attention kernel splits a
 one-token batch's KV cells across the threads (its split-KV path, for 512 cells or

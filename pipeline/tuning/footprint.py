@@ -14,8 +14,8 @@ the GPU and in host memory, from a :class:`~pipeline.tuning.spec.ModelSpec`:
   K and V sized by ``type_k``/``type_v`` (f16 2 bytes, q8_0 34 per 32, q4_0 18 per
   32 values);
 * compute buffer (:func:`compute_buffer_bytes`), derived from llama.cpp's own
-  dry runs of generated qwen3moe models (``tests/test_plan.py``) and checked on the
-  generated hybrid and gpt-oss and on Gemma 3 (``tests/test_plan_archs.py``), in bytes per
+  dry runs of generated qwen3moe models (``tests/config/test_plan.py``) and checked on the
+  generated hybrid and gpt-oss and on Gemma 3 (``tests/config/test_plan_archs.py``), in bytes per
   token of the micro-batch, ``u = n_ubatch``, ``c = n_ctx_pad``::
 
       layer = max(24*embd + 8*q_dim,  12*n_used*expert_ff + 17*embd + 4*n_experts + 4*q_dim)
@@ -136,7 +136,7 @@ def _mask_cells(spec: ModelSpec, settings: EngineConfig, swa_full: bool) -> int:
 def compute_buffer_bytes(spec: ModelSpec, settings: EngineConfig, *, swa_full: bool = True) -> int:
     """The main compute buffer of a plan (see the module docstring for the formula and where it comes from).
 
-    Checked against llama.cpp's dry run (``tests/test_plan.py``): within 5% wherever
+    Checked against llama.cpp's dry run (``tests/config/test_plan.py``): within 5% wherever
     the KQ mask / scores or the logits dominate (contexts from about 8K up, or a
     large vocabulary); an upper bound elsewhere (up to about +40% for contexts of a
     few thousand tokens, where the buffer is a few MiB): the per-layer term is the

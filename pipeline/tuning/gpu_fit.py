@@ -17,7 +17,7 @@ effective FLOP/s, pinned host-to-device bandwidth, and the micro-batch curve
 
 Held back, not used by the fit: :data:`LLAMA_8B_Q5_0_3090`, another published sweep
 (Llama 3 8B Q5_0, ``pp2048``, one RTX 3090), ggml-org/llama.cpp pull request #7716
-("CUDA: refactor mmq, dmmv, mmvq", the PR's column); ``tests/test_speed.py`` checks
+("CUDA: refactor mmq, dmmv, mmvq", the PR's column); ``tests/config/test_speed.py`` checks
 the model against it as well as against the figures it was fitted to.
 
 ``python -m pipeline.tuning.gpu_fit`` runs the fit and prints the constants that

@@ -36,7 +36,7 @@ the KV cache read per token, on each device, over its memory bandwidth.
 The hardware figures come from a :class:`~pipeline.tuning.hardware.HardwareProfile`;
 how the built-in ones were calibrated (published llama-bench ``-ub`` sweeps, the
 recipe's two measurements on an RTX 3090, ``rag tune --measure-hardware`` on a CPU)
-is in :mod:`pipeline.tuning.hardware` and ``tests/test_speed.py``.
+is in :mod:`pipeline.tuning.hardware` and ``tests/config/test_speed.py``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ It speaks llama_cpp.server's dialect well enough for `rag` to get that far (``/v
 ``/extras/tokenize`` with one token per character, ``/extras/detokenize``, a streamed
 ``/v1/completions``, ``/v1/embeddings``), except where its ``mode`` says otherwise: what a
 misconfigured proxy, another kind of server, or a broken one sends instead. The tests of a
-remote generator or embedder (``tests/test_remote_garbage.py``) and the drill's ``upstream`` area
+remote generator or embedder (``tests/scaleout/test_remote_garbage.py``) and the drill's ``upstream`` area
 start it with ``models.generator`` / ``models.embedder`` = ``openai:URL#fake``.
 
     with GarbageServer("completions-choices") as fake:
