@@ -18,12 +18,13 @@ import tempfile
 from pathlib import Path
 from urllib.parse import quote
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers' package
+TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(TESTS), str(TESTS.parent)]  # the helpers' package, and the checkout (devtools/)
 
 from support.browser import Browser, find_chromium  # noqa: E402
 from support.serving import RagServer  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = TESTS.parent
 QUESTION = "How much faster was prefill with 8 layers' experts on the CPU?"  # the two questions of `make demo`
 FOLLOW_UP = "What is the difference between n_batch and n_ubatch?"
 
