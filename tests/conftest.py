@@ -137,7 +137,7 @@ def fake_pipeline(tmp_store):
     """Build a Pipeline on a temporary store with the fakes of ``tests/support/fakes.py``: no model loads.
 
     ``factory(embedder=..., generator=..., **overrides)``; by default a fresh
-    :class:`fakes.HashEmbedder` and an :class:`fakes.EchoGenerator` sharing one set of
+    :class:`support.fakes.HashEmbedder` and an :class:`support.fakes.EchoGenerator` sharing one set of
     saved prefixes with every other pipeline of the test (as processes share a cache).
     """
     from support.fakes import EchoGenerator, HashEmbedder
