@@ -142,6 +142,9 @@ class Runtime:
             usable.append(True)
         finally:
             found.set()
+            if not usable:  # the thread ends without loading: a later call may start one
+                with self._background_mu:
+                    self._loading = None
 
     def _load_generator(self, found: threading.Event, usable: list) -> None:
         try:
