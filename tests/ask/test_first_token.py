@@ -182,12 +182,40 @@ def test_preload_starts_the_load_where_there_is_a_store_to_answer_from(make_pipe
     assert rag.ask(QUESTIONS[0]).text
 
 
+def test_preload_returns_once_llama_cpp_has_begun_loading_and_not_later(make_pipeline, ingested, monkeypatch):
+    """What the caller does next (imports, retrieval) would slow the imports the load waits for, since
+    Python runs one thread at a time; beside llama.cpp's own load it runs in parallel."""
+    import pipeline.engine.loading as loading
+    import pipeline.engine.local as local
+
+    events, release = [], threading.Event()
+    real_import, real_load = loading.import_bindings, local.load_generator
+
+    def slow_import() -> None:
+        time.sleep(0.5)
+        real_import()
+        events.append("bindings imported")
+
+    def held_load(*args, **kwargs):
+        release.wait(10)
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(loading, "import_bindings", slow_import)
+    monkeypatch.setattr(local, "load_generator", held_load)
+    rag = make_pipeline(**FAST)
+    rag.preload()
+    events.append("preload returned")
+    release.set()  # the load could not end before this: preload did not wait for its end
+    assert events == ["bindings imported", "preload returned"]
+    assert rag.ask(QUESTIONS[0]).text
+
+
 def test_importing_the_api_leaves_the_ask_path_and_ingest_for_later():
     import subprocess
 
     script = ("import sys, pipeline.api\n"
               "print(sorted(m for m in ('pipeline.ask.flow', 'pipeline.collection', 'pipeline.ingest.run', 'numpy',"
-              " 'llama_cpp', 'chromadb') if m in sys.modules))\n")
+              " 'llama_cpp', 'chromadb', 'http.client', 'tenacity') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

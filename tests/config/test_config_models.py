@@ -118,9 +118,13 @@ def test_unprovisioned_builtin_without_fetch_says_how(tmp_path):
 class _Files(http.server.BaseHTTPRequestHandler):
     files: dict[str, bytes] = {}
     requests: list[str] = []
+    failures: dict[str, list[int]] = {}  # statuses a path answers first, in turn
 
     def do_GET(self):  # noqa: N802 - http.server's naming
         self.requests.append(self.path)
+        if self.failures.get(self.path):
+            self.send_error(self.failures[self.path].pop(0))
+            return
         body = self.files.get(self.path)
         if body is None:
             self.send_error(404)
@@ -140,7 +144,7 @@ def hf_server(monkeypatch):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-    _Files.files, _Files.requests = {}, []
+    _Files.files, _Files.requests, _Files.failures = {}, [], {}
     yield _Files
     server.shutdown()
 
@@ -152,6 +156,24 @@ def test_hf_reference_downloads_once(hf_server, tmp_path):
     assert path.read_bytes() == body and path.is_relative_to(tmp_path / "models")
     assert models.resolve("hf:acme/tiny-GGUF/tiny.Q4_0.gguf", home=tmp_path) == path
     assert len(hf_server.requests) == 1
+
+
+def test_hf_downloads_try_again_where_the_failure_may_pass(hf_server, tmp_path):
+    body = b"GGUF" + bytes(60)
+    busy = "/acme/busy/resolve/main/x.gguf"
+    hf_server.files[busy] = body
+    hf_server.failures[busy] = [503]
+    assert models.resolve("hf:acme/busy/x.gguf", home=tmp_path).read_bytes() == body
+    assert hf_server.requests.count(busy) == 2
+    down = "/acme/down/resolve/main/x.gguf"
+    hf_server.files[down] = body
+    hf_server.failures[down] = [503, 502, 500]
+    with pytest.raises(ModelError, match="HTTP 500"):
+        models.resolve("hf:acme/down/x.gguf", home=tmp_path)
+    assert hf_server.requests.count(down) == 3  # three tries, then the last answer's status
+    with pytest.raises(ModelError, match="HTTP 404"):
+        models.resolve("hf:acme/none/x.gguf", home=tmp_path)
+    assert hf_server.requests.count("/acme/none/resolve/main/x.gguf") == 1  # not found is not tried again
 
 
 def test_hf_errors_are_clear(hf_server, tmp_path, monkeypatch):
