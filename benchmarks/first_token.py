@@ -12,6 +12,11 @@ process, as a person at a terminal would start it, ``--stats``, streaming:
   kernel, to its first piece of answer text), where the version under test reports it;
 * **engine**: its ``ttft_seconds`` (from the engine taking the prompt to the first token).
 
+Beside them, in each round, the floor no Python program on llama-cpp-python can go under: a process
+that only imports ``llama_cpp`` and loads the same model file with the engine's default settings
+(context 8,192, batches 2,048/512, flash attention), from its spawn to the line it prints once loaded.
+That floor plus the engine's TTFT, over the engine's TTFT, is the best ratio a new process could reach.
+
 The ratio seen / engine is the figure to keep at or under 2. Questions whose prompt was not composed
 (``cache: composed`` in the stats line) are reported and left out of the ratio.
 
@@ -112,6 +117,30 @@ class Version:
                 "reported": float(start.group(1)) if start else None, "cache": cache.group(1) if cache else ""}
 
 
+_BARE_LOAD = """
+import sys
+import llama_cpp
+quiet = llama_cpp.llama_log_callback(lambda level, text, data: None)
+llama_cpp.llama_log_set(quiet, None)
+llama_cpp.Llama(sys.argv[1], n_ctx=8192, n_batch=2048, n_ubatch=512, flash_attn=True, verbose=False)
+print("loaded", flush=True)
+"""
+
+
+def bare_load(version: Version) -> float:
+    """Seconds from spawning a process that only imports llama_cpp and loads the generator to its "loaded"."""
+    listed = json.loads(version.run("models", "list", "--json", capture_output=True, text=True).stdout)
+    started = time.perf_counter()
+    proc = subprocess.Popen([python(), "-c", _BARE_LOAD, listed["generator"]["path"]], env=version.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = proc.stdout.readline()
+    seconds = time.perf_counter() - started  # the process's exit (freeing the model) is not counted
+    _, err = proc.communicate()
+    if line.strip() != b"loaded":
+        raise SystemExit(f"the bare load failed ({proc.returncode}):\n{err.decode(errors='replace')}")
+    return seconds
+
+
 def summary(runs: list[dict]) -> dict:
     composed = [r for r in runs if r["cache"] == "composed" and r["seen"] and r["engine"]]
     if not composed:
@@ -150,8 +179,10 @@ def measure(args, work: Path) -> int:
         c = v.prepare()
         print(f"{v.name}: composition {'allowed' if c.get('allowed') else 'NOT allowed'} "
               f"(KL {c.get('kl')}, budget {c.get('budget')})", flush=True)
-    runs = []
+    runs, floors = [], []
     for round_ in range(1 if args.quick else args.repeat):
+        floors.append(bare_load(versions[0]))
+        print(f"  floor    round {round_ + 1}: import llama_cpp and load the model alone {floors[-1]:.2f} s", flush=True)
         for q in QUESTIONS[:2] if args.quick else QUESTIONS:
             for v in versions:
                 r = v.ask(q, args.max_tokens)
@@ -170,9 +201,15 @@ def measure(args, work: Path) -> int:
               f"(median of per-run ratios; target <= 2); the rest, {s['overhead_median']:.2f} s, is start-up, "
               "retrieval, the model load and the first piece's decode"
               + (f"; reported by rag {s['reported_median']:.2f} s" if s["reported_median"] is not None else ""))
+    floor = statistics.median(floors)
+    ours = results["this"]
+    if ours["composed"]:
+        best = (floor + ours["engine_ttft_median"]) / ours["engine_ttft_median"]
+        print(f"floor: a process that only imports llama_cpp and loads the model takes {floor:.2f} s (median): "
+              f"with nothing else before the engine, the best ratio is {best:.2f}x")
+        results["floor"] = {"load_seconds_median": floor, "best_ratio": best}
     load = os.getloadavg()
     print(f"load average {' '.join(f'{x:.1f}' for x in load)}")
-    ours = results["this"]
     passed = bool(ours["composed"]) and ours["ratio_median"] <= 2.0
     if ours["composed"]:
         print(f"[{'PASS' if passed else 'FAIL'}] start to first answer text at most twice the engine's TTFT: "
@@ -181,9 +218,9 @@ def measure(args, work: Path) -> int:
         sys.path.insert(0, str(ROOT))
         from devtools.bench import document, row
 
-        table = []
+        table = [row("floor_load_seconds", floor, "s")]
         for name, r in results.items():
-            if r["composed"]:
+            if r.get("composed"):
                 table += [row(f"{name}_start_to_first_text_seconds", r["seen_median"], "s"),
                           row(f"{name}_engine_ttft_seconds", r["engine_ttft_median"], "s"),
                           row(f"{name}_ratio", r["ratio_median"], "x",
