@@ -50,12 +50,19 @@ def _rate(tokens: str, seconds: str) -> Any:
     return field(default=0.0, metadata={"rate_of": (tokens, seconds)})
 
 
+def _engine_fact() -> Any:
+    """A field of :class:`EngineStats` that tells of the engine, not the prompt (every prompt an engine
+    answers carries the same value): a sum keeps the largest, never adds."""
+    return field(default=0.0, metadata={"engine_fact": True})
+
+
 @dataclass
 class EngineStats:
     """What one prompt cost, mostly from llama.cpp's own performance counters.
 
     Every number is a counter that adds up over prompts (:meth:`add`), but the rates, which name the
-    counters they divide; a new numeric field is a counter without being listed anywhere else.
+    counters they divide, and the engine's facts (its model's load time), which a sum keeps the largest
+    of; a new numeric field is a counter without being listed anywhere else.
     """
 
     prompt_tokens: int = 0
@@ -67,7 +74,7 @@ class EngineStats:
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     decode_tokens_per_second: float = _rate("decode_tokens", "decode_seconds")
-    load_seconds: float = 0.0
+    load_seconds: float = _engine_fact()  # the model's load, once per engine
     cache: CacheKind = CacheKind.NONE
     cache_load_seconds: float = 0.0
     states_saved: int = 0  # prefix states written by this prompt (whole prefix and boundaries)
@@ -96,19 +103,23 @@ class EngineStats:
 
     @classmethod
     def counters(cls) -> tuple[str, ...]:
-        """The fields that add up over prompts: every number but the rates."""
-        return tuple(f.name for f in fields(cls) if _numeric(f.default) and "rate_of" not in f.metadata)
+        """The fields that add up over prompts: every number but the rates and the engine's facts."""
+        return tuple(f.name for f in fields(cls)
+                     if _numeric(f.default) and "rate_of" not in f.metadata and "engine_fact" not in f.metadata)
 
     def add(self, other: EngineStats) -> EngineStats:
         """Add ``other``'s counters to these and compute the rates again from the sums; returns ``self``.
 
-        What several prompts cost together (a summary's units, a whole job). The cache kind, the plan,
-        the notes and the sections lost describe one prompt and are left as they are.
+        What several prompts cost together (a summary's units, a whole job). The engine's facts keep the
+        largest (a job's model loaded once per engine, not once per prompt). The cache kind, the plan, the
+        notes and the sections lost describe one prompt and are left as they are.
         """
         for name in self.counters():
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for f in fields(self):
-            if "rate_of" in f.metadata:
+            if "engine_fact" in f.metadata:
+                setattr(self, f.name, max(getattr(self, f.name), getattr(other, f.name)))
+            elif "rate_of" in f.metadata:
                 tokens, seconds = (getattr(self, name) for name in f.metadata["rate_of"])
                 setattr(self, f.name, tokens / seconds if seconds else 0.0)
         return self
