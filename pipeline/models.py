@@ -19,6 +19,8 @@ Everything lands under ``$RAG_HOME/models``, never inside the package.
 
 from __future__ import annotations
 
+# What only fetching a model needs (HTTP, pip, zip files, retries) is imported where it runs: a
+# question's process reads a provisioned model's path here and starts loading it at once.
 import base64
 import functools
 import hashlib
@@ -33,9 +35,6 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     import urllib.request
-
-# What only fetching a model needs (HTTP, pip, zip files, retries) is imported where it runs: a
-# question's process reads a provisioned model's path here and starts loading it at once.
 
 from .errors import ModelError, redact
 
@@ -355,6 +354,9 @@ def _download(request: urllib.request.Request, dest: Path) -> None:
 
 
 def _hf_gguf(ref: str, *, home: Path, fetch: bool, log) -> Path:
+    import http.client
+    import urllib.error
+
     target = models_dir(home) / "hf" / Path(*hf_parts(ref))
     if target.exists():
         return check_gguf(target)
@@ -366,9 +368,6 @@ def _hf_gguf(ref: str, *, home: Path, fetch: bool, log) -> Path:
     partial = target.with_name(target.name + ".partial")
     if log:
         log(f"downloading {url}")
-    import http.client
-    import urllib.error
-
     try:
         _download(request, partial)
     except urllib.error.HTTPError as exc:

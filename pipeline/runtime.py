@@ -122,10 +122,10 @@ class Runtime:
         retrieval runs (llama.cpp releases the GIL while it loads); the first thread that needs the
         model waits for that load (:class:`~.engine.once.once`), never starts a second. ``build``:
         make the engine here first (find the model file, read its header), so that only llama.cpp's
-        load runs beside what this thread does next. Returns once llama.cpp has begun loading. Nothing happens for a given or remote
-        generator, a model loaded already, or, unless ``build``, one not on disk yet (it is fetched,
-        with its messages, where it is first needed); a load that fails here is tried again, and
-        reported, where the model is needed."""
+        load runs beside what this thread does next. Returns once llama.cpp has begun loading. Nothing
+        happens for a given or remote generator, a model loaded already, or, unless ``build``, one not
+        on disk yet (it is fetched, with its messages, where it is first needed); a load that fails
+        here is tried again, and reported, where the model is needed."""
         with self._background_mu:
             if self._loading is not None or self.given("engine") or models.is_server(self.config.models.generator):
                 return
