@@ -379,6 +379,7 @@ class Engine(GeneratorBase):
             stats.decode_seconds = perf.eval_ms / 1000
             if perf.eval_tokens and perf.eval_ms > 0:
                 stats.decode_tokens_per_second = perf.eval_tokens / (perf.eval_ms / 1000)
+            self.planner.keep_speeds()
 
     # -- calibrating composition -------------------------------------------------------------
 

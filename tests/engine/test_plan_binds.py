@@ -113,3 +113,57 @@ def test_the_status_and_the_section_size_ask_the_same_planner(tmp_path, monkeypa
                                          **common}) as rag:
         assert rag.section_tokens == 512  # nothing to compose from without the prefix cache
     assert not (tmp_path / "cache").exists()  # a look creates nothing
+
+
+def test_the_speeds_a_plan_is_predicted_by_are_kept_for_the_next_process(moe, tmp_path, shelf):
+    """A new process (here: a new pipeline on the same cache) predicts from what the one before it measured,
+    not from guesses: the seams' decode speed and the section states' placing speed of a composed answer."""
+    from pipeline.engine.reuse.planner import Speeds
+
+    ingest(moe, tmp_path, shelf)
+    with pipeline(moe, tmp_path) as rag:
+        rag.warm_sections()
+        answer = rag.ask("What does pump unit 3 report?")
+        assert answer.stats.cache == "composed" and answer.stats.composed_sections > 0
+        planner = rag.runtime.engine.planner
+        measured = dict(planner.speeds.measured)
+        namespace = rag.runtime.engine.namespace
+    assert {"seams", "section_restore"} <= measured.keys()
+    assert measured["seams"] != Speeds.SEAMS_SHARE * Speeds.GUESSES["prefill"]  # a measurement, not the guess
+    with pipeline(moe, tmp_path) as rag:
+        assert rag.runtime.calibrations.speeds(namespace) == measured
+        shape = rag.prompt("What does valve unit 5 report?").shape
+        engine = rag.runtime.engine
+        plan = engine.planner.plan(shape, engine.memory, probe=True)
+        assert engine.planner.speeds.measured == measured and not engine.planner.speeds.changed
+        assert plan.composed is not None and plan.seconds["composed"] == pytest.approx(Speeds(measured).seconds(
+            prefill=plan.composed.missing_tokens + (0 if plan.composed.head else shape.sections.head),
+            restore_bytes=plan.composed.head.entry.bytes if plan.composed.head else 0,
+            sections=plan.composed.restorable_tokens,
+            seams=len(plan.composed.seams) + len(shape) - shape.sections.end))
+
+
+def test_speeds_start_from_guesses_replace_them_once_measured_then_average():
+    from pipeline.engine.reuse.planner import Speeds
+
+    s = Speeds({"seams": -1.0, "prefill": float("nan"), "restore": "fast", "bogus": 5.0})  # a damaged record
+    assert s.measured == {} and s.prefill == Speeds.GUESSES["prefill"] and s.seams == Speeds.SEAMS_SHARE * s.prefill
+    s.saw(seam_tokens=100, seam_seconds=1.0)
+    assert s.seams == 100.0 and s.changed  # the first measurement replaces the guess
+    s.saw(seam_tokens=200, seam_seconds=1.0)
+    assert s.seams == pytest.approx(0.7 * 100 + 0.3 * 200)
+    s.saw(seam_tokens=4, seam_seconds=1.0)  # too few tokens to say anything
+    assert s.seams == pytest.approx(130.0)
+    assert s.seconds(prefill=500, seams=130, sections=50_000) == pytest.approx(1.0 + 1.0 + 1.0)
+
+
+def test_kept_speeds_survive_a_damaged_calibrations_file(tmp_path):
+    from pipeline.engine.cache.calibrations import FILE_NAME, Calibrations
+
+    (tmp_path / FILE_NAME).write_bytes(b"not a database at all" * 100)
+    kept = Calibrations(tmp_path)
+    assert kept.speeds("ns") == {}  # a look never fails
+    kept.keep_speeds("ns", {"seams": 120.0})
+    assert Calibrations(tmp_path).speeds("ns") == {"seams": 120.0}
+    kept.clear()
+    assert Calibrations(tmp_path).speeds("ns") == {}

@@ -122,3 +122,25 @@ def test_sections_are_checked():
     with pytest.raises(ValueError):
         Sections(4, ())
 
+
+
+@pytest.mark.parametrize("seams_per_second,composes", [(100.0, True), (10.0, False)])
+def test_a_composition_that_saves_new_states_wins_where_one_later_question_gains_its_cost_back(
+        tmp_path, seams_per_second, composes):
+    """No section has a state yet: composing computes them (and saves them) and so costs more than exact
+    prefill now. It is chosen where one later question over the same sections, composed from those states
+    instead of prefilled exactly, gains that back; with slow enough seams it never does."""
+    from pipeline.engine.cache.calibrations import Calibration, Calibrations
+
+    calibrations = Calibrations(tmp_path)
+    policy = ComposePolicy(mode=ComposeMode.AUTO)
+    calibrations.add(Calibration("m", "ns", policy.seams.key, kl=0.0, top1=1.0, tokens=64, prompts=3,
+                                 kls=(0.0, 0.0, 0.0)))
+    calibrations.keep_speeds("ns", {"prefill": 1000.0, "seams": seams_per_second, "section_restore": 100_000.0})
+    shape = PromptShape.of(list(range(2150)), sections=Sections(100, (1100, 2100)))  # head, 2 sections, question
+    with PrefixCache(tmp_path / "cache", max_bytes=2**20) as cache:
+        planner = Planner(cache, namespace=lambda: "ns", policy=policy, calibrations=calibrations)
+        plan = planner.plan(shape, Memory(), probe=True)
+    assert plan.seconds["composed"] > plan.seconds["exact"] * 1.1  # composing is slower now in both cases
+    assert (plan.composed is not None) is composes
+    assert composes or plan.refusal is Refusal.EXACT_FASTER

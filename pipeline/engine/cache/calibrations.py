@@ -1,5 +1,6 @@
 """Composition calibrations: the record (:class:`Calibration`), and where it is kept with the section states it
-judges (``calibrations.sqlite`` in the cache directory).
+judges (``calibrations.sqlite`` in the cache directory), beside the speeds the reuse planner measured on the
+same engine namespace (what its predictions run on).
 
 The record lives here, below the reuse planner that decides on it (:mod:`..reuse.budget`), so that the
 cache needs nothing of reuse.
@@ -110,11 +111,13 @@ MIN_PROMPTS = 3
 
 
 class Calibrations:
-    """The calibration records of one cache directory (``directory`` None: this process only)."""
+    """The calibration records and the planner's speeds of one cache directory (``directory`` None: this
+    process only)."""
 
     def __init__(self, directory: str | Path | None):
         self.path = Path(directory) / FILE_NAME if directory is not None else None
         self._memory: dict[tuple[str, str], Calibration] = {}
+        self._speeds: dict[str, dict[str, float]] = {}  # where the file cannot be used
         self._mu = threading.Lock()
 
     def _db(self, *, create: bool = True) -> sqlite3.Connection | None:
@@ -124,6 +127,7 @@ class Calibrations:
             db = connect(self.path, timeout=10.0)
             db.execute("CREATE TABLE IF NOT EXISTS calibrations (namespace TEXT NOT NULL, seams TEXT NOT NULL, "
                        "record TEXT NOT NULL, PRIMARY KEY (namespace, seams))")
+            db.execute("CREATE TABLE IF NOT EXISTS speeds (namespace TEXT PRIMARY KEY, figures TEXT NOT NULL)")
             return db
         except sqlite3.DatabaseError as exc:
             if create and ("not a database" in str(exc) or "malformed" in str(exc)):
@@ -175,6 +179,39 @@ class Calibrations:
         finally:
             db.close()
 
+    def speeds(self, namespace: str) -> dict[str, float]:
+        """The speeds kept for an engine namespace (name → figure; empty where none were kept)."""
+        with self._mu:
+            if namespace in self._speeds:
+                return dict(self._speeds[namespace])
+        db = self._db(create=False)
+        if db is None:
+            return {}
+        try:
+            row = db.execute("SELECT figures FROM speeds WHERE namespace = ?", (namespace,)).fetchone()
+            figures = json.loads(row[0]) if row else {}
+        except (sqlite3.Error, ValueError):
+            figures = {}
+        finally:
+            db.close()
+        return figures if isinstance(figures, dict) else {}
+
+    def keep_speeds(self, namespace: str, figures: dict[str, float]) -> None:
+        """Keep ``figures`` as the speeds of ``namespace`` (they replace the ones kept)."""
+        db = self._db()
+        if db is None:
+            with self._mu:
+                self._speeds[namespace] = dict(figures)
+            return
+        try:
+            with transaction(db):
+                db.execute("INSERT OR REPLACE INTO speeds VALUES (?, ?)", (namespace, json.dumps(figures)))
+        except sqlite3.Error:
+            with self._mu:
+                self._speeds[namespace] = dict(figures)
+        finally:
+            db.close()
+
     def all(self) -> list[Calibration]:
         """Every record kept that is measured the current way, newest first."""
         db = self._db(create=False)
@@ -200,6 +237,7 @@ class Calibrations:
     def clear(self) -> None:
         with self._mu:
             self._memory.clear()
+            self._speeds.clear()
         if self.path is not None:
             self.path.unlink(missing_ok=True)
 

@@ -30,7 +30,9 @@ def carry_out(planner: Planner, plan: ReusePlan, model, memory: Memory, stats: E
     shape = plan.shape
     if plan.composed is not None:
         begin(None)  # composing's decodes (new sections, seams) are the prompt's prefill
-        planner.sections.run(plan.composed, shape, model, memory, stats, prefill)
+        done = planner.sections.run(plan.composed, shape, model, memory, stats, prefill)
+        planner.speeds.saw(seam_tokens=done.recomputed_tokens, seam_seconds=done.seconds["recompute"],
+                           section_tokens=done.restored_tokens, section_seconds=done.seconds["restore"])
         return stats.cached_tokens - stats.recomputed_tokens
     done = planner.prefix.prepare(plan.exact, shape, memory, stats)
     stats.notes.extend(done.notes)
