@@ -67,7 +67,7 @@ class Speeds:
     - ``section_restore``: tokens per second of section states placed into a composition.
     """
 
-    GUESSES = {"prefill": 500.0, "seams": 0.0, "restore": 1e9, "section_restore": 50_000.0,
+    GUESSES = {"prefill": 500.0, "seams": 0.0, "restore": 1e9, "section_restore": 50_000.0,  # seams: SEAMS_SHARE
                "bytes_per_token": 0.0}
     #: Until the seams are measured: their speed as a share of the prefill speed (measured or guessed);
     #: Gemma 3 270M on two cores decodes seams at about 150 tokens/s and prefills at about 430.
@@ -224,8 +224,8 @@ class Planner:
             return ReusePlan(shape, exact, refusal=refusal, seconds=seconds, calibrate=calibrate)
         composed = self.sections.plan(shape, memory)
         seconds["composed"] = self._composed_seconds(shape, composed)
-        if need is Need.COMPOSED or self.policy.mode is ComposeMode.ON or self._composing_pays(shape, composed,
-                                                                                               seconds):
+        if (need is Need.COMPOSED or self.policy.mode is ComposeMode.ON
+                or self._composing_pays(shape, composed, seconds)):
             return ReusePlan(shape, exact, composed, seconds=seconds)
         return ReusePlan(shape, exact, refusal=Refusal.EXACT_FASTER, seconds=seconds, calibrate=calibrate)
 
