@@ -160,10 +160,10 @@ def number(shelf: Shelf, chosen: Sequence[Section], memo: SectionTokens, *, lead
 # --------------------------------------------------------------------------- choosing
 
 
-def pack_shelf(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens, n_ctx: int,
-              reserve: int, tolerance: float = 0.2, history: Sequence[Sequence[Key]] = (),
-              reusable: Callable[[Prompt], int] | None = None, composes: Callable[[], bool] | None = None,
-              top_k: int = 8, neighbours: int = 1) -> Prompt | None:
+def pack_shelf(shelf: Shelf, question: str, *, layout: Layout, tokenize: Tokenize, memo: SectionTokens,
+               n_ctx: int, reserve: int, tolerance: float = 0.2, history: Sequence[Sequence[Key]] = (),
+               reusable: Callable[[Prompt], int] | None = None, composes: Callable[[], bool] | None = None,
+               top_k: int = 8, neighbours: int = 1) -> Prompt | None:
     """The prompt for ``question`` over the shelf: whole documents when they fit, else sections.
 
     Returns None when not even the question's best section fits (the caller falls back
